@@ -1,0 +1,212 @@
+"""Every error llmbatch raises, rooted at :class:`LLMBatchError`.
+
+The tree::
+
+    LLMBatchError
+    ├── InvalidRequestError        bad input, raised at the call site; nothing was sent
+    ├── QueueFull                  the tier's queue is full and the caller asked not to wait
+    ├── ClientClosedError          the client is not open (not entered yet, or closed)
+    ├── ServerInfoError            the server's /v1/models could not be read at start-up
+    └── RequestError               a request that was accepted and then failed
+        ├── DeadlineExceeded       its ``timeout`` ran out while queued or in flight
+        ├── RequestCancelled       the client shut down (``on_close="cancel"``) before it ran
+        ├── TransportError         no usable HTTP response
+        │   ├── ConnectError       the server refused or could not be reached
+        │   ├── ReadTimeout        the server accepted but did not answer in time
+        │   └── RemoteProtocolError the connection dropped mid-response or the body was garbage
+        └── APIStatusError         the server answered with an error status
+            ├── BadRequestError         400 (after bisection: this prompt alone is at fault)
+            ├── AuthenticationError     401
+            ├── PermissionDeniedError   403
+            ├── NotFoundError           404 (unknown model or endpoint)
+            ├── RateLimitError          429, with ``retry_after``
+            └── ServerError             5xx
+                └── ServiceUnavailableError 503 (overloaded), with ``retry_after``
+
+Every :class:`RequestError` carries ``request_id`` (the llmbatch id of that one request)
+and ``attempts`` (how many HTTP attempts were made for it).
+"""
+
+from __future__ import annotations
+
+import copy
+
+__all__ = [
+    "APIStatusError",
+    "AuthenticationError",
+    "BadRequestError",
+    "ClientClosedError",
+    "ConnectError",
+    "DeadlineExceeded",
+    "InvalidRequestError",
+    "LLMBatchError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "QueueFull",
+    "RateLimitError",
+    "ReadTimeout",
+    "RemoteProtocolError",
+    "RequestCancelled",
+    "RequestError",
+    "ServerError",
+    "ServerInfoError",
+    "ServiceUnavailableError",
+    "TransportError",
+]
+
+
+class LLMBatchError(Exception):
+    """Root of every error raised by llmbatch."""
+
+
+class InvalidRequestError(LLMBatchError, ValueError):
+    """The arguments of a call are invalid; raised before anything is queued or sent.
+
+    ``field`` names the offending argument (``"prompt"``, ``"max_tokens"``, ...).
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class QueueFull(LLMBatchError):
+    """The tier's queue is at ``Limits.max_queued`` and the call used ``nowait=True``."""
+
+
+class ClientClosedError(LLMBatchError, RuntimeError):
+    """The client is used outside ``async with`` (before opening or after closing)."""
+
+
+class ServerInfoError(LLMBatchError):
+    """The server's model list could not be read when the client opened."""
+
+
+class RequestError(LLMBatchError):
+    """A queued request failed; carries its ``request_id`` and ``attempts``."""
+
+    def __init__(self, message: str, *, request_id: str | None = None, attempts: int = 0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.request_id = request_id
+        self.attempts = attempts
+
+    def for_request(self, request_id: str, attempts: int) -> RequestError:
+        """A copy of this error naming one request (a batch's error is shared by many)."""
+        clone = copy.copy(self)
+        clone.request_id = request_id
+        clone.attempts = attempts
+        clone.__cause__ = self.__cause__
+        return clone
+
+    def __str__(self) -> str:
+        if self.request_id is None:
+            return self.message
+        return f"{self.message} (request {self.request_id}, attempts={self.attempts})"
+
+
+class DeadlineExceeded(RequestError, TimeoutError):
+    """The request's ``timeout`` elapsed while it was queued or in flight."""
+
+
+class RequestCancelled(RequestError):
+    """The client was closed with ``on_close="cancel"`` before the request finished."""
+
+
+class TransportError(RequestError):
+    """No usable HTTP response was received."""
+
+
+class ConnectError(TransportError):
+    """The connection could not be established."""
+
+
+class ReadTimeout(TransportError):
+    """The server did not answer within the read timeout."""
+
+
+class RemoteProtocolError(TransportError):
+    """The connection dropped mid-response, or the response could not be parsed."""
+
+
+class APIStatusError(RequestError):
+    """The server answered with an error status; ``status_code`` and ``body`` are kept."""
+
+    status_code: int = 0
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        body: object = None,
+        retry_after: float | None = None,
+        request_id: str | None = None,
+        attempts: int = 0,
+    ) -> None:
+        super().__init__(message, request_id=request_id, attempts=attempts)
+        if status_code is not None:
+            self.status_code = status_code
+        self.body = body
+        self.retry_after = retry_after
+
+
+class BadRequestError(APIStatusError):
+    """400: the server rejected this request (bisected down to the offending prompt)."""
+
+    status_code = 400
+
+
+class AuthenticationError(APIStatusError):
+    """401: missing or wrong API key."""
+
+    status_code = 401
+
+
+class PermissionDeniedError(APIStatusError):
+    """403."""
+
+    status_code = 403
+
+
+class NotFoundError(APIStatusError):
+    """404: unknown model or endpoint."""
+
+    status_code = 404
+
+
+class RateLimitError(APIStatusError):
+    """429: the server asked us to slow down; ``retry_after`` is in seconds if it said."""
+
+    status_code = 429
+
+
+class ServerError(APIStatusError):
+    """5xx."""
+
+    status_code = 500
+
+
+class ServiceUnavailableError(ServerError):
+    """503: the server is overloaded (e.g. vLLM past ``--max-num-queued-reqs``)."""
+
+    status_code = 503
+
+
+_STATUS_ERRORS: dict[int, type[APIStatusError]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    429: RateLimitError,
+    503: ServiceUnavailableError,
+}
+
+
+def status_error_type(status_code: int) -> type[APIStatusError]:
+    """The exception class for an HTTP error status."""
+    if status_code in _STATUS_ERRORS:
+        return _STATUS_ERRORS[status_code]
+    if status_code >= 500:
+        return ServerError
+    return APIStatusError

@@ -1,0 +1,129 @@
+"""Response and result models returned to callers (pydantic, immutable)."""
+
+from __future__ import annotations
+
+from typing import Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from llmbatch._exceptions import LLMBatchError
+
+__all__ = [
+    "ChatCompletion",
+    "ChatMessage",
+    "Choice",
+    "Completion",
+    "Result",
+    "Timings",
+    "Usage",
+]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class Usage(_Frozen):
+    """Token counts for one request.
+
+    vLLM reports one ``usage`` for a whole list-prompt request; llmbatch apportions it
+    over the prompts of a batch (by prompt and output length) and sets
+    ``estimated=True`` when it had to. Sums over a batch are exact.
+    """
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    estimated: bool = False
+
+
+class Timings(_Frozen):
+    """Where the time went for one request, in seconds."""
+
+    queued: float
+    """From the call until its batch was sent."""
+    latency: float
+    """From the call until the answer was complete."""
+    batch_size: int
+    """How many prompts shared the HTTP request that answered it."""
+    attempts: int
+    """HTTP attempts made (1 = no retry)."""
+
+
+class Choice(_Frozen):
+    """One generated alternative (there are ``n`` per prompt)."""
+
+    text: str
+    finish_reason: str | None = None
+
+
+class Completion(_Frozen):
+    """The answer to :meth:`Client.complete` (one prompt)."""
+
+    id: str
+    model: str
+    choices: tuple[Choice, ...]
+    usage: Usage
+    timings: Timings
+
+    @property
+    def text(self) -> str:
+        """The first choice's text."""
+        return self.choices[0].text
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The first choice's finish reason (``"stop"``, ``"length"``, ...)."""
+        return self.choices[0].finish_reason
+
+
+class ChatMessage(_Frozen):
+    """One message of a chat conversation as returned by the server."""
+
+    role: Literal["system", "user", "assistant", "tool", "developer"] | str
+    content: str | None = None
+
+
+class ChatCompletion(_Frozen):
+    """The answer to :meth:`Client.chat`."""
+
+    id: str
+    model: str
+    message: ChatMessage
+    finish_reason: str | None
+    usage: Usage
+    timings: Timings
+
+    @property
+    def text(self) -> str:
+        """The assistant message's text (empty if the server sent none)."""
+        return self.message.content or ""
+
+
+T = TypeVar("T")
+
+
+class Result(_Frozen, Generic[T]):
+    """The outcome of one item of :meth:`Client.map`: a value or that item's error.
+
+    ``metadata`` is whatever rode along with the item's input.
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    index: int
+    value: T | None = None
+    error: LLMBatchError | None = None
+    metadata: object = None
+
+    @property
+    def ok(self) -> bool:
+        """True if the item succeeded."""
+        return self.error is None
+
+    def unwrap(self) -> T:
+        """The value, or raise the item's error."""
+        if self.error is not None:
+            raise self.error
+        assert self.value is not None
+        return self.value

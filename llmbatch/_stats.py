@@ -1,0 +1,148 @@
+"""Counters and latency samples, and the immutable :class:`Stats` snapshot."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict
+
+from llmbatch._config import Priority
+
+__all__ = ["Percentiles", "Stats", "StatsRecorder", "TierStats"]
+
+#: Latency samples kept per tier for percentiles (a sliding window, bounded memory).
+SAMPLE_WINDOW = 8192
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Percentiles(_Frozen):
+    """p50/p95/p99 in seconds over the most recent samples (0.0 when none)."""
+
+    p50: float = 0.0
+    p95: float = 0.0
+    p99: float = 0.0
+
+
+class TierStats(_Frozen):
+    """One tier's counters."""
+
+    queued: int
+    in_flight: int
+    done: int
+    failed: int
+    retried: int
+    """Requests that needed more than one HTTP attempt."""
+    cancelled: int
+    """Callers that went away (cancelled or past their deadline) before an answer."""
+    queue_wait: Percentiles
+    latency: Percentiles
+
+
+class Stats(_Frozen):
+    """An immutable snapshot of a client's activity (``client.stats()``)."""
+
+    tiers: Mapping[Priority, TierStats]
+    batches_sent: int
+    """HTTP requests sent (retries and bisection halves included)."""
+    mean_batch_size: float
+    max_batch_size: int
+    bisections: int
+    """400-answered batches that were split to find the offending prompts."""
+    prompt_tokens: int
+    completion_tokens: int
+    uptime: float
+    tokens_per_second: float
+    """Completion tokens per second of uptime."""
+
+
+def _percentiles(samples: deque[float]) -> Percentiles:
+    if not samples:
+        return Percentiles()
+    ordered = sorted(samples)
+    last = len(ordered) - 1
+
+    def pick(q: float) -> float:
+        return ordered[min(last, round(q * last))]
+
+    return Percentiles(p50=pick(0.50), p95=pick(0.95), p99=pick(0.99))
+
+
+class _TierCounters:
+    __slots__ = ("cancelled", "done", "failed", "latency", "queue_wait", "retried")
+
+    def __init__(self) -> None:
+        self.done = self.failed = self.retried = self.cancelled = 0
+        self.queue_wait: deque[float] = deque(maxlen=SAMPLE_WINDOW)
+        self.latency: deque[float] = deque(maxlen=SAMPLE_WINDOW)
+
+
+class StatsRecorder:
+    """Mutable counters owned by one client; :meth:`snapshot` freezes them."""
+
+    def __init__(self, started_at: float) -> None:
+        self._started_at = started_at
+        self._tiers = {p: _TierCounters() for p in Priority}
+        self.batches_sent = 0
+        self._batch_items = 0
+        self.max_batch_size = 0
+        self.bisections = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def batch_sent(self, size: int) -> None:
+        self.batches_sent += 1
+        self._batch_items += size
+        self.max_batch_size = max(self.max_batch_size, size)
+
+    def dispatched(self, priority: Priority, queue_wait: float) -> None:
+        self._tiers[priority].queue_wait.append(queue_wait)
+
+    def succeeded(
+        self, priority: Priority, latency: float, retried: bool, prompt: int, completion: int
+    ) -> None:
+        tier = self._tiers[priority]
+        tier.done += 1
+        tier.latency.append(latency)
+        tier.retried += retried
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+
+    def failed(self, priority: Priority, retried: bool) -> None:
+        tier = self._tiers[priority]
+        tier.failed += 1
+        tier.retried += retried
+
+    def cancelled(self, priority: Priority) -> None:
+        self._tiers[priority].cancelled += 1
+
+    def snapshot(
+        self, now: float, queued: Mapping[Priority, int], in_flight: Mapping[Priority, int]
+    ) -> Stats:
+        uptime = max(0.0, now - self._started_at)
+        return Stats(
+            tiers={
+                p: TierStats(
+                    queued=queued[p],
+                    in_flight=in_flight[p],
+                    done=t.done,
+                    failed=t.failed,
+                    retried=t.retried,
+                    cancelled=t.cancelled,
+                    queue_wait=_percentiles(t.queue_wait),
+                    latency=_percentiles(t.latency),
+                )
+                for p, t in self._tiers.items()
+            },
+            batches_sent=self.batches_sent,
+            mean_batch_size=self._batch_items / self.batches_sent if self.batches_sent else 0.0,
+            max_batch_size=self.max_batch_size,
+            bisections=self.bisections,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            uptime=uptime,
+            tokens_per_second=self.completion_tokens / uptime if uptime > 0 else 0.0,
+        )

@@ -1,0 +1,103 @@
+"""The default transport on asyncio: aiohttp with one bounded connection pool.
+
+Chosen for client CPU: at 64 concurrent connections httpx's pool costs ~8-10 ms of
+CPU per request, aiohttp ~0.3 ms (docs/transport.md has our measurement).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import contextmanager
+
+import aiohttp
+
+from llmbatch._config import Limits, Timeout
+from llmbatch._exceptions import ConnectError, ReadTimeout, RemoteProtocolError
+from llmbatch._transports.base import HTTPRequest, HTTPResponse
+
+__all__ = ["AiohttpTransport"]
+
+
+@contextmanager
+def _mapped_errors() -> Iterator[None]:
+    """The one place aiohttp's exceptions become llmbatch's."""
+    try:
+        yield
+    except aiohttp.ClientConnectorError as exc:
+        raise ConnectError(f"cannot connect: {exc}") from exc
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise ReadTimeout("timed out waiting for the server") from exc
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
+        raise RemoteProtocolError(f"connection dropped mid-response: {exc}") from exc
+    except (aiohttp.ClientError, OSError) as exc:
+        raise RemoteProtocolError(f"HTTP transport error: {exc!r}") from exc
+
+
+class _Response:
+    __slots__ = ("_response",)
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+
+    @property
+    def status(self) -> int:
+        return self._response.status
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return {k.lower(): v for k, v in self._response.headers.items()}
+
+    async def read(self) -> bytes:
+        with _mapped_errors():
+            return await self._response.read()
+
+    async def iter_lines(self) -> AsyncIterator[bytes]:
+        with _mapped_errors():
+            async for line in self._response.content:
+                yield line.rstrip(b"\r\n")
+
+    async def aclose(self) -> None:
+        self._response.release()
+
+
+class AiohttpTransport:
+    """aiohttp session with ``Limits.max_connections`` connections and keep-alive expiry."""
+
+    def __init__(self, *, limits: Limits, timeout: Timeout, verify: bool = True) -> None:
+        self._limits = limits
+        self._timeout = aiohttp.ClientTimeout(
+            total=None,
+            # aiohttp's "connect" covers waiting for a pooled connection as well.
+            connect=timeout.pool,
+            sock_connect=timeout.connect,
+            sock_read=timeout.read,
+        )
+        self._verify = verify
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        # Created lazily: an aiohttp session must be made inside the running loop.
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self._limits.max_connections,
+                limit_per_host=self._limits.max_connections,
+                keepalive_timeout=self._limits.keepalive_expiry,
+                ssl=bool(self._verify),
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self._timeout, auto_decompress=True
+            )
+        return self._session
+
+    async def send(self, request: HTTPRequest) -> HTTPResponse:
+        session = self._open()
+        with _mapped_errors():
+            response = await session.request(
+                request.method, request.url, data=request.body, headers=dict(request.headers)
+            )
+        return _Response(response)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

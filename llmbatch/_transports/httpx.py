@@ -1,0 +1,83 @@
+"""The portable transport: httpx, which runs on asyncio and trio alike."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import contextmanager
+
+import httpx
+
+from llmbatch._config import Limits, Timeout
+from llmbatch._exceptions import ConnectError, ReadTimeout, RemoteProtocolError
+from llmbatch._transports.base import HTTPRequest, HTTPResponse
+
+__all__ = ["HttpxTransport"]
+
+
+@contextmanager
+def _mapped_errors() -> Iterator[None]:
+    """The one place httpx's exceptions become llmbatch's."""
+    try:
+        yield
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        raise ConnectError(f"cannot connect: {exc}") from exc
+    except httpx.TimeoutException as exc:
+        raise ReadTimeout(f"timed out: {type(exc).__name__}") from exc
+    except httpx.HTTPError as exc:
+        raise RemoteProtocolError(f"connection dropped mid-response: {exc!r}") from exc
+
+
+class _Response:
+    __slots__ = ("_response",)
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+
+    @property
+    def status(self) -> int:
+        return self._response.status_code
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return {k.lower(): v for k, v in self._response.headers.items()}
+
+    async def read(self) -> bytes:
+        with _mapped_errors():
+            return await self._response.aread()
+
+    async def iter_lines(self) -> AsyncIterator[bytes]:
+        with _mapped_errors():
+            async for line in self._response.aiter_lines():
+                yield line.encode()
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+class HttpxTransport:
+    """httpx.AsyncClient with bounded connections and explicit timeouts."""
+
+    def __init__(self, *, limits: Limits, timeout: Timeout, verify: bool = True) -> None:
+        self._client = httpx.AsyncClient(
+            limits=httpx.Limits(
+                max_connections=limits.max_connections,
+                max_keepalive_connections=limits.max_connections,
+                keepalive_expiry=limits.keepalive_expiry,
+            ),
+            timeout=httpx.Timeout(
+                connect=timeout.connect, read=timeout.read, write=timeout.write, pool=timeout.pool
+            ),
+            verify=verify,
+            trust_env=False,
+        )
+
+    async def send(self, request: HTTPRequest) -> HTTPResponse:
+        built = self._client.build_request(
+            request.method, request.url, content=request.body, headers=dict(request.headers)
+        )
+        with _mapped_errors():
+            response = await self._client.send(built, stream=True)
+        return _Response(response)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

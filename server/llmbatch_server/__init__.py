@@ -1,0 +1,6 @@
+"""Server side of llmbatch: a vLLM launcher and a vLLM-compatible simulator.
+
+This package is never imported by the ``llmbatch`` client library.
+"""
+
+__version__ = "0.1.0"

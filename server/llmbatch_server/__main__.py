@@ -1,0 +1,5 @@
+import sys
+
+from llmbatch_server.cli import main
+
+sys.exit(main())

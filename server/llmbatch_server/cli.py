@@ -1,0 +1,34 @@
+"""``llmbatch-server``: one command, one subcommand per job."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from llmbatch_server.launcher import cli as launcher_cli
+from llmbatch_server.sim import cli as sim_cli
+from llmbatch_server import tiny_model
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llmbatch-server",
+        description="Start an LLM server for llmbatch: a real vLLM or the simulator.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sim_cli.add_parser(sub)
+    launcher_cli.add_parser(sub)
+    tiny_model.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    handler = args.handler
+    return int(handler(args, extra, parser) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

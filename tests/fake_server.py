@@ -1,0 +1,91 @@
+"""An in-process OpenAI-compatible handler for MockTransport-based tests.
+
+It answers like vLLM (list prompts, choice index = prompt_idx * n + j, one usage per
+request, 400 for the whole list when any prompt is poisoned) and records what it saw.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmbatch.transports import HTTPRequest, MockResponse
+
+POISON = "POISON"
+
+
+def _words(text: str) -> int:
+    return max(1, len(text.split()))
+
+
+@dataclass
+class FakeServer:
+    """Call it with an HTTPRequest; inspect ``bodies`` afterwards."""
+
+    model: str = "fake-model"
+    max_model_len: int = 4096
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    #: Optional hook run before answering; return a MockResponse to override.
+    intercept: Callable[[dict[str, Any]], MockResponse | None] | None = None
+
+    def __call__(self, request: HTTPRequest) -> MockResponse:
+        if request.url.endswith("/models"):
+            return MockResponse(json={"object": "list", "data": [
+                {"id": self.model, "object": "model", "max_model_len": self.max_model_len}]})
+        body = json.loads(request.body or b"{}")
+        self.bodies.append(body)
+        if self.intercept is not None:
+            override = self.intercept(body)
+            if override is not None:
+                return override
+        if request.url.endswith("/chat/completions"):
+            return self._chat(body)
+        return self._completions(body)
+
+    def _completions(self, body: dict[str, Any]) -> MockResponse:
+        prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+        if any(POISON in p for p in prompts):
+            return MockResponse(status=400, json={"error": {
+                "message": "This prompt is poisoned", "type": "BadRequestError",
+                "param": None, "code": 400}})
+        n = body.get("n", 1)
+        max_tokens = body.get("max_tokens", 16)
+        choices = []
+        for i, prompt in enumerate(prompts):
+            for j in range(n):
+                choices.append({"index": i * n + j, "text": f"echo:{prompt}:{j}",
+                                "logprobs": None, "finish_reason": "length"})
+        prompt_tokens = sum(_words(p) for p in prompts)
+        completion_tokens = len(prompts) * n * max_tokens
+        if body.get("stream"):
+            lines = []
+            for c in choices:
+                for k, piece in enumerate((c["text"][:3], c["text"][3:])):
+                    chunk = {"id": "cmpl-1", "model": self.model, "choices": [
+                        {"index": c["index"], "text": piece,
+                         "finish_reason": "length" if k == 1 else None}]}
+                    lines += [b"data: " + json.dumps(chunk).encode(), b""]
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                     "total_tokens": prompt_tokens + completion_tokens}
+            lines += [b"data: " + json.dumps({"id": "cmpl-1", "choices": [],
+                                              "usage": usage}).encode(), b"",
+                      b"data: [DONE]", b""]
+            return MockResponse(lines=lines)
+        return MockResponse(json={
+            "id": "cmpl-1", "object": "text_completion", "model": self.model,
+            "choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}})
+
+    def _chat(self, body: dict[str, Any]) -> MockResponse:
+        last = body["messages"][-1]["content"]
+        if POISON in last:
+            return MockResponse(status=400, json={"error": {"message": "poisoned chat",
+                                                            "code": 400}})
+        return MockResponse(json={
+            "id": "chat-1", "object": "chat.completion", "model": self.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": f"re:{last}"},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
