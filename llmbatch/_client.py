@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
@@ -14,6 +15,7 @@ from urllib.parse import urlsplit
 import anyio
 import sniffio
 
+from llmbatch._clock import loop_clock
 from llmbatch._config import (
     DEFAULT_BATCH_POLICIES,
     DEFAULT_LIMITS,
@@ -157,9 +159,15 @@ class Client:
         self._drain_timeout = float(drain_timeout)
         self._state = _State.UNOPENED
         self._exit_stack: AsyncExitStack | None = None
+        self._now = time.monotonic
         self._engine: Engine | None = None
         self._transport: Transport | None = None
-        self._map = MapRunner(self._submit_spec, self._build_spec)
+        self._map = MapRunner(
+            engine=self._require_open,
+            build=self._build_spec,
+            new_request=self._new_request,
+            submit=self._submit_spec,
+        )
 
     def __repr__(self) -> str:
         # Never the API key: only whether one is set.
@@ -181,7 +189,8 @@ class Client:
             stack.push_async_callback(transport.aclose)
             self._transport = transport
             await self._learn_server()
-            stats = StatsRecorder(anyio.current_time())
+            self._now = now = loop_clock()
+            stats = StatsRecorder(now())
             rate_limiter = RateLimiter(self._rate_limit) if self._rate_limit else None
             dispatcher = Dispatcher(
                 transport=transport,
@@ -191,9 +200,10 @@ class Client:
                 stats=stats,
                 rate_limiter=rate_limiter,
                 priority_scheduling=self._priority_scheduling,
+                clock=now,
             )
             scheduler = Scheduler(policies=self._policies, limits=self.limits)
-            self._engine = Engine(scheduler, dispatcher, stats)
+            self._engine = Engine(scheduler, dispatcher, stats, clock=now)
             tg = await stack.enter_async_context(anyio.create_task_group())
             self._task_group = tg
             tg.start_soon(self._engine.run, tg)
@@ -445,26 +455,29 @@ class Client:
         )
 
     def _new_request(self, spec: RequestSpec) -> Request:
-        now = anyio.current_time()
+        now = self._now()
         deadline = now + spec.timeout if spec.timeout is not None else None
         return Request(spec, created_at=now, deadline=deadline)
 
-    @staticmethod
-    def _remaining(request: Request) -> float:
+    def _remaining(self, request: Request) -> float:
         if request.deadline is None:
             return float("inf")
-        return max(0.0, request.deadline - anyio.current_time())
+        return max(0.0, request.deadline - self._now())
 
     async def _submit_spec(self, spec: RequestSpec, *, nowait: bool = False) -> Any:
         """Queue one validated request and wait for its value or error."""
         engine = self._require_open()
         request = self._new_request(spec)
         try:
-            with anyio.move_on_after(self._remaining(request)):
+            if request.deadline is None:
                 await engine.submit(request, nowait=nowait)
                 await request.outcome.wait()
-            if not request.outcome.done:
-                engine.expire(request)
+            else:
+                with anyio.move_on_after(self._remaining(request)):
+                    await engine.submit(request, nowait=nowait)
+                    await request.outcome.wait()
+                if not request.outcome.done:
+                    engine.expire(request)
         finally:
             if not request.outcome.done:
                 engine.abandon(request)

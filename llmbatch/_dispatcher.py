@@ -10,12 +10,14 @@ answered.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from llmbatch._clock import Clock
 from llmbatch._config import RetryPolicy
 from llmbatch._exceptions import (
     APIStatusError,
@@ -27,7 +29,15 @@ from llmbatch._exceptions import (
     TransportError,
     status_error_type,
 )
-from llmbatch._models import ChatCompletion, ChatMessage, Choice, Completion, Timings, Usage
+from llmbatch._models import (
+    ChatCompletion,
+    ChatMessage,
+    Choice,
+    Completion,
+    Timings,
+    Usage,
+    trusted,
+)
 from llmbatch._ratelimit import RateLimiter
 from llmbatch._request import Flight, Request
 from llmbatch._scheduler import Batch
@@ -63,7 +73,9 @@ class Dispatcher:
         stats: StatsRecorder,
         rate_limiter: RateLimiter | None = None,
         priority_scheduling: bool = False,
+        clock: Clock = time.monotonic,
     ) -> None:
+        self._now = clock
         self._transport = transport
         self._base_url = base_url.rstrip("/")
         self._headers = dict(headers)
@@ -278,8 +290,9 @@ class Dispatcher:
     # -- outcomes --------------------------------------------------------------------
 
     def _deliver(self, request: Request, answer: Answer, usage: Usage, batch_size: int) -> None:
-        now = anyio.current_time()
-        timings = Timings(
+        now = self._now()
+        timings = trusted(
+            Timings,
             queued=(request.dispatched_at or now) - request.created_at,
             latency=now - request.created_at,
             batch_size=batch_size,
@@ -287,7 +300,8 @@ class Dispatcher:
         )
         value: Completion | ChatCompletion
         if request.spec.kind == "completion":
-            value = Completion(
+            value = trusted(
+                Completion,
                 id=answer.id,
                 model=answer.model,
                 choices=answer.choices,
@@ -295,10 +309,11 @@ class Dispatcher:
                 timings=timings,
             )
         else:
-            value = ChatCompletion(
+            value = trusted(
+                ChatCompletion,
                 id=answer.id,
                 model=answer.model,
-                message=ChatMessage(role=answer.role, content=answer.choices[0].text),
+                message=trusted(ChatMessage, role=answer.role, content=answer.choices[0].text),
                 finish_reason=answer.choices[0].finish_reason,
                 usage=usage,
                 timings=timings,

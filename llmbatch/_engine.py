@@ -10,9 +10,12 @@ It owns three promises to callers:
 
 from __future__ import annotations
 
+import time
+
 import anyio
 from anyio.abc import TaskGroup
 
+from llmbatch._clock import Clock
 from llmbatch._config import Priority
 from llmbatch._dispatcher import Dispatcher
 from llmbatch._exceptions import DeadlineExceeded, QueueFull, RequestCancelled
@@ -26,7 +29,15 @@ __all__ = ["Engine"]
 class Engine:
     """Queues requests, forms and dispatches batches, and tracks their lifetime."""
 
-    def __init__(self, scheduler: Scheduler, dispatcher: Dispatcher, stats: StatsRecorder) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        dispatcher: Dispatcher,
+        stats: StatsRecorder,
+        *,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self._now = clock
         self._scheduler = scheduler
         self._dispatcher = dispatcher
         self._stats = stats
@@ -40,16 +51,19 @@ class Engine:
     async def submit(self, request: Request, *, nowait: bool) -> None:
         """Queue ``request``, waiting for room unless ``nowait`` (then raise QueueFull)."""
         tier = request.priority
-        while not self._scheduler.has_room(tier):
-            if nowait:
-                raise QueueFull(
-                    f"the {tier.value!r} queue is full "
-                    f"({self._scheduler.limits.max_queued} requests waiting)"
-                )
-            await self._space[tier].wait()
-        request.enqueued_at = anyio.current_time()
-        self._scheduler.add(request)
-        self._wake.set()
+        request.enqueued_at = request.created_at
+        if not self._scheduler.has_room(tier):
+            while not self._scheduler.has_room(tier):
+                if nowait:
+                    raise QueueFull(
+                        f"the {tier.value!r} queue is full "
+                        f"({self._scheduler.limits.max_queued} requests waiting)"
+                    )
+                await self._space[tier].wait()
+            # Batch wait timers start when the request enters the queue.
+            request.enqueued_at = self._now()
+        if self._scheduler.add(request):
+            self._wake.set()
 
     def abandon(self, request: Request) -> None:
         """The caller stopped waiting: drop the request from the queue or its flight."""
@@ -89,7 +103,7 @@ class Engine:
         """Poll the scheduler whenever woken or a trigger is due; runs until cancelled."""
         while True:
             self._wake = anyio.Event()
-            now = anyio.current_time()
+            now = self._now()
             poll = self._scheduler.poll(now, flush=self.flushing)
             for request in poll.expired:
                 self.expire(request)
@@ -148,7 +162,7 @@ class Engine:
 
     def snapshot(self) -> Stats:
         return self._stats.snapshot(
-            anyio.current_time(),
+            self._now(),
             {p: self._scheduler.queued(p) for p in Priority},
             dict(self._scheduler.in_flight_by_tier),
         )

@@ -3,6 +3,9 @@
 Inputs are pulled lazily, at most ``window`` ahead of the results the caller has
 taken, so a generator of millions of prompts runs in constant memory. Each item
 ends in its own :class:`Result`; one item's failure never touches another.
+
+Items are submitted straight to the engine with a completion callback rather than
+a task each: per-item client CPU is what bounds bulk throughput on a small machine.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
 from llmbatch._config import Priority
+from llmbatch._engine import Engine
 from llmbatch._exceptions import InvalidRequestError, LLMBatchError
-from llmbatch._models import Result
-from llmbatch._request import Kind, RequestSpec
+from llmbatch._models import Result, trusted
+from llmbatch._request import Kind, Outcome, Request, RequestSpec
 
 __all__ = ["MapInput", "MapRunner"]
 
@@ -28,6 +32,7 @@ options (``max_tokens``, sampling parameters, ``priority``, ``timeout``) and
 ``metadata``."""
 
 _Item = tuple[int, Result[Any]]
+_CLOSED = (anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
 class _BuildSpec(Protocol):
@@ -75,12 +80,49 @@ async def _items(inputs: Iterable[object] | AsyncIterable[object]) -> AsyncItera
             yield item
 
 
-class MapRunner:
-    """Feeds inputs into the client from its task group; the caller only reads results."""
+class _Run:
+    """One map call's shared state: the result stream and the requests not yet done."""
 
-    def __init__(self, submit: Callable[[RequestSpec], Awaitable[Any]], build: _BuildSpec) -> None:
-        self._submit = submit
+    def __init__(self, send: MemoryObjectSendStream[_Item]) -> None:
+        self.send = send
+        self.outstanding: set[Request] = set()
+        self.feeding = True
+        self.drained = anyio.Event()
+
+    def emit(self, index: int, result: Result[Any]) -> None:
+        # Never blocks: a window slot is held for every result not yet taken, and the
+        # stream buffer is the window's size.
+        with contextlib.suppress(*_CLOSED, anyio.WouldBlock):
+            self.send.send_nowait((index, result))
+
+    def finished(self, request: Request, index: int, metadata: object, outcome: Outcome) -> None:
+        self.outstanding.discard(request)
+        self.emit(
+            index,
+            trusted(
+                Result, index=index, value=outcome.value, error=outcome.error, metadata=metadata
+            ),
+        )
+        if not self.feeding and not self.outstanding:
+            self.drained.set()
+
+
+class MapRunner:
+    """Feeds inputs into the engine from the client's task group; the caller only
+    reads results."""
+
+    def __init__(
+        self,
+        *,
+        engine: Callable[[], Engine],
+        build: _BuildSpec,
+        new_request: Callable[[RequestSpec], Request],
+        submit: Callable[[RequestSpec], Awaitable[Any]],
+    ) -> None:
+        self._engine = engine
         self._build = build
+        self._new_request = new_request
+        self._submit = submit
 
     async def run(
         self,
@@ -97,14 +139,16 @@ class MapRunner:
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise InvalidRequestError("window must be a positive int", field="window")
         send, receive = anyio.create_memory_object_stream[_Item](window)
+        slots = anyio.Semaphore(window)
         # The feeder lives in the client's task group, not in this generator, so no
         # task group ever spans a yield; leaving the loop early cancels the feeder.
         scope = anyio.CancelScope()
         failure: list[BaseException] = []
-        tg.start_soon(self._feed, scope, inputs, priority, window, params, send, failure)
+        tg.start_soon(self._feed, scope, inputs, priority, slots, params, _Run(send), failure)
         try:
             with receive:
                 async for item in receive:
+                    slots.release()
                     yield item
         finally:
             scope.cancel()
@@ -116,56 +160,77 @@ class MapRunner:
         scope: anyio.CancelScope,
         inputs: Iterable[Any] | AsyncIterable[Any],
         priority: Priority,
-        window: int,
+        slots: anyio.Semaphore,
         params: Mapping[str, Any],
-        send: MemoryObjectSendStream[_Item],
+        run: _Run,
         failure: list[BaseException],
     ) -> None:
-        with scope, send:
-            slots = anyio.Semaphore(window)
-            async with anyio.create_task_group() as tg:
-                iterator = _items(inputs).__aiter__()
-                index = 0
-                while True:
-                    await slots.acquire()
-                    try:
-                        item = await iterator.__anext__()
-                    except StopAsyncIteration:
-                        break
-                    except Exception as exc:  # the caller's iterable failed: report it
-                        failure.append(exc)
-                        break
-                    tg.start_soon(self._one, index, item, priority, params, slots, send)
-                    index += 1
+        engine = self._engine()
+        with scope, run.send:
+            try:
+                async with anyio.create_task_group() as timed:
+                    iterator = _items(inputs).__aiter__()
+                    index = 0
+                    while True:
+                        try:
+                            # No checkpoint per item: a window of items is queued in
+                            # one tick and the scheduler sees them together.
+                            slots.acquire_nowait()
+                        except anyio.WouldBlock:
+                            await slots.acquire()
+                        try:
+                            item = await iterator.__anext__()
+                        except StopAsyncIteration:
+                            break
+                        except Exception as exc:  # the caller's iterable failed: report it
+                            failure.append(exc)
+                            break
+                        await self._start(engine, timed, run, index, item, priority, params)
+                        index += 1
+                run.feeding = False
+                if run.outstanding:
+                    await run.drained.wait()
+            finally:
+                for request in list(run.outstanding):
+                    engine.abandon(request)
 
-    async def _one(
+    async def _start(
         self,
+        engine: Engine,
+        timed: TaskGroup,
+        run: _Run,
         index: int,
         item: object,
         priority: Priority,
         params: Mapping[str, Any],
-        slots: anyio.Semaphore,
-        send: MemoryObjectSendStream[_Item],
     ) -> None:
         metadata: object = None
         try:
-            try:
-                kind, payload, options, metadata = _parse_input(item, params)
-                spec = self._build(
-                    kind,
-                    payload,
-                    options.pop("priority", priority),
-                    options.pop("max_tokens", None),
-                    options.pop("timeout", None),
-                    options,
-                )
-                result: Result[Any] = Result(
-                    index=index, value=await self._submit(spec), metadata=metadata
-                )
-            except LLMBatchError as exc:
-                result = Result(index=index, error=exc, metadata=metadata)
-            # The caller may have stopped reading; its result is then dropped.
-            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                await send.send((index, result))
-        finally:
-            slots.release()
+            kind, payload, options, metadata = _parse_input(item, params)
+            spec = self._build(
+                kind,
+                payload,
+                options.pop("priority", priority),
+                options.pop("max_tokens", None),
+                options.pop("timeout", None),
+                options,
+            )
+        except LLMBatchError as exc:
+            run.emit(index, trusted(Result, index=index, value=None, error=exc, metadata=metadata))
+            return
+        if spec.timeout is not None:
+            # A per-item deadline needs a timer: the full per-call path provides it.
+            timed.start_soon(self._timed, run, index, spec, metadata)
+            return
+        request = self._new_request(spec)
+        run.outstanding.add(request)
+        request.outcome.on_done(lambda outcome: run.finished(request, index, metadata, outcome))
+        await engine.submit(request, nowait=False)
+
+    async def _timed(self, run: _Run, index: int, spec: RequestSpec, metadata: object) -> None:
+        try:
+            value = await self._submit(spec)
+            result = trusted(Result, index=index, value=value, error=None, metadata=metadata)
+        except LLMBatchError as exc:
+            result = trusted(Result, index=index, value=None, error=exc, metadata=metadata)
+        run.emit(index, result)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,35 +43,54 @@ def _min_tokens(text: str) -> int:
 
 
 class Outcome:
-    """Where a request's single result lands; the first ``set_*`` wins."""
+    """Where a request's single result lands; the first ``set_*`` wins.
 
-    __slots__ = ("_done", "error", "value")
+    A waiter gets an event (made only when someone waits); ``map`` registers a
+    callback instead, which spares it a task and an event per item.
+    """
+
+    __slots__ = ("_callback", "_event", "done", "error", "value")
 
     def __init__(self) -> None:
-        self._done = anyio.Event()
+        self._event: anyio.Event | None = None
+        self._callback: Callable[[Outcome], None] | None = None
+        self.done = False
         self.value: Any = None
         self.error: LLMBatchError | None = None
 
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
     def set_value(self, value: object) -> bool:
-        if self._done.is_set():
+        if self.done:
             return False
         self.value = value
-        self._done.set()
+        self._finish()
         return True
 
     def set_error(self, error: LLMBatchError) -> bool:
-        if self._done.is_set():
+        if self.done:
             return False
         self.error = error
-        self._done.set()
+        self._finish()
         return True
 
+    def on_done(self, callback: Callable[[Outcome], None]) -> None:
+        """Call ``callback(self)`` once the outcome is set (at once if it is)."""
+        if self.done:
+            callback(self)
+        else:
+            self._callback = callback
+
+    def _finish(self) -> None:
+        self.done = True
+        if self._event is not None:
+            self._event.set()
+        if self._callback is not None:
+            self._callback(self)
+
     async def wait(self) -> None:
-        await self._done.wait()
+        if not self.done:
+            if self._event is None:
+                self._event = anyio.Event()
+            await self._event.wait()
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,7 +77,7 @@ class _Tier:
         self.size = 0
         self.credit = 0.0
 
-    def add(self, request: Request) -> None:
+    def add(self, request: Request) -> _Group:
         key = request.spec.compat_key
         group = self.groups.get(key)
         if group is None:
@@ -85,6 +85,7 @@ class _Tier:
         group.items.append(request)
         group.tokens += request.est_tokens
         self.size += 1
+        return group
 
     def remove(self, request: Request) -> bool:
         key = request.spec.compat_key
@@ -164,18 +165,31 @@ class Scheduler:
     def has_room(self, priority: Priority) -> bool:
         return self._tiers[priority].size < self.limits.max_queued
 
-    def add(self, request: Request) -> None:
-        """Queue a request, or raise :class:`QueueFull` if its tier is at ``max_queued``."""
+    def add(self, request: Request) -> bool:
+        """Queue a request, or raise :class:`QueueFull` if its tier is at ``max_queued``.
+
+        Returns whether a poll is due now: the request started a group (a new
+        ``max_wait`` timer), filled a batch, or its tier waits for nothing. Otherwise
+        the running timer covers it, which spares the driver a poll per request.
+        """
         tier = self._tiers[request.priority]
         if tier.size >= self.limits.max_queued:
             raise QueueFull(
                 f"the {request.priority.value!r} queue is full "
                 f"({self.limits.max_queued} requests waiting)"
             )
-        tier.add(request)
+        group = tier.add(request)
         if request.deadline is not None:
             self._seq += 1
             heapq.heappush(self._deadlines, (request.deadline, self._seq, request))
+        policy = tier.policy
+        return (
+            len(group.items) == 1
+            or len(group.items) >= policy.max_batch_size
+            or group.tokens >= policy.max_batch_tokens
+            or policy.max_wait == 0
+            or request.deadline is not None
+        )
 
     def remove(self, request: Request) -> bool:
         """Take a queued request out (its caller went away); False if not queued."""

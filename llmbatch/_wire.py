@@ -14,7 +14,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from llmbatch._exceptions import APIStatusError, RemoteProtocolError, status_error_type
-from llmbatch._models import Choice, Usage
+from llmbatch._models import Choice, Usage, trusted
 from llmbatch._request import Request
 
 __all__ = [
@@ -96,8 +96,10 @@ def parse_completions(content: bytes, requests: Sequence[Request]) -> tuple[list
         for choice in data["choices"]:
             index = int(choice["index"])
             slot, j = divmod(index, n)
-            per_request[slot][j] = Choice(
-                text=str(choice.get("text") or ""), finish_reason=choice.get("finish_reason")
+            per_request[slot][j] = trusted(
+                Choice,
+                text=str(choice.get("text") or ""),
+                finish_reason=choice.get("finish_reason"),
             )
         response_id, model = str(data.get("id", "")), str(data.get("model", ""))
     except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -173,7 +175,7 @@ def split_usage(
         usage.completion_tokens, [sum(len(c.text) for c in a.choices) for a in answers]
     )
     return [
-        Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c, estimated=True)
+        trusted(Usage, prompt_tokens=p, completion_tokens=c, total_tokens=p + c, estimated=True)
         for p, c in zip(prompt_parts, output_parts, strict=True)
     ]
 

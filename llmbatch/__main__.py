@@ -1,0 +1,5 @@
+import sys
+
+from llmbatch._cli import main
+
+sys.exit(main())
