@@ -228,8 +228,7 @@ class Client:
         assert stack is not None
         try:
             if self._on_close == "drain" and exc_type is None:
-                engine.flushing = True
-                engine._wake.set()
+                engine.start_flush()
                 with anyio.move_on_after(self._drain_timeout, shield=True):
                     await engine.wait_idle()
             engine.cancel_queued()

@@ -9,6 +9,7 @@ answered.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -56,6 +57,8 @@ from llmbatch._wire import (
 )
 
 __all__ = ["Dispatcher"]
+
+logger = logging.getLogger("llmbatch")
 
 T = TypeVar("T")
 
@@ -117,6 +120,7 @@ class Dispatcher:
                 self._fail(live[0], exc)
                 return
             # vLLM fails the whole list for one bad prompt without naming it.
+            logger.info("400 on a batch of %d, bisecting: %s", len(live), exc.message)
             self._stats.bisections += 1
             middle = len(live) // 2
             async with anyio.create_task_group() as tg:
@@ -234,6 +238,13 @@ class Dispatcher:
         if self._rate_limiter is not None:
             await self._rate_limiter.acquire(sum(r.est_tokens for r in requests))
         self._stats.batch_sent(len(requests))
+        logger.debug(
+            "POST %s: %d prompt(s), tier %s, attempt %d",
+            path,
+            len(requests),
+            requests[0].priority.value,
+            requests[0].attempts,
+        )
         return await self._transport.send(
             HTTPRequest("POST", self._base_url + path, self._headers, body)
         )
@@ -285,6 +296,7 @@ class Dispatcher:
         error = state.outcome.exception() if state.outcome is not None else None
         if isinstance(error, APIStatusError) and error.retry_after is not None:
             delay = max(delay, min(error.retry_after, policy.max_backoff))
+        logger.debug("retrying in %.3fs after %r", delay, error)
         return delay
 
     # -- outcomes --------------------------------------------------------------------

@@ -10,6 +10,7 @@ It owns three promises to callers:
 
 from __future__ import annotations
 
+import logging
 import time
 
 import anyio
@@ -18,12 +19,14 @@ from anyio.abc import TaskGroup
 from llmbatch._clock import Clock
 from llmbatch._config import Priority
 from llmbatch._dispatcher import Dispatcher
-from llmbatch._exceptions import DeadlineExceeded, QueueFull, RequestCancelled
+from llmbatch._exceptions import DeadlineExceeded, QueueFull, RequestCancelled, RequestError
 from llmbatch._request import Request
 from llmbatch._scheduler import Batch, Scheduler
 from llmbatch._stats import Stats, StatsRecorder
 
 __all__ = ["Engine"]
+
+logger = logging.getLogger("llmbatch")
 
 
 class Engine:
@@ -123,6 +126,18 @@ class Engine:
     async def _send(self, batch: Batch) -> None:
         try:
             await self._dispatcher.send(batch)
+        except Exception as exc:
+            # A bug must cost this batch, not the client's task group and every caller.
+            logger.exception("internal error while sending a batch of %d", len(batch.requests))
+            for request in batch.requests:
+                if request.outcome.set_error(
+                    RequestError(
+                        f"internal llmbatch error: {exc!r}",
+                        request_id=request.id,
+                        attempts=request.attempts,
+                    )
+                ):
+                    self._stats.failed(request.priority, request.retried)
         finally:
             for request in batch.requests:
                 self._scheduler.finish(request)
@@ -140,6 +155,11 @@ class Engine:
             self._signal_progress()
 
     # -- shutdown --------------------------------------------------------------------
+
+    def start_flush(self) -> None:
+        """Send everything queued now, whatever the batch triggers say (shutdown)."""
+        self.flushing = True
+        self._wake.set()
 
     async def wait_idle(self) -> None:
         """Return once nothing is queued or in flight."""

@@ -144,6 +144,8 @@ class Request:
     abandoned: bool = False
     """The caller stopped waiting (cancelled or deadline); drop its result."""
     flight: Flight | None = None
+    queued: bool = False
+    """Waiting in a scheduler queue (maintained by the scheduler)."""
 
     @property
     def priority(self) -> Priority:

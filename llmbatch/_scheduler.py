@@ -85,6 +85,7 @@ class _Tier:
         group.items.append(request)
         group.tokens += request.est_tokens
         self.size += 1
+        request.queued = True
         return group
 
     def remove(self, request: Request) -> bool:
@@ -98,6 +99,7 @@ class _Tier:
             return False
         group.tokens -= request.est_tokens
         self.size -= 1
+        request.queued = False
         if not group.items:
             del self.groups[key]
         return True
@@ -106,6 +108,7 @@ class _Tier:
         request = group.items.popleft()
         group.tokens -= request.est_tokens
         self.size -= 1
+        request.queued = False
         if not group.items:
             del self.groups[request.spec.compat_key]
         return request
@@ -182,6 +185,11 @@ class Scheduler:
         if request.deadline is not None:
             self._seq += 1
             heapq.heappush(self._deadlines, (request.deadline, self._seq, request))
+            if len(self._deadlines) > 64 + 2 * sum(t.size for t in self._tiers.values()):
+                # Dispatched requests linger here until their deadline; drop them so
+                # memory follows the queue, not the request rate times the timeout.
+                self._deadlines = [e for e in self._deadlines if e[2].queued]
+                heapq.heapify(self._deadlines)
         policy = tier.policy
         return (
             len(group.items) == 1
@@ -193,7 +201,7 @@ class Scheduler:
 
     def remove(self, request: Request) -> bool:
         """Take a queued request out (its caller went away); False if not queued."""
-        return self._tiers[request.priority].remove(request)
+        return request.queued and self._tiers[request.priority].remove(request)
 
     def queued_requests(self) -> Iterable[Request]:
         for tier in self._tiers.values():

@@ -130,8 +130,9 @@ async def test_retries_429_then_succeeds_honouring_retry_after() -> None:
     def flaky(body: dict[str, Any]) -> MockResponse | None:
         calls["n"] += 1
         if calls["n"] == 1:
-            return MockResponse(status=429, json={"error": {"message": "slow down"}},
-                                headers={"Retry-After": "0.2"})
+            return MockResponse(
+                status=429, json={"error": {"message": "slow down"}}, headers={"Retry-After": "0.2"}
+            )
         return None
 
     fake.intercept = flaky
@@ -172,8 +173,9 @@ async def test_connection_errors_are_retried_then_reported() -> None:
             return FakeServer()(request)
         raise ConnectError("cannot connect: refused")
 
-    async with Client("http://127.0.0.1:1/v1", transport=MockTransport(handler),
-                      retry=FAST_RETRY) as c:
+    async with Client(
+        "http://127.0.0.1:1/v1", transport=MockTransport(handler), retry=FAST_RETRY
+    ) as c:
         with pytest.raises(ConnectError) as info:
             await c.complete("x")
     assert info.value.attempts == 3
@@ -181,8 +183,9 @@ async def test_connection_errors_are_retried_then_reported() -> None:
 
 async def test_rate_limit_error_carries_retry_after() -> None:
     fake = FakeServer()
-    fake.intercept = lambda body: MockResponse(status=429, json={"error": {"message": "no"}},
-                                               headers={"Retry-After": "0"})
+    fake.intercept = lambda body: MockResponse(
+        status=429, json={"error": {"message": "no"}}, headers={"Retry-After": "0"}
+    )
     async with client(fake) as c:
         with pytest.raises(RateLimitError) as info:
             await c.complete("x")
@@ -249,8 +252,16 @@ async def test_bad_messages_fail_at_the_call(messages: Any) -> None:
 async def test_map_turns_bad_items_into_results_and_runs_the_rest() -> None:
     fake = FakeServer()
     async with client(fake) as c:
-        results = await c.map(["ok", "", 3, {"prompt": "meta", "metadata": {"row": 7}},
-                               {"nothing": 1}, [{"role": "user", "content": "chat"}]])
+        results = await c.map(
+            [
+                "ok",
+                "",
+                3,
+                {"prompt": "meta", "metadata": {"row": 7}},
+                {"nothing": 1},
+                [{"role": "user", "content": "chat"}],
+            ]
+        )
     assert [r.ok for r in results] == [True, False, False, True, False, True]
     assert all(isinstance(r.error, InvalidRequestError) for r in results if not r.ok)
     assert results[3].metadata == {"row": 7}
@@ -303,8 +314,9 @@ class Gate:
 async def test_cancelled_caller_leaves_the_queue_at_once() -> None:
     gate = Gate()
     limits = Limits(max_in_flight=2, reserved_realtime=1)
-    async with client(gate, limits=limits,
-                      batching={"normal": BatchPolicy(max_batch_size=1, max_wait=0)}) as c:
+    async with client(
+        gate, limits=limits, batching={"normal": BatchPolicy(max_batch_size=1, max_wait=0)}
+    ) as c:
         async with anyio.create_task_group() as tg:
             tg.start_soon(c.complete, "holds the only bulk slot")
             await anyio.wait_all_tasks_blocked()
@@ -331,8 +343,9 @@ async def test_deadline_while_in_flight_raises_deadline_exceeded() -> None:
 async def test_backpressure_nowait_raises_queue_full() -> None:
     gate = Gate()
     limits = Limits(max_in_flight=2, reserved_realtime=1, max_queued=1)
-    async with client(gate, limits=limits,
-                      batching={"normal": BatchPolicy(max_batch_size=1, max_wait=0)}) as c:
+    async with client(
+        gate, limits=limits, batching={"normal": BatchPolicy(max_batch_size=1, max_wait=0)}
+    ) as c:
         async with anyio.create_task_group() as tg:
             tg.start_soon(c.complete, "in flight")
             await anyio.wait_all_tasks_blocked()
@@ -422,13 +435,13 @@ async def test_priority_scheduling_sends_vllm_priority() -> None:
 async def test_map_unordered_break_cancels_the_rest() -> None:
     fake = FakeServer()
     async with client(fake) as c:
-        async for _index, _result in c.map_unordered((f"p{i}" for i in range(10_000)),
-                                                     window=8):
+        async for _index, _result in c.map_unordered((f"p{i}" for i in range(10_000)), window=8):
             break
         await anyio.wait_all_tasks_blocked()
         stats = c.stats()
     # Only about one window was ever pulled from the 10,000-item generator.
-    total = sum(b for b in (len(x["prompt"]) if isinstance(x["prompt"], list) else 1
-                            for x in fake.bodies))
+    total = sum(
+        b for b in (len(x["prompt"]) if isinstance(x["prompt"], list) else 1 for x in fake.bodies)
+    )
     assert total <= 16
     assert stats.tiers[llmbatch.Priority.BATCH].queued == 0

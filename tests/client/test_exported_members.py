@@ -30,6 +30,7 @@ def test_import_pulls_no_server_code() -> None:
         "('llmbatch_server', 'uvicorn', 'starlette', 'vllm', 'torch')]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr

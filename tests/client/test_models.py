@@ -11,8 +11,10 @@ from llmbatch._models import trusted
 
 def test_trusted_construction_equals_validated_construction() -> None:
     usage = Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7, estimated=True)
-    assert trusted(Usage, prompt_tokens=3, completion_tokens=4, total_tokens=7,
-                   estimated=True) == usage
+    assert (
+        trusted(Usage, prompt_tokens=3, completion_tokens=4, total_tokens=7, estimated=True)
+        == usage
+    )
     timings = Timings(queued=0.1, latency=0.5, batch_size=8, attempts=1)
     assert trusted(Timings, queued=0.1, latency=0.5, batch_size=8, attempts=1) == timings
     choices = (Choice(text="hi", finish_reason="stop"),)

@@ -37,9 +37,7 @@ def make(
     return request
 
 
-def scheduler(
-    policy: BatchPolicy | None = None, **limits: object
-) -> Scheduler:
+def scheduler(policy: BatchPolicy | None = None, **limits: object) -> Scheduler:
     policy = policy or BatchPolicy(max_batch_size=4, max_wait=1.0, max_batch_tokens=10_000)
     return Scheduler(policies={p: policy for p in Priority}, limits=Limits(**limits))  # type: ignore[arg-type]
 
@@ -107,8 +105,7 @@ def test_tiers_dispatch_in_order() -> None:
 
 
 def test_in_flight_limit_and_realtime_reserve() -> None:
-    s = scheduler(BatchPolicy(max_batch_size=1, max_wait=0.0), max_in_flight=4,
-                  reserved_realtime=1)
+    s = scheduler(BatchPolicy(max_batch_size=1, max_wait=0.0), max_in_flight=4, reserved_realtime=1)
     bulk = [make(BULK) for _ in range(10)]
     for r in bulk:
         s.add(r)
@@ -125,8 +122,9 @@ def test_in_flight_limit_and_realtime_reserve() -> None:
 
 
 def test_in_flight_token_limit() -> None:
-    s = scheduler(BatchPolicy(max_batch_size=1, max_wait=0.0), max_in_flight_tokens=300,
-                  reserved_realtime=0)
+    s = scheduler(
+        BatchPolicy(max_batch_size=1, max_wait=0.0), max_in_flight_tokens=300, reserved_realtime=0
+    )
     for _ in range(5):
         s.add(make(max_tokens=100))
     assert len(s.poll(0.0).batches) == 2  # 2 x 102 fits, a third would not
@@ -134,8 +132,9 @@ def test_in_flight_token_limit() -> None:
 
 
 def test_oversize_request_goes_alone_only_when_idle() -> None:
-    s = scheduler(BatchPolicy(max_batch_size=4, max_wait=0.0), max_in_flight_tokens=50,
-                  reserved_realtime=0)
+    s = scheduler(
+        BatchPolicy(max_batch_size=4, max_wait=0.0), max_in_flight_tokens=50, reserved_realtime=0
+    )
     big = make(max_tokens=500)
     s.add(big)
     (batch,) = s.poll(0.0).batches
@@ -148,8 +147,7 @@ def test_oversize_request_goes_alone_only_when_idle() -> None:
 
 def test_no_starvation_under_sustained_realtime_load() -> None:
     """Realtime always has ready work; normal and batch still get their min share."""
-    s = scheduler(BatchPolicy(max_batch_size=1, max_wait=0.0), max_in_flight=1,
-                  reserved_realtime=0)
+    s = scheduler(BatchPolicy(max_batch_size=1, max_wait=0.0), max_in_flight=1, reserved_realtime=0)
     for _ in range(1000):
         s.add(make(NORMAL))
         s.add(make(BULK))
@@ -165,8 +163,7 @@ def test_no_starvation_under_sustained_realtime_load() -> None:
 
 
 def test_realtime_first_when_lower_tiers_are_not_owed() -> None:
-    s = scheduler(BatchPolicy(max_batch_size=1, max_wait=0.0), max_in_flight=1,
-                  reserved_realtime=0)
+    s = scheduler(BatchPolicy(max_batch_size=1, max_wait=0.0), max_in_flight=1, reserved_realtime=0)
     s.add(make(BULK))
     s.add(make(RT))
     (batch,) = s.poll(0.0).batches
