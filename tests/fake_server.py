@@ -32,8 +32,14 @@ class FakeServer:
 
     def __call__(self, request: HTTPRequest) -> MockResponse:
         if request.url.endswith("/models"):
-            return MockResponse(json={"object": "list", "data": [
-                {"id": self.model, "object": "model", "max_model_len": self.max_model_len}]})
+            return MockResponse(
+                json={
+                    "object": "list",
+                    "data": [
+                        {"id": self.model, "object": "model", "max_model_len": self.max_model_len}
+                    ],
+                }
+            )
         body = json.loads(request.body or b"{}")
         self.bodies.append(body)
         if self.intercept is not None:
@@ -47,45 +53,92 @@ class FakeServer:
     def _completions(self, body: dict[str, Any]) -> MockResponse:
         prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
         if any(POISON in p for p in prompts):
-            return MockResponse(status=400, json={"error": {
-                "message": "This prompt is poisoned", "type": "BadRequestError",
-                "param": None, "code": 400}})
+            return MockResponse(
+                status=400,
+                json={
+                    "error": {
+                        "message": "This prompt is poisoned",
+                        "type": "BadRequestError",
+                        "param": None,
+                        "code": 400,
+                    }
+                },
+            )
         n = body.get("n", 1)
         max_tokens = body.get("max_tokens", 16)
         choices = []
         for i, prompt in enumerate(prompts):
             for j in range(n):
-                choices.append({"index": i * n + j, "text": f"echo:{prompt}:{j}",
-                                "logprobs": None, "finish_reason": "length"})
+                choices.append(
+                    {
+                        "index": i * n + j,
+                        "text": f"echo:{prompt}:{j}",
+                        "logprobs": None,
+                        "finish_reason": "length",
+                    }
+                )
         prompt_tokens = sum(_words(p) for p in prompts)
         completion_tokens = len(prompts) * n * max_tokens
         if body.get("stream"):
             lines = []
             for c in choices:
                 for k, piece in enumerate((c["text"][:3], c["text"][3:])):
-                    chunk = {"id": "cmpl-1", "model": self.model, "choices": [
-                        {"index": c["index"], "text": piece,
-                         "finish_reason": "length" if k == 1 else None}]}
+                    chunk = {
+                        "id": "cmpl-1",
+                        "model": self.model,
+                        "choices": [
+                            {
+                                "index": c["index"],
+                                "text": piece,
+                                "finish_reason": "length" if k == 1 else None,
+                            }
+                        ],
+                    }
                     lines += [b"data: " + json.dumps(chunk).encode(), b""]
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                     "total_tokens": prompt_tokens + completion_tokens}
-            lines += [b"data: " + json.dumps({"id": "cmpl-1", "choices": [],
-                                              "usage": usage}).encode(), b"",
-                      b"data: [DONE]", b""]
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            }
+            lines += [
+                b"data: " + json.dumps({"id": "cmpl-1", "choices": [], "usage": usage}).encode(),
+                b"",
+                b"data: [DONE]",
+                b"",
+            ]
             return MockResponse(lines=lines)
-        return MockResponse(json={
-            "id": "cmpl-1", "object": "text_completion", "model": self.model,
-            "choices": choices,
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens}})
+        return MockResponse(
+            json={
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "model": self.model,
+                "choices": choices,
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            }
+        )
 
     def _chat(self, body: dict[str, Any]) -> MockResponse:
         last = body["messages"][-1]["content"]
         if POISON in last:
-            return MockResponse(status=400, json={"error": {"message": "poisoned chat",
-                                                            "code": 400}})
-        return MockResponse(json={
-            "id": "chat-1", "object": "chat.completion", "model": self.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": f"re:{last}"},
-                         "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+            return MockResponse(
+                status=400, json={"error": {"message": "poisoned chat", "code": 400}}
+            )
+        return MockResponse(
+            json={
+                "id": "chat-1",
+                "object": "chat.completion",
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": f"re:{last}"},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+            }
+        )
