@@ -164,16 +164,39 @@ def _largest_remainder(total: int, weights: Sequence[int]) -> list[int]:
 def split_usage(
     usage: Usage, requests: Sequence[Request], answers: Sequence[Answer]
 ) -> list[Usage]:
-    """Apportion one request's usage over its prompts: prompt tokens by prompt length,
-    completion tokens by output length."""
+    """Apportion one request's usage over its prompts.
+
+    Prompt tokens go by prompt length. A choice that stopped for ``length`` used
+    exactly the ``max_tokens`` it was sent with, so it gets that count; the rest
+    of the completion tokens go by output length.
+    """
     if len(requests) == 1:
         return [usage]
     prompt_parts = _largest_remainder(
         usage.prompt_tokens, [len(r.spec.prompt or "") for r in requests]
     )
-    output_parts = _largest_remainder(
-        usage.completion_tokens, [sum(len(c.text) for c in a.choices) for a in answers]
-    )
+    known = [
+        sum(
+            r.spec.max_tokens
+            for c in a.choices
+            if c.finish_reason == "length" and "max_tokens" in r.spec.params
+        )
+        for r, a in zip(requests, answers, strict=True)
+    ]
+    unknown_weights = [
+        sum(len(c.text) for c in a.choices if c.finish_reason != "length")
+        if "max_tokens" in r.spec.params
+        else sum(len(c.text) for c in a.choices)
+        for r, a in zip(requests, answers, strict=True)
+    ]
+    rest = usage.completion_tokens - sum(known)
+    if rest < 0:  # the server counted differently; fall back to output length alone
+        known = [0] * len(requests)
+        unknown_weights = [sum(len(c.text) for c in a.choices) for a in answers]
+        rest = usage.completion_tokens
+    output_parts = [
+        k + part for k, part in zip(known, _largest_remainder(rest, unknown_weights), strict=True)
+    ]
     return [
         trusted(Usage, prompt_tokens=p, completion_tokens=c, total_tokens=p + c, estimated=True)
         for p, c in zip(prompt_parts, output_parts, strict=True)

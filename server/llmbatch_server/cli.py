@@ -6,9 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from llmbatch_server import tiny_model
 from llmbatch_server.launcher import cli as launcher_cli
 from llmbatch_server.sim import cli as sim_cli
-from llmbatch_server import tiny_model
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,10 +19,10 @@ pytestmark = pytest.mark.anyio
 
 FAST_RETRY = RetryPolicy(attempts=4, initial_backoff=0.01, max_backoff=0.05)
 BACKENDS = [
-    pytest.param(("asyncio", {}), "aiohttp", id="asyncio-aiohttp"),
-    pytest.param(("asyncio", {}), "httpx", id="asyncio-httpx"),
-    pytest.param(("asyncio", {"use_uvloop": True}), "aiohttp", id="uvloop-aiohttp"),
-    pytest.param(("trio", {}), "httpx", id="trio-httpx"),
+    pytest.param((("asyncio", {}), "aiohttp"), id="asyncio-aiohttp"),
+    pytest.param((("asyncio", {}), "httpx"), id="asyncio-httpx"),
+    pytest.param((("asyncio", {"use_uvloop": True}), "aiohttp"), id="uvloop-aiohttp"),
+    pytest.param((("trio", {}), "httpx"), id="trio-httpx"),
 ]
 
 

@@ -1,0 +1,113 @@
+"""``llmbatch-server vllm``: start vLLM with a tuned profile.
+
+Everything after ``--`` is passed to ``vllm serve`` and wins over the profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from typing import Any
+
+from llmbatch_server.launcher.profiles import (
+    PROFILES,
+    build_argv,
+    display_command,
+    format_client_settings,
+    suggested_client_settings,
+)
+from llmbatch_server.launcher.server import (
+    DEFAULT_STARTUP_TIMEOUT,
+    LauncherError,
+    VLLMServer,
+    base_url_for,
+    check_host,
+)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``vllm`` subcommand."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "vllm",
+        help="start a real vLLM server with a tuned profile",
+        description="Start `vllm serve` with a tuned profile; args after `--` go to vLLM.",
+    )
+    p.add_argument("--model", required=True, help="model name or local directory")
+    p.add_argument("--profile", choices=sorted(PROFILES), default="balanced")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="passed to vLLM as VLLM_API_KEY")
+    p.add_argument("--vllm-bin", default=None, help="vLLM executable (default: `vllm` on PATH)")
+    p.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT)
+    p.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    p.set_defaults(handler=run)
+    return p
+
+
+def run(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
+    """Entry point for ``llmbatch-server vllm``."""
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    try:
+        check_host(args.host, args.api_key)
+        if args.dry_run:
+            argv = build_argv(
+                model=args.model,
+                profile=args.profile,
+                host=args.host,
+                port=args.port,
+                vllm_bin=args.vllm_bin or "vllm",
+                extra=extra,
+            )
+            env = {"VLLM_API_KEY": args.api_key} if args.api_key else None
+            print(display_command(argv, env))
+            settings = suggested_client_settings(argv)
+            print(format_client_settings(settings, base_url_for(args.host, args.port)))
+            return 0
+        server = VLLMServer(
+            model=args.model,
+            profile=args.profile,
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key,
+            vllm_bin=args.vllm_bin,
+            extra_args=extra,
+            startup_timeout=args.startup_timeout,
+        )
+    except (LauncherError, ValueError) as exc:
+        print(f"llmbatch-server vllm: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_serve(server))
+    except LauncherError as exc:
+        print(f"llmbatch-server vllm: error: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _serve(server: VLLMServer) -> int:
+    """Start, announce, and run until vLLM exits or we are signalled."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    print(f"starting: {display_command(server.argv, server.env)}", file=sys.stderr)
+    start = asyncio.create_task(server.start())
+    stop_wait = asyncio.create_task(stopping.wait())
+    await asyncio.wait({start, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    if not start.done():  # signalled while loading: start() stops on cancel
+        start.cancel()
+        await asyncio.gather(start, return_exceptions=True)
+        await server.stop()
+        return 130
+    stop_wait.cancel()
+    start.result()
+    print(f"vLLM ready at {server.base_url}", file=sys.stderr)
+    print(format_client_settings(server.client_settings(), server.base_url), file=sys.stderr)
+    exited = asyncio.create_task(server.wait())
+    stop_wait = asyncio.create_task(stopping.wait())
+    await asyncio.wait({exited, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    await server.stop()
+    stop_wait.cancel()
+    return 0 if stopping.is_set() else (await server.wait())

@@ -1,0 +1,219 @@
+"""A discrete-time model of vLLM's continuous-batching engine.
+
+Each step: every running sequence whose prompt is prefilled gets one token;
+waiting sequences join while ``max_num_seqs``, the per-step token budget
+(chunked prefill) and KV-cache capacity allow; the step lasts
+``StepModel.step_seconds``. Time comes from injectable ``clock``/``sleep``
+callables, so tests can run hours of modelled time instantly.
+
+Sequences belong to a ``Group`` (one HTTP request); the group learns about new
+tokens and completion through plain callbacks, which keeps a step cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from llmbatch_server.sim import tokenizer
+from llmbatch_server.sim.config import EngineLimits, StepModel
+from llmbatch_server.sim.metrics import EngineMetrics
+
+
+class Overloaded(Exception):
+    """The waiting queue is at ``max_num_queued_reqs``."""
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    """One prompt's one choice inside the engine."""
+
+    group: Group
+    index: int  # choice index within the group
+    prompt_tokens: int
+    target: int  # tokens this sequence will generate (a matched stop word included)
+    visible: int  # tokens that appear in the text (a matched stop word is not shown)
+    finish_reason: str
+    stop_reason: str | None
+    seed: int
+    priority: int = 0
+    arrival: float = 0.0
+    prefilled: int = 0
+    generated: int = 0
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
+    finished: bool = False
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.prompt_tokens + self.target
+
+    def text(self, start: int = 0, stop: int | None = None) -> str:
+        end = min(self.generated if stop is None else stop, self.visible)
+        return tokenizer.text(self.seed, start, end) if end > start else ""
+
+
+@dataclass(eq=False)
+class Group:
+    """The sequences of one HTTP request and how it wants to hear about them."""
+
+    on_tokens: Callable[[Sequence, int], None] | None = None
+    on_done: Callable[[Group], None] | None = None
+    sequences: list[Sequence] = field(default_factory=list)
+    pending: int = 0
+    aborted: bool = False
+
+
+class Engine:
+    """The scheduler loop. ``run()`` forever in a task; ``add()`` groups to it."""
+
+    def __init__(
+        self,
+        limits: EngineLimits,
+        step: StepModel,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.limits = limits
+        self.step_model = step
+        self.metrics = EngineMetrics()
+        self._clock = clock
+        self._sleep = sleep
+        self._waiting: list[tuple[int, int, Sequence]] = []
+        self._running: list[Sequence] = []
+        self._kv_used = 0
+        self._counter = itertools.count()
+        self._wake = asyncio.Event()
+        self.steps = 0
+        self.busy_seconds = 0.0
+
+    # -- public ----------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return self._kv_used / self.limits.kv_cache_tokens
+
+    def add(self, group: Group, sequences: list[Sequence], priority: int = 0) -> None:
+        """Queue ``sequences`` for ``group``; raises Overloaded past the queue cap."""
+        cap = self.limits.max_num_queued_reqs
+        if cap is not None and len(self._waiting) + len(sequences) > cap:
+            raise Overloaded
+        now = self._clock()
+        use_priority = self.limits.scheduling_policy == "priority"
+        group.sequences = sequences
+        group.pending = len(sequences)
+        for seq in sequences:
+            seq.arrival = now
+            seq.priority = priority
+            key = priority if use_priority else 0
+            heapq.heappush(self._waiting, (key, next(self._counter), seq))
+        self._wake.set()
+
+    def abort(self, group: Group) -> None:
+        """Stop generating for ``group`` (its client went away); frees its KV at once."""
+        if group.aborted:
+            return
+        group.aborted = True
+        for seq in group.sequences:
+            if not seq.finished:
+                seq.finished = True
+                if seq.scheduled_at is not None:
+                    self._kv_used -= seq.kv_tokens
+        self._running = [s for s in self._running if not s.finished]
+        self.metrics.aborted += 1
+        # Waiting entries are dropped lazily when they reach the head of the queue.
+
+    async def run(self) -> None:
+        """Step while there is work; sleep on an event while idle."""
+        while True:
+            if not self._running and not self._waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            started = self._clock()
+            batch, prefill = self._schedule(started)
+            seconds = self.step_model.step_seconds(len(batch), prefill)
+            self.steps += 1
+            self.busy_seconds += seconds
+            remaining = started + seconds - self._clock()
+            # Yield even for a zero-cost step so HTTP handlers keep running.
+            await self._sleep(max(remaining, 0.0))
+            self._advance(batch)
+
+    # -- one step --------------------------------------------------------------
+
+    def _schedule(self, now: float) -> tuple[list[Sequence], int]:
+        """Admit and prefill; return the step's batch and its prefill tokens."""
+        budget = self.limits.max_num_batched_tokens
+        prefill = 0
+        batch: list[Sequence] = []
+        for seq in self._running:
+            if seq.prefilled < seq.prompt_tokens:
+                chunk = min(seq.prompt_tokens - seq.prefilled, budget)
+                if chunk == 0:
+                    continue
+                seq.prefilled += chunk
+                prefill += chunk
+                budget -= chunk
+            else:
+                budget -= 1
+            batch.append(seq)
+        limits = self.limits
+        while self._waiting and len(self._running) < limits.max_num_seqs and budget > 0:
+            seq = self._waiting[0][2]
+            if seq.finished:  # aborted while waiting
+                heapq.heappop(self._waiting)
+                continue
+            if self._kv_used + seq.kv_tokens > limits.kv_cache_tokens:
+                break
+            heapq.heappop(self._waiting)
+            self._kv_used += seq.kv_tokens
+            seq.scheduled_at = now
+            self.metrics.queue_time.observe(now - seq.arrival)
+            chunk = min(seq.prompt_tokens, budget)
+            seq.prefilled = chunk
+            prefill += chunk
+            budget -= chunk
+            self._running.append(seq)
+            batch.append(seq)
+        return batch, prefill
+
+    def _advance(self, batch: list[Sequence]) -> None:
+        now = self._clock()
+        done = False
+        metrics = self.metrics
+        for seq in batch:
+            if seq.finished or seq.prefilled < seq.prompt_tokens:
+                continue
+            if seq.generated == 0:
+                seq.first_token_at = now
+                metrics.ttft.observe(now - seq.arrival)
+                metrics.prompt_tokens += seq.prompt_tokens
+            seq.generated += 1
+            metrics.generation_tokens += 1
+            group = seq.group
+            if seq.generated >= seq.target:
+                seq.finished = True
+                done = True
+                self._kv_used -= seq.kv_tokens
+                metrics.finish(seq.finish_reason, now - seq.arrival)
+                group.pending -= 1
+            if group.on_tokens is not None:
+                group.on_tokens(seq, seq.generated)
+            if group.pending == 0 and group.on_done is not None and not group.aborted:
+                group.on_done(group)
+        if done:
+            self._running = [s for s in self._running if not s.finished]

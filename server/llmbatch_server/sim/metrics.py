@@ -1,0 +1,87 @@
+"""Prometheus metrics under vLLM's names, rendered in the text exposition format."""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+@dataclass
+class Histogram:
+    """A cumulative Prometheus histogram."""
+
+    buckets: Sequence[float] = _LATENCY_BUCKETS
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.buckets) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def render(self, name: str, labels: str) -> list[str]:
+        lines = []
+        cumulative = 0
+        for bound, n in zip((*self.buckets, float("inf")), self.counts, strict=True):
+            cumulative += n
+            le = "+Inf" if bound == float("inf") else repr(bound)
+            lines.append(f'{name}_bucket{{{labels},le="{le}"}} {cumulative}')
+        lines.append(f"{name}_sum{{{labels}}} {self.total}")
+        lines.append(f"{name}_count{{{labels}}} {self.count}")
+        return lines
+
+
+@dataclass
+class EngineMetrics:
+    """Counters and histograms the engine updates as it steps."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    aborted: int = 0
+    success: Counter[str] = field(default_factory=Counter)
+    e2e: Histogram = field(default_factory=Histogram)
+    ttft: Histogram = field(default_factory=Histogram)
+    queue_time: Histogram = field(default_factory=Histogram)
+
+    def finish(self, reason: str, e2e_seconds: float) -> None:
+        self.success[reason] += 1
+        self.e2e.observe(e2e_seconds)
+
+
+def render(
+    metrics: EngineMetrics, *, model: str, running: int, waiting: int, kv_usage: float
+) -> str:
+    """The ``/metrics`` body."""
+    labels = f'model_name="{model}"'
+    out = [
+        "# TYPE vllm:num_requests_running gauge",
+        f"vllm:num_requests_running{{{labels}}} {running}",
+        "# TYPE vllm:num_requests_waiting gauge",
+        f"vllm:num_requests_waiting{{{labels}}} {waiting}",
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        f"vllm:kv_cache_usage_perc{{{labels}}} {kv_usage}",
+        "# TYPE vllm:prompt_tokens_total counter",
+        f"vllm:prompt_tokens_total{{{labels}}} {metrics.prompt_tokens}",
+        "# TYPE vllm:generation_tokens_total counter",
+        f"vllm:generation_tokens_total{{{labels}}} {metrics.generation_tokens}",
+        "# TYPE vllm:request_success_total counter",
+    ]
+    for reason in ("stop", "length", "abort"):
+        count = metrics.aborted if reason == "abort" else metrics.success[reason]
+        out.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {count}')
+    for name, hist in (
+        ("vllm:e2e_request_latency_seconds", metrics.e2e),
+        ("vllm:time_to_first_token_seconds", metrics.ttft),
+        ("vllm:request_queue_time_seconds", metrics.queue_time),
+    ):
+        out.append(f"# TYPE {name} histogram")
+        out.extend(hist.render(name, labels))
+    return "\n".join(out) + "\n"

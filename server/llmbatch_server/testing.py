@@ -1,0 +1,148 @@
+"""Start the simulator as a real subprocess on 127.0.0.1 for tests and demos.
+
+    with run_simulator("--speed", "50") as sim:
+        async with llmbatch.Client(sim.base_url) as client: ...
+
+The server gets a free port from the OS, is ready (``/health`` answered) when the
+``with`` body starts, and is stopped (SIGTERM, then SIGKILL) when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+DEFAULT_STARTUP_TIMEOUT = 30.0
+
+
+class SimulatorError(RuntimeError):
+    """The simulator did not start; the message carries its log tail."""
+
+
+class SimulatorProcess:
+    """A running simulator subprocess."""
+
+    def __init__(self, args: tuple[str, ...], *, port: int = 0, api_key: str | None = None) -> None:
+        self.args = args
+        self.api_key = api_key
+        self.port = port
+        self.url = ""
+        self._dir = Path(tempfile.mkdtemp(prefix="llmbatch-sim-"))
+        self._log = self._dir / "sim.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def __repr__(self) -> str:
+        return f"SimulatorProcess(url={self.url!r}, pid={self.pid})"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-style base URL, ``http://127.0.0.1:PORT/v1``."""
+        return self.url + "/v1"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def start(self, timeout: float = DEFAULT_STARTUP_TIMEOUT) -> None:
+        """Start and wait until ``/health`` answers."""
+        ready = self._dir / "ready"
+        ready.unlink(missing_ok=True)
+        argv = [
+            sys.executable,
+            "-m",
+            "llmbatch_server",
+            "sim",
+            "--port",
+            str(self.port),
+            "--ready-file",
+            str(ready),
+            *self.args,
+        ]
+        env = dict(os.environ)
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key  # not on the command line, where ps shows it
+        with self._log.open("ab") as log:
+            self._process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        while not ready.exists():
+            if self._process.poll() is not None:
+                raise SimulatorError(
+                    f"simulator exited with {self._process.returncode}:\n{self.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SimulatorError(f"simulator not ready after {timeout}s:\n{self.log_tail()}")
+            time.sleep(0.02)
+        base = ready.read_text().removesuffix("/v1")
+        self.url = base
+        self.port = int(base.rsplit(":", 1)[1])
+        httpx.get(self.url + "/health", timeout=timeout).raise_for_status()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL if it does not exit within ``timeout``."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL at once (a crashed server)."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+
+    def restart(self, timeout: float = DEFAULT_STARTUP_TIMEOUT) -> None:
+        """Stop if running, then start again on the same port."""
+        self.stop()
+        self.start(timeout)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def set_faults(self, **rates: Any) -> dict[str, Any]:
+        """Change fault rates at runtime (needs ``--enable-admin``); returns the new state."""
+        r = httpx.post(self.url + "/admin/faults", json=rates, headers=self._headers(), timeout=10)
+        r.raise_for_status()
+        result: dict[str, Any] = r.json()
+        return result
+
+    def metrics(self) -> str:
+        """The ``/metrics`` text."""
+        return httpx.get(self.url + "/metrics", timeout=10).text
+
+
+@contextlib.contextmanager
+def run_simulator(
+    *args: str,
+    port: int = 0,
+    api_key: str | None = None,
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
+) -> Iterator[SimulatorProcess]:
+    """Run ``llmbatch-server sim *args`` for the duration of the ``with`` block."""
+    sim = SimulatorProcess(args, port=port, api_key=api_key)
+    try:
+        sim.start(startup_timeout)
+        yield sim
+    finally:
+        sim.stop()

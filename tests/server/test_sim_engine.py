@@ -1,0 +1,181 @@
+"""The simulator's engine model on a virtual clock: calibration, limits, policies."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from llmbatch_server.sim.config import REFERENCE_TABLE, EngineLimits, StepModel
+from llmbatch_server.sim.engine import Engine, Group, Overloaded, Sequence
+
+
+class VirtualTime:
+    """A clock whose sleep advances time instantly (and yields to the loop)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
+def _seqs(group: Group, count: int, *, prompt: int = 16, target: int = 64) -> list[Sequence]:
+    return [
+        Sequence(
+            group=group,
+            index=i,
+            prompt_tokens=prompt,
+            target=target,
+            visible=target,
+            finish_reason="length",
+            stop_reason=None,
+            seed=i,
+        )
+        for i in range(count)
+    ]
+
+
+async def _run_until(engine: Engine, done: Callable[[], bool], limit: int = 1_000_000) -> None:
+    task = asyncio.ensure_future(engine.run())
+    try:
+        for _ in range(limit):
+            if done():
+                return
+            await asyncio.sleep(0)
+        raise AssertionError("engine did not finish")
+    finally:
+        task.cancel()
+
+
+def _engine(vt: VirtualTime, **limits: object) -> Engine:
+    return Engine(EngineLimits(**limits), StepModel(), clock=vt.clock, sleep=vt.sleep)  # type: ignore[arg-type]
+
+
+async def _decode_throughput(batch: int, tokens: int = 256) -> float:
+    vt = VirtualTime()
+    engine = _engine(vt, max_num_seqs=256)
+    group = Group()
+    engine.add(group, _seqs(group, batch, prompt=32, target=tokens))
+    await _run_until(engine, lambda: group.pending == 0)
+    return batch * tokens / vt.now
+
+
+def test_throughput_matches_published_table(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = []
+    for batch, published in REFERENCE_TABLE.items():
+        measured = asyncio.run(_decode_throughput(batch))
+        rows.append((batch, published, measured, measured / published - 1))
+    with capsys.disabled():
+        print("\nbatch  published tok/s  simulated tok/s  error")
+        for batch, published, measured, error in rows:
+            print(f"{batch:5d}  {published:15.0f}  {measured:15.1f}  {error:+6.1%}")
+    for batch, _, _, error in rows:
+        assert abs(error) < 0.10, f"batch {batch} off by {error:+.1%}"
+
+
+@pytest.mark.anyio
+async def test_max_num_seqs_caps_the_running_batch() -> None:
+    vt = VirtualTime()
+    engine = _engine(vt, max_num_seqs=4)
+    group = Group()
+    peak = 0
+
+    def on_tokens(seq: Sequence, generated: int) -> None:
+        nonlocal peak
+        peak = max(peak, engine.num_running)
+
+    group.on_tokens = on_tokens
+    engine.add(group, _seqs(group, 10, target=3))
+    await _run_until(engine, lambda: group.pending == 0)
+    assert peak == 4
+    # 10 sequences of 3 tokens, 4 at a time: ceil(10/4) waves of 3 steps, overlapping.
+    assert engine.steps >= 3 * 3
+
+
+@pytest.mark.anyio
+async def test_chunked_prefill_respects_the_token_budget() -> None:
+    vt = VirtualTime()
+    engine = _engine(vt, max_num_batched_tokens=100, max_model_len=1000)
+    group = Group()
+    seqs = _seqs(group, 1, prompt=250, target=1)
+    engine.add(group, seqs)
+    await _run_until(engine, lambda: group.pending == 0)
+    # 250 prompt tokens at 100 per step: 3 steps of prefill; the token comes with the last.
+    assert engine.steps == 3
+    assert seqs[0].generated == 1
+
+
+@pytest.mark.anyio
+async def test_kv_cache_capacity_limits_admission() -> None:
+    vt = VirtualTime()
+    engine = _engine(vt, max_model_len=100, kv_cache_tokens=200)
+    group = Group()
+    seen: set[int] = set()
+    group.on_tokens = lambda seq, n: seen.add(engine.num_running)
+    engine.add(group, _seqs(group, 4, prompt=40, target=60))  # 100 KV tokens each
+    await _run_until(engine, lambda: group.pending == 0)
+    assert max(seen) == 2
+
+
+@pytest.mark.anyio
+async def test_priority_policy_runs_lower_values_first() -> None:
+    vt = VirtualTime()
+    engine = _engine(vt, max_num_seqs=1, scheduling_policy="priority")
+    order: list[str] = []
+    groups = {}
+    for name, priority in (("bulk", 10), ("urgent", -5), ("normal", 0)):
+        group = Group(on_done=lambda g, name=name: order.append(name))
+        groups[name] = group
+        engine.add(group, _seqs(group, 1, target=2), priority=priority)
+    await _run_until(engine, lambda: len(order) == 3)
+    assert order == ["urgent", "normal", "bulk"]
+
+
+@pytest.mark.anyio
+async def test_fcfs_ignores_priority() -> None:
+    vt = VirtualTime()
+    engine = _engine(vt, max_num_seqs=1, scheduling_policy="fcfs")
+    order: list[str] = []
+    for name, priority in (("first", 10), ("second", -5)):
+        group = Group(on_done=lambda g, name=name: order.append(name))
+        engine.add(group, _seqs(group, 1, target=2), priority=priority)
+    await _run_until(engine, lambda: len(order) == 2)
+    assert order == ["first", "second"]
+
+
+@pytest.mark.anyio
+async def test_abort_frees_the_kv_cache_and_skips_waiting_sequences() -> None:
+    vt = VirtualTime()
+    engine = _engine(vt, max_num_seqs=2)
+    doomed, other = Group(), Group()
+    engine.add(doomed, _seqs(doomed, 3, target=1000))
+    engine.add(other, _seqs(other, 1, target=5))
+    task = asyncio.ensure_future(engine.run())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert engine.num_running == 2
+    engine.abort(doomed)
+    await _run_until(engine, lambda: other.pending == 0)
+    task.cancel()
+    assert engine.num_running == 0
+    assert engine.num_waiting == 0
+    assert engine.kv_usage == 0
+    assert engine.metrics.aborted == 1
+
+
+def test_queue_cap_raises_overloaded() -> None:
+    engine = Engine(EngineLimits(max_num_queued_reqs=3), StepModel())
+    group = Group()
+    engine.add(group, _seqs(group, 3))
+    with pytest.raises(Overloaded):
+        engine.add(Group(), _seqs(Group(), 1))
+
+
+def test_fewer_larger_requests_cost_the_front_end_less() -> None:
+    step = StepModel()
+    assert 64 * step.frontend_seconds(1) > 3 * step.frontend_seconds(64)
