@@ -55,7 +55,9 @@ async def main(base_url: str, bulk: int) -> None:
 
 def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="an OpenAI-compatible base URL (default: start the simulator)")
+    parser.add_argument(
+        "--url", help="an OpenAI-compatible base URL (default: start the simulator)"
+    )
     parser.add_argument("--bulk", type=int, default=2000, help="bulk prompts to run")
     args = parser.parse_args()
     if args.url:

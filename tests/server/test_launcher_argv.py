@@ -6,6 +6,7 @@ import importlib.util
 import pathlib
 
 import pytest
+
 from llmbatch_server.launcher import PROFILES, build_argv, suggested_client_settings
 from llmbatch_server.launcher.profiles import display_command, flag_value
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from llmbatch_server.launcher import LauncherError, VLLMServer
 
 FAKE_DIR = pathlib.Path(__file__).parent / "fake_vllm"

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
+
 from llmbatch_server.sim.config import REFERENCE_TABLE, EngineLimits, StepModel
 from llmbatch_server.sim.engine import Engine, Group, Overloaded, Sequence
 

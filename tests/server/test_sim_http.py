@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from llmbatch_server.testing import SimulatorProcess, run_simulator
 
 

@@ -1,0 +1,117 @@
+"""Every example runs as written, as a subprocess, against a real simulator."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmbatch_server.testing import SimulatorProcess, run_simulator
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimulatorProcess]:
+    with run_simulator("--speed", "50", "--scheduling-policy", "priority") as server:
+        yield server
+
+
+def _run(script: str, *args: str, env: dict[str, str] | None = None) -> str:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_demo_starts_its_own_simulator() -> None:
+    out = _run("demo.py", "--bulk", "300")
+    assert "bulk: 300/300 ok" in out
+    assert "realtime during bulk" in out
+
+
+def test_asyncio_dropin(sim: SimulatorProcess) -> None:
+    out = _run("asyncio_dropin.py", env={"LLMBATCH_BASE_URL": sim.base_url})
+    assert "500 summaries done" in out
+
+
+def test_trio_app(sim: SimulatorProcess) -> None:
+    out = _run("trio_app.py", env={"LLMBATCH_BASE_URL": sim.base_url})
+    assert "100/100 translated" in out
+    assert "answer 2:" in out
+    assert "streamed:" in out
+
+
+def test_launch_vllm_with_a_profile() -> None:
+    fake = Path(__file__).parent / "fake_vllm_sim" / "vllm"
+    out = _run(
+        "launch_vllm.py",
+        "--model",
+        "tiny",
+        "--profile",
+        "latency",
+        "--port",
+        str(_free_port()),
+        "--vllm-bin",
+        str(fake),
+        env={"FAKE_VLLM_PYTHON": sys.executable},
+    )
+    assert "'max_in_flight': 64" in out  # the latency profile's --max-num-seqs
+    assert "64/64 ok" in out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_fastapi_chat_stays_responsive_during_a_bulk_job(sim: SimulatorProcess) -> None:
+    port = _free_port()
+    app = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "fastapi_app.py"), "--port", str(port)],
+        env={**os.environ, "LLMBATCH_BASE_URL": sim.base_url},
+    )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    http.get("/stats").raise_for_status()
+                    break
+                except httpx.TransportError:
+                    assert app.poll() is None, "the app exited"
+                    assert time.monotonic() < deadline, "the app did not start"
+                    time.sleep(0.05)
+            job = http.post("/jobs", json={"prompts": [f"p{i}" for i in range(3000)]}).json()
+            assert job["total"] == 3000
+            reply = http.post("/chat", json={"message": "hello", "max_tokens": 16})
+            assert reply.status_code == 200
+            assert reply.text.strip()
+            # The chat answer arrived while the bulk job was still running.
+            assert not http.get(f"/jobs/{job['job']}").json()["finished"]
+            deadline = time.monotonic() + TIMEOUT
+            while not (status := http.get(f"/jobs/{job['job']}").json())["finished"]:
+                assert time.monotonic() < deadline, status
+                time.sleep(0.1)
+            assert status["done"] == 3000
+            assert status["failed"] == 0
+    finally:
+        app.terminate()
+        app.wait(10)
