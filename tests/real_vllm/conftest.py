@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
+
 from llmbatch_server.launcher import VLLMServer
 
 SERVER_DIR = pathlib.Path(__file__).resolve().parents[2] / "server"

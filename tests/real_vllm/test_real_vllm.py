@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+
 from llmbatch_server.launcher import VLLMServer
 
 if TYPE_CHECKING:
