@@ -42,6 +42,7 @@ from llmbatch._exceptions import (
     TransportError,
 )
 from llmbatch._models import ChatCompletion, ChatMessage, Choice, Completion, Result, Timings, Usage
+from llmbatch._progress import MapProgress, ProgressBar
 from llmbatch._stats import Percentiles, Stats, TierStats
 from llmbatch._version import __version__
 
@@ -65,10 +66,12 @@ __all__ = [
     "InvalidRequestError",
     "LLMBatchError",
     "Limits",
+    "MapProgress",
     "NotFoundError",
     "Percentiles",
     "PermissionDeniedError",
     "Priority",
+    "ProgressBar",
     "QueueFull",
     "RateLimit",
     "RateLimitError",

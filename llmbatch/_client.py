@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any, Literal
@@ -39,6 +47,7 @@ from llmbatch._exceptions import (
 )
 from llmbatch._map import MapInput, MapRunner
 from llmbatch._models import ChatCompletion, Completion, Result
+from llmbatch._progress import ProgressLike, make_tracker
 from llmbatch._ratelimit import RateLimiter
 from llmbatch._request import Kind, Request, RequestSpec, validate
 from llmbatch._scheduler import Scheduler
@@ -381,10 +390,11 @@ class Client:
 
     async def map(
         self,
-        inputs: Iterable[MapInput] | AsyncIterator[MapInput],
+        inputs: Iterable[MapInput] | AsyncIterable[MapInput],
         *,
         priority: PriorityLike = "batch",
         window: int | None = None,
+        progress: ProgressLike = None,
         **params: Any,
     ) -> list[Result[Any]]:
         """Run every input; one :class:`Result` per input, in input order.
@@ -393,32 +403,82 @@ class Client:
         prompt ``str``, a chat ``list`` of messages, or a ``dict`` with ``prompt`` or
         ``messages`` plus per-item options and ``metadata``. At most ``window`` inputs
         (default ``2 * Limits.max_in_flight``) are pulled from ``inputs`` ahead of
-        their results.
+        their results, but the returned list holds every result: for inputs too large
+        to keep in memory use :meth:`map_unordered` or :meth:`imap`.
+
+        ``progress=True`` draws a :class:`ProgressBar` on stderr (when it is a
+        terminal); a callable receives a :class:`MapProgress` snapshot at most every
+        0.2 s and once at the end.
         """
         results: dict[int, Result[Any]] = {}
         async for index, result in self.map_unordered(
-            inputs, priority=priority, window=window, **params
+            inputs, priority=priority, window=window, progress=progress, **params
         ):
             results[index] = result
         return [results[i] for i in range(len(results))]
 
     def map_unordered(
         self,
-        inputs: Iterable[MapInput] | AsyncIterator[MapInput],
+        inputs: Iterable[MapInput] | AsyncIterable[MapInput],
         *,
         priority: PriorityLike = "batch",
         window: int | None = None,
+        progress: ProgressLike = None,
         **params: Any,
-    ) -> AsyncIterator[tuple[int, Result[Any]]]:
+    ) -> AsyncGenerator[tuple[int, Result[Any]], None]:
         """Yield ``(index, Result)`` as items finish, pulling inputs lazily.
 
         Memory stays bounded by ``window`` however long ``inputs`` is (a generator of
-        millions of prompts is fine). Breaking out of the loop cancels what is left.
+        millions of prompts is fine). Leaving the loop early cancels what is left once
+        the generator is closed; ``async with contextlib.aclosing(...)`` closes it at
+        once. ``progress`` works as in :meth:`map`.
         """
-        engine = self._require_open()
-        del engine
+        return self._run_map(inputs, priority, window, progress, params, ordered=False)
+
+    async def imap(
+        self,
+        inputs: Iterable[MapInput] | AsyncIterable[MapInput],
+        *,
+        priority: PriorityLike = "batch",
+        window: int | None = None,
+        progress: ProgressLike = None,
+        **params: Any,
+    ) -> AsyncGenerator[Result[Any], None]:
+        """Yield one :class:`Result` per input, in input order, with bounded memory.
+
+        Results that finish before an earlier one wait in a reorder buffer; inputs
+        submitted plus results buffered never exceed ``window``, so one slow item
+        stalls the feeder once ``window`` items are ahead of it. Prefer
+        :meth:`map_unordered` for throughput, ``imap`` when order matters and the
+        input is too large for :meth:`map`'s list.
+        """
+        results = self._run_map(inputs, priority, window, progress, params, ordered=True)
+        async with contextlib.aclosing(results):
+            async for _index, result in results:
+                yield result
+
+    def _run_map(
+        self,
+        inputs: Iterable[MapInput] | AsyncIterable[MapInput],
+        priority: PriorityLike,
+        window: int | None,
+        progress: ProgressLike,
+        params: dict[str, Any],
+        *,
+        ordered: bool,
+    ) -> AsyncGenerator[tuple[int, Result[Any]], None]:
+        self._require_open()
         size = window if window is not None else 2 * self.limits.max_in_flight
-        return self._map.run(self._task_group, inputs, parse_priority(priority), size, params)
+        tracker = make_tracker(progress, inputs, self._now)
+        return self._map.run(
+            self._task_group,
+            inputs,
+            parse_priority(priority),
+            size,
+            params,
+            ordered=ordered,
+            tracker=tracker,
+        )
 
     def stats(self) -> Stats:
         """An immutable snapshot of queues, outcomes, batches, latencies and tokens."""

@@ -1,8 +1,11 @@
-"""``map``/``map_unordered``: many inputs through the client with bounded memory.
+"""``map``/``map_unordered``/``imap``: many inputs through the client with bounded memory.
 
 Inputs are pulled lazily, at most ``window`` ahead of the results the caller has
 taken, so a generator of millions of prompts runs in constant memory. Each item
-ends in its own :class:`Result`; one item's failure never touches another.
+ends in its own :class:`Result`; one item's failure never touches another. In
+ordered mode (``imap``) a result counts as taken only once it has been yielded in
+input order, so finished results waiting behind a slow one hold window slots and
+the feeder stalls when ``window`` items are ahead.
 
 Items are submitted straight to the engine with a completion callback rather than
 a task each: per-item client CPU is what bounds bulk throughput on a small machine.
@@ -11,7 +14,15 @@ a task each: per-item client CPU is what bounds bulk throughput on a small machi
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+)
 from typing import Any, Protocol
 
 import anyio
@@ -22,6 +33,7 @@ from llmbatch._config import Priority
 from llmbatch._engine import Engine
 from llmbatch._exceptions import InvalidRequestError, LLMBatchError
 from llmbatch._models import Result, trusted
+from llmbatch._progress import ProgressTracker
 from llmbatch._request import Kind, Outcome, Request, RequestSpec
 
 __all__ = ["MapInput", "MapRunner"]
@@ -83,8 +95,11 @@ async def _items(inputs: Iterable[object] | AsyncIterable[object]) -> AsyncItera
 class _Run:
     """One map call's shared state: the result stream and the requests not yet done."""
 
-    def __init__(self, send: MemoryObjectSendStream[_Item]) -> None:
+    def __init__(
+        self, send: MemoryObjectSendStream[_Item], tracker: ProgressTracker | None
+    ) -> None:
         self.send = send
+        self.tracker = tracker
         self.outstanding: set[Request] = set()
         self.feeding = True
         self.drained = anyio.Event()
@@ -92,6 +107,8 @@ class _Run:
     def emit(self, index: int, result: Result[Any]) -> None:
         # Never blocks: a window slot is held for every result not yet taken, and the
         # stream buffer is the window's size.
+        if self.tracker is not None:
+            self.tracker.finished(result)
         with contextlib.suppress(*_CLOSED, anyio.WouldBlock):
             self.send.send_nowait((index, result))
 
@@ -131,7 +148,11 @@ class MapRunner:
         priority: Priority,
         window: int,
         params: Mapping[str, Any],
-    ) -> AsyncIterator[_Item]:
+        *,
+        ordered: bool = False,
+        tracker: ProgressTracker | None = None,
+    ) -> AsyncGenerator[_Item, None]:
+        """Yield ``(index, result)`` as items finish, or in input order if ``ordered``."""
         if isinstance(inputs, (str, bytes, Mapping)):
             raise InvalidRequestError(
                 "map() takes an iterable of inputs, not a single str or dict", field="inputs"
@@ -144,14 +165,33 @@ class MapRunner:
         # task group ever spans a yield; leaving the loop early cancels the feeder.
         scope = anyio.CancelScope()
         failure: list[BaseException] = []
-        tg.start_soon(self._feed, scope, inputs, priority, slots, params, _Run(send), failure)
+        run = _Run(send, tracker)
+        tg.start_soon(self._feed, scope, inputs, priority, slots, params, run, failure)
+        # Ordered mode: finished items waiting for an earlier one, by index.
+        pending: dict[int, Result[Any]] = {}
+        expected = 0
         try:
+            if tracker is not None:
+                tracker.start()
             with receive:
-                async for item in receive:
-                    slots.release()
-                    yield item
+                async for index, result in receive:
+                    if tracker is not None:
+                        tracker.maybe_emit()
+                    if not ordered:
+                        slots.release()
+                        yield index, result
+                        continue
+                    # A slot frees only when its item is yielded, so items submitted
+                    # plus items buffered here never exceed the window.
+                    pending[index] = result
+                    while expected in pending:
+                        slots.release()
+                        yield expected, pending.pop(expected)
+                        expected += 1
         finally:
             scope.cancel()
+            if tracker is not None:
+                tracker.close()
         if failure:
             raise failure[0]
 
@@ -185,6 +225,8 @@ class MapRunner:
                         except Exception as exc:  # the caller's iterable failed: report it
                             failure.append(exc)
                             break
+                        if run.tracker is not None:
+                            run.tracker.submitted()
                         await self._start(engine, timed, run, index, item, priority, params)
                         index += 1
                 run.feeding = False

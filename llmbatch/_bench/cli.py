@@ -1,0 +1,225 @@
+"""``llmbatch bench``: the command line of the benchmark harness.
+
+llmbatch bench                                  # starts the simulator itself
+llmbatch bench --url http://127.0.0.1:8000/v1   # any OpenAI-compatible server
+llmbatch bench --scenario bulk --n 200 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from llmbatch._bench.contenders import CONTENDERS
+from llmbatch._bench.harness import DEFAULT_SIM_ARGS, SCENARIOS, BenchConfig
+
+__all__ = ["add_parser", "config_from_args", "main", "run"]
+
+_DEFAULTS = BenchConfig()
+
+
+def _csv(kind: type, choices: Sequence[str] | None = None) -> Any:
+    def parse(text: str) -> tuple[Any, ...]:
+        items = tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+        bad = [x for x in items if choices is not None and x not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"expected a comma list of {choices or kind}")
+        return items
+
+    return parse
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``bench`` on the ``llmbatch`` command's subparsers."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "bench",
+        help="benchmark llmbatch against gather+semaphore baselines on a server",
+        description=(
+            "Run benchmark scenarios against an OpenAI-compatible server (or the bundled "
+            "simulator) with llmbatch and the common baselines side by side. Each "
+            "measurement runs in its own process; see docs/benchmarks.md."
+        ),
+    )
+    _configure(p)
+    p.set_defaults(handler=run)
+    return p
+
+
+def _configure(p: argparse.ArgumentParser) -> None:
+    d = _DEFAULTS
+    server = p.add_argument_group("server")
+    server.add_argument("--url", help="base URL of an OpenAI-compatible server (…/v1)")
+    server.add_argument(
+        "--sim",
+        nargs="?",
+        const=" ".join(DEFAULT_SIM_ARGS),
+        metavar="ARGS",
+        help="start `llmbatch-server sim ARGS` (the default without --url; "
+        f"default ARGS: {' '.join(DEFAULT_SIM_ARGS)!r}; write --sim='--speed 50')",
+    )
+    server.add_argument(
+        "--api-key", help="bearer token (default: $LLMBATCH_API_KEY, then $OPENAI_API_KEY)"
+    )
+    server.add_argument("--model", help="model name (default: the server's first)")
+    what = p.add_argument_group("what to run")
+    what.add_argument(
+        "--scenario",
+        action="append",
+        type=_csv(str, (*SCENARIOS, "all")),
+        help=f"comma list of {', '.join(SCENARIOS)} or all (default: all; repeatable)",
+    )
+    what.add_argument(
+        "--clients",
+        type=_csv(str, CONTENDERS),
+        default=d.contenders,
+        help="comma list of clients to compare (default: all installed)",
+    )
+    what.add_argument("--seed", type=int, default=d.seed)
+    bulk = p.add_argument_group("bulk and sweep")
+    bulk.add_argument("--n", type=int, default=d.n, help="prompts per bulk run and sweep point")
+    bulk.add_argument("--max-tokens", type=int, default=d.max_tokens)
+    bulk.add_argument(
+        "--concurrency", type=int, default=d.concurrency, help="the baselines' semaphore"
+    )
+    bulk.add_argument("--sweep", type=_csv(int), default=d.sweep, help="probe concurrencies")
+    bulk.add_argument(
+        "--sweep-batch", type=int, default=d.sweep_batch, help="prompts per probe request"
+    )
+    mixed = p.add_argument_group("mixed")
+    mixed.add_argument(
+        "--realtime-rate", type=float, default=d.realtime_rate, help="Poisson arrivals per second"
+    )
+    mixed.add_argument("--realtime-duration", type=float, default=d.realtime_duration)
+    mixed.add_argument("--realtime-warmup", type=float, default=d.realtime_warmup)
+    mixed.add_argument("--realtime-max-tokens", type=int, default=d.realtime_max_tokens)
+    mixed.add_argument("--realtime-grace", type=float, default=d.realtime_grace)
+    mixed.add_argument("--mixed-n", type=int, help="bulk prompts (default: from capacity)")
+    burst = p.add_argument_group("burst")
+    burst.add_argument("--burst-n", type=int, default=d.burst_n)
+    burst.add_argument("--burst-max-tokens", type=int, default=d.burst_max_tokens)
+    burst.add_argument(
+        "--burst-modes",
+        type=_csv(str, ("map", "gather")),
+        default=d.burst_modes,
+        help="llmbatch's ways in: map, gather (of complete calls)",
+    )
+    burst.add_argument(
+        "--burst-baselines",
+        type=_csv(str, CONTENDERS[1:]),
+        default=d.burst_baselines,
+        help="unbounded gather baselines",
+    )
+    burst.add_argument("--burst-time-limit", type=float, default=d.burst_time_limit)
+    over = p.add_argument_group("overhead")
+    over.add_argument("--overhead-n", type=int, default=d.overhead_n)
+    over.add_argument("--overhead-max-tokens", type=int, default=d.overhead_max_tokens)
+    over.add_argument("--overhead-url", help="a zero-latency server (default: simulator)")
+    client = p.add_argument_group("llmbatch settings")
+    client.add_argument("--max-in-flight", type=int, help="llmbatch Limits.max_in_flight")
+    client.add_argument(
+        "--priority-scheduling",
+        action=argparse.BooleanOptionalAction,
+        help="send vLLM priorities (default: on for the simulator's priority profiles)",
+    )
+    out = p.add_argument_group("output")
+    out.add_argument("--json", type=Path, help="write the report as JSON here")
+    out.add_argument("--plots", type=Path, help="write PNG plots into this directory")
+    out.add_argument("--quiet", action="store_true", help="no progress lines")
+    out.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run jobs in this process (debugging: CPU and RSS are then shared)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """The :class:`BenchConfig` that ``args`` describe."""
+    if args.url and args.sim is not None:
+        raise ValueError("--url and --sim exclude each other")
+    chosen = [s for group in (args.scenario or [("all",)]) for s in group]
+    scenarios = SCENARIOS if "all" in chosen else tuple(s for s in SCENARIOS if s in chosen)
+    for name in ("n", "max_tokens", "concurrency", "burst_n", "overhead_n", "sweep_batch"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    return BenchConfig(
+        url=args.url,
+        sim_args=tuple(shlex.split(args.sim)) if args.sim is not None else DEFAULT_SIM_ARGS,
+        api_key=args.api_key
+        or os.environ.get("LLMBATCH_API_KEY")
+        or os.environ.get("OPENAI_API_KEY"),
+        model=args.model,
+        scenarios=scenarios,
+        contenders=tuple(args.clients),
+        n=args.n,
+        max_tokens=args.max_tokens,
+        concurrency=args.concurrency,
+        sweep=tuple(args.sweep),
+        sweep_batch=args.sweep_batch,
+        realtime_rate=args.realtime_rate,
+        realtime_duration=args.realtime_duration,
+        realtime_warmup=args.realtime_warmup,
+        realtime_max_tokens=args.realtime_max_tokens,
+        realtime_grace=args.realtime_grace,
+        mixed_n=args.mixed_n,
+        burst_n=args.burst_n,
+        burst_max_tokens=args.burst_max_tokens,
+        burst_modes=tuple(args.burst_modes),
+        burst_baselines=tuple(args.burst_baselines),
+        burst_time_limit=args.burst_time_limit,
+        overhead_n=args.overhead_n,
+        overhead_max_tokens=args.overhead_max_tokens,
+        overhead_url=args.overhead_url,
+        max_in_flight=args.max_in_flight,
+        priority_scheduling=args.priority_scheduling,
+        isolate=not args.in_process,
+        seed=args.seed,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``bench`` handler: run, print the tables, write JSON and plots."""
+    from llmbatch._bench.harness import run_bench
+    from llmbatch._bench.report import render, write_json, write_plots
+    from llmbatch._bench.worker import WorkerError
+
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"llmbatch bench: {exc}", file=sys.stderr)
+        return 2
+
+    def progress(line: str) -> None:
+        if not args.quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    try:
+        report = run_bench(config, progress)
+    except (WorkerError, RuntimeError, OSError) as exc:
+        print(f"llmbatch bench: {exc}", file=sys.stderr)
+        return 1
+    print(render(report))
+    if args.json:
+        write_json(report, args.json)
+        progress(f"wrote {args.json}")
+    if args.plots:
+        written = write_plots(report, args.plots)
+        progress(
+            f"wrote {len(written)} plot(s) into {args.plots}"
+            if written
+            else "no plots: install matplotlib (pip install 'llmbatch[plots]')"
+        )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m llmbatch._bench``: the same command without the ``llmbatch`` front."""
+    parser = argparse.ArgumentParser(prog="llmbatch bench")
+    sub = parser.add_subparsers(dest="command")
+    add_parser(sub)
+    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.handler(args))

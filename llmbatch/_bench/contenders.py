@@ -1,0 +1,180 @@
+"""The clients under test: llmbatch and the baselines, behind one small interface.
+
+A contender is an async context manager with two workloads:
+
+- ``bulk(prompts, max_tokens, rec)``: every prompt, as fast as it goes;
+- ``realtime(prompt, max_tokens, rec)``: one streamed call, recording latency and
+  time to first token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterable
+from types import TracebackType
+from typing import Any, Literal, Protocol
+
+from llmbatch._bench.baselines import BASELINES
+from llmbatch._bench.metrics import Recorder
+
+__all__ = ["CONTENDERS", "Contender", "LlmbatchContender", "available", "make_contender"]
+
+CONTENDERS = ("llmbatch", *BASELINES)
+
+
+class Contender(Protocol):
+    """What a scenario drives."""
+
+    name: str
+
+    async def __aenter__(self) -> Contender: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+    async def bulk(self, prompts: Iterable[str], max_tokens: int, rec: Recorder) -> None: ...
+
+    async def realtime(self, prompt: str, max_tokens: int, rec: Recorder) -> None: ...
+
+
+class LlmbatchContender:
+    """llmbatch used as its README shows: ``map`` for bulk, ``stream`` for realtime.
+
+    ``mode="gather"`` submits bulk work the baselines' way instead, one
+    ``client.complete`` per prompt all at once under ``asyncio.gather``.
+    """
+
+    name = "llmbatch"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str,
+        api_key: str | None = None,
+        params: dict[str, Any] | None = None,
+        mode: Literal["map", "gather"] = "map",
+        max_in_flight: int | None = None,
+        priority_scheduling: bool = False,
+        transport: Any = None,
+    ) -> None:
+        import llmbatch
+
+        limits = llmbatch.DEFAULT_LIMITS
+        if max_in_flight is not None:
+            reserved = min(limits.reserved_realtime, max_in_flight // 4)
+            limits = llmbatch.Limits(max_in_flight=max_in_flight, reserved_realtime=reserved)
+        self.mode = mode
+        self.params = dict(params or {})
+        self._client = llmbatch.Client(
+            base_url,
+            model=model,
+            api_key=api_key,
+            limits=limits,
+            priority_scheduling=priority_scheduling,
+            transport=transport,
+            # A mixed run ends by abandoning its bulk work; don't drain it.
+            on_close="cancel",
+        )
+
+    async def __aenter__(self) -> LlmbatchContender:
+        await self._client.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._client.__aexit__(exc_type, exc, tb)
+
+    async def bulk(self, prompts: Iterable[str], max_tokens: int, rec: Recorder) -> None:
+        client = self._client
+        params = {**self.params, "max_tokens": max_tokens}
+        if self.mode == "map":
+            # aclosing: a cancelled mixed run must stop the map's feeder right away.
+            results = client.map_unordered(prompts, priority="batch", **params)
+            async with contextlib.aclosing(results):
+                async for _, result in results:
+                    value = result.value
+                    if result.error is not None or value is None:
+                        rec.failure(result.error or "NoValue")
+                    else:
+                        rec.success("batch", value.timings.latency, value.usage.completion_tokens)
+            return
+
+        async def one(prompt: str) -> None:
+            try:
+                value = await client.complete(prompt, priority="batch", **params)
+            except Exception as exc:
+                rec.failure(exc)
+                return
+            rec.success("batch", value.timings.latency, value.usage.completion_tokens)
+
+        await asyncio.gather(*(one(p) for p in prompts))
+
+    async def realtime(self, prompt: str, max_tokens: int, rec: Recorder) -> None:
+        start = time.perf_counter()
+        first: float | None = None
+        chunks = 0
+        deltas: AsyncIterator[str] = self._client.stream(
+            prompt, priority="realtime", max_tokens=max_tokens, **self.params
+        )
+        try:
+            async for delta in deltas:
+                if delta and first is None:
+                    first = time.perf_counter() - start
+                chunks += 1
+        except Exception as exc:
+            rec.failure(exc)
+            return
+        rec.success("realtime", time.perf_counter() - start, chunks, ttft=first)
+
+    def stats(self) -> Any:
+        """The client's own :class:`llmbatch.Stats` (batch sizes for the report)."""
+        return self._client.stats()
+
+
+def available(name: str) -> bool:
+    """Whether ``name``'s library is importable (``openai`` is an optional extra)."""
+    import importlib.util
+
+    module = {"llmbatch": "llmbatch", "httpx": "httpx", "aiohttp": "aiohttp", "openai": "openai"}
+    return importlib.util.find_spec(module[name]) is not None
+
+
+def make_contender(
+    name: str,
+    base_url: str,
+    *,
+    model: str,
+    api_key: str | None = None,
+    params: dict[str, Any] | None = None,
+    concurrency: int | None = 64,
+    mode: Literal["map", "gather"] = "map",
+    max_in_flight: int | None = None,
+    priority_scheduling: bool = False,
+) -> Contender:
+    """Build contender ``name`` (``llmbatch``, ``httpx``, ``aiohttp`` or ``openai``)."""
+    if name == "llmbatch":
+        return LlmbatchContender(
+            base_url,
+            model=model,
+            api_key=api_key,
+            params=params,
+            mode=mode,
+            max_in_flight=max_in_flight,
+            priority_scheduling=priority_scheduling,
+        )
+    try:
+        baseline = BASELINES[name]
+    except KeyError:
+        raise ValueError(f"unknown contender {name!r}; choose from {CONTENDERS}") from None
+    return baseline(base_url, model=model, api_key=api_key, concurrency=concurrency, params=params)

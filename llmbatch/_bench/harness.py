@@ -1,0 +1,308 @@
+"""Plans a bench run, runs each job in its own process, and assembles the report.
+
+Order matters: the capacity sweep runs first (the bulk ratio needs it and the mixed
+scenario sizes its bulk work from it), then bulk, mixed (with its idle twin), burst
+and overhead. After every job the harness waits until the server reports nothing
+running, so no job inherits another's leftovers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llmbatch._bench.contenders import CONTENDERS, available
+from llmbatch._bench.metrics import RunMetrics
+from llmbatch._bench.scenarios import Job
+from llmbatch._bench.server import MetricsSampler, ServerInfo, discover, simulator, wait_idle
+from llmbatch._bench.targets import capacity, evaluate
+from llmbatch._bench.worker import WorkerError, run_in_process, run_in_worker
+from llmbatch._version import __version__
+
+__all__ = ["DEFAULT_SIM_ARGS", "SCENARIOS", "SCHEMA", "BenchConfig", "run_bench"]
+
+SCENARIOS = ("sweep", "bulk", "mixed", "burst", "overhead")
+#: The simulator's calibrated default profile, 100x faster so a full run takes minutes.
+DEFAULT_SIM_ARGS = ("--speed", "100")
+SCHEMA = "llmbatch-bench/1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """Everything ``llmbatch bench`` was asked to do (recorded in the JSON report)."""
+
+    url: str | None = None
+    sim_args: tuple[str, ...] = DEFAULT_SIM_ARGS
+    api_key: str | None = None
+    model: str | None = None
+    scenarios: tuple[str, ...] = SCENARIOS
+    contenders: tuple[str, ...] = CONTENDERS
+    n: int = 10_000
+    max_tokens: int = 64
+    concurrency: int = 64
+    sweep: tuple[int, ...] = (64, 128, 256, 512)
+    sweep_batch: int = 16
+    realtime_rate: float = 20.0
+    realtime_duration: float = 15.0
+    realtime_warmup: float = 3.0
+    realtime_max_tokens: int = 32
+    realtime_grace: float = 10.0
+    mixed_n: int | None = None
+    burst_n: int = 100_000
+    burst_max_tokens: int = 16
+    burst_modes: tuple[str, ...] = ("map", "gather")
+    burst_baselines: tuple[str, ...] = ("aiohttp",)
+    burst_time_limit: float = 300.0
+    overhead_n: int = 5_000
+    overhead_max_tokens: int = 16
+    overhead_url: str | None = None
+    max_in_flight: int | None = None
+    priority_scheduling: bool | None = None
+    isolate: bool = True
+    seed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["api_key"] = "***" if self.api_key else None
+        return data
+
+
+def run_bench(
+    config: BenchConfig, progress: Callable[[str], None] = lambda _: None
+) -> dict[str, Any]:
+    """Run every scenario of ``config``; return the JSON-ready report."""
+    started = time.time()
+    load_before = _loadavg()
+    contenders = [c for c in config.contenders if available(c)]
+    skipped = [c for c in config.contenders if c not in contenders]
+    for name in skipped:
+        progress(f"skipping {name}: its library is not installed")
+    runs: list[RunMetrics] = []
+    notes: list[str] = []
+    with _main_server(config) as server:
+        progress(f"server: {server.base_url} model={server.model} sim_args={server.sim_args}")
+        runner = _Runner(config, server, runs, notes, progress)
+        for scenario in SCENARIOS:
+            if scenario not in config.scenarios:
+                continue
+            if scenario == "overhead":
+                with _overhead_server(config, notes) as zero:
+                    if zero is not None:
+                        _Runner(config, zero, runs, notes, progress).overhead(contenders)
+                continue
+            getattr(runner, scenario)(contenders)
+    return {
+        "schema": SCHEMA,
+        "llmbatch_version": __version__,
+        "started_at": datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(),
+        "duration_s": round(time.time() - started, 1),
+        "machine": {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "loadavg_before": load_before,
+            "loadavg_after": _loadavg(),
+        },
+        "server": {
+            "url": server.base_url if config.url else None,
+            "model": server.model,
+            "simulator_args": list(server.sim_args) if server.sim_args is not None else None,
+        },
+        "config": config.to_json(),
+        "skipped_contenders": skipped,
+        "notes": notes,
+        "runs": [r.to_json() for r in runs],
+        "targets": [t.to_json() for t in evaluate(runs)],
+    }
+
+
+def _loadavg() -> list[float] | None:
+    with contextlib.suppress(OSError, AttributeError):
+        return [round(x, 2) for x in os.getloadavg()]
+    return None
+
+
+@contextlib.contextmanager
+def _main_server(config: BenchConfig) -> Iterator[ServerInfo]:
+    if config.url:
+        yield discover(config.url, config.api_key, config.model)
+        return
+    with simulator(config.sim_args) as info:
+        yield info
+
+
+@contextlib.contextmanager
+def _overhead_server(config: BenchConfig, notes: list[str]) -> Iterator[ServerInfo | None]:
+    """A zero-latency server: ``--overhead-url``, else the simulator if installed."""
+    if config.overhead_url:
+        yield discover(config.overhead_url, config.api_key, config.model)
+        return
+    try:
+        with simulator((*config.sim_args, "--zero-latency")) as info:
+            yield info
+    except RuntimeError as exc:
+        notes.append(f"overhead scenario skipped: {exc}")
+        yield None
+
+
+class _Runner:
+    """Runs one server's jobs, in order, each in its own process."""
+
+    def __init__(
+        self,
+        config: BenchConfig,
+        server: ServerInfo,
+        runs: list[RunMetrics],
+        notes: list[str],
+        progress: Callable[[str], None],
+    ) -> None:
+        self.config = config
+        self.server = server
+        self.runs = runs
+        self.notes = notes
+        self.progress = progress
+        auto = server.sim_args is not None and "fcfs" not in server.sim_args
+        self.priority = (
+            config.priority_scheduling if config.priority_scheduling is not None else auto
+        )
+
+    def job(self, **fields: Any) -> Job:
+        c = self.config
+        base: dict[str, Any] = {
+            "base_url": self.server.base_url,
+            "model": self.server.model,
+            "api_key": c.api_key,
+            "concurrency": c.concurrency,
+            "max_in_flight": c.max_in_flight,
+            "priority_scheduling": self.priority,
+            "realtime_rate": c.realtime_rate,
+            "realtime_duration": c.realtime_duration,
+            "realtime_warmup": c.realtime_warmup,
+            "realtime_max_tokens": c.realtime_max_tokens,
+            "realtime_grace": c.realtime_grace,
+            "seed": c.seed,
+        }
+        return Job(**{**base, **fields})
+
+    def run(self, job: Job) -> RunMetrics | None:
+        with MetricsSampler(self.server, self.config.api_key) as sampler:
+            try:
+                metrics = run_in_worker(job) if self.config.isolate else run_in_process(job)
+            except WorkerError as exc:
+                # One contender's crash must not cost the other results.
+                self.notes.append(str(exc))
+                self.progress(f"[{job.scenario}] {job.name}: FAILED: {exc}")
+                wait_idle(self.server, self.config.api_key)
+                return None
+        metrics = dataclasses.replace(metrics, extra={**metrics.extra, **sampler.summary()})
+        wait_idle(self.server, self.config.api_key)
+        self.runs.append(metrics)
+        self.progress(_line(metrics))
+        return metrics
+
+    # -- scenarios -------------------------------------------------------------------
+
+    def sweep(self, contenders: Sequence[str]) -> None:
+        c = self.config
+        for concurrency in c.sweep:
+            self.run(
+                self.job(
+                    kind="probe",
+                    scenario="sweep",
+                    contender="probe",
+                    label=f"probe c={concurrency}",
+                    n=c.n,
+                    max_tokens=c.max_tokens,
+                    concurrency=concurrency,
+                    batch=c.sweep_batch,
+                )
+            )
+
+    def bulk(self, contenders: Sequence[str]) -> None:
+        c = self.config
+        for name in contenders:
+            self.run(
+                self.job(
+                    kind="bulk", scenario="bulk", contender=name, n=c.n, max_tokens=c.max_tokens
+                )
+            )
+
+    def mixed(self, contenders: Sequence[str]) -> None:
+        c = self.config
+        n = c.mixed_n or self._mixed_n()
+        for name in contenders:
+            self.run(self.job(kind="idle", scenario="idle", contender=name))
+            self.run(
+                self.job(
+                    kind="mixed", scenario="mixed", contender=name, n=n, max_tokens=c.max_tokens
+                )
+            )
+
+    def _mixed_n(self) -> int:
+        """Enough bulk prompts to keep the server busy through warm-up and window."""
+        c = self.config
+        best = capacity(self.runs)
+        rate = (
+            best.prompts_per_s
+            if best
+            else max((r.prompts_per_s for r in self.runs if r.scenario == "bulk"), default=0.0)
+        )
+        if not rate or not math.isfinite(rate):
+            return 50_000
+        return max(1_000, math.ceil(rate * (c.realtime_warmup + c.realtime_duration) * 1.5))
+
+    def burst(self, contenders: Sequence[str]) -> None:
+        c = self.config
+        common = {
+            "scenario": "burst",
+            "n": c.burst_n,
+            "max_tokens": c.burst_max_tokens,
+            "time_limit": c.burst_time_limit,
+        }
+        if "llmbatch" in contenders:
+            for mode in c.burst_modes:
+                label = "llmbatch" if mode == "map" else f"llmbatch ({mode})"
+                self.run(
+                    self.job(kind="bulk", contender="llmbatch", label=label, mode=mode, **common)
+                )
+        for name in c.burst_baselines:
+            if name in contenders and name != "llmbatch":
+                self.run(
+                    self.job(
+                        kind="bulk",
+                        contender=name,
+                        label=f"{name} (unbounded)",
+                        concurrency=None,
+                        **common,
+                    )
+                )
+
+    def overhead(self, contenders: Sequence[str]) -> None:
+        c = self.config
+        for name in contenders:
+            self.run(
+                self.job(
+                    kind="bulk",
+                    scenario="overhead",
+                    contender=name,
+                    n=c.overhead_n,
+                    max_tokens=c.overhead_max_tokens,
+                )
+            )
+
+
+def _line(m: RunMetrics) -> str:
+    return (
+        f"[{m.scenario}] {m.label}: {m.ok} ok, {m.failed} failed, "
+        f"{m.prompts_per_s:.0f} prompts/s, {m.cpu_us_per_prompt:.0f} µs CPU/prompt, "
+        f"peak RSS {m.peak_rss_mb or math.nan:.0f} MB, {m.wall_s:.1f} s"
+    )

@@ -1,0 +1,163 @@
+"""The server side of a bench run: the simulator the harness may start, and what
+it can read about any server while a job runs.
+
+``llmbatch_server`` is imported only here and only when asked: the client package
+never depends on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+__all__ = ["MetricsSampler", "ServerInfo", "discover", "simulator", "wait_idle"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """Where a server is and what runs it."""
+
+    base_url: str
+    model: str
+    max_model_len: int | None = None
+    #: The simulator's arguments when the harness started it, else None.
+    sim_args: tuple[str, ...] | None = None
+    pid: int | None = None
+
+
+def discover(base_url: str, api_key: str | None, model: str | None) -> ServerInfo:
+    """Ask ``/v1/models`` which model to use (the first, unless ``model`` is given)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    response = httpx.get(base_url.rstrip("/") + "/models", headers=headers, timeout=30)
+    response.raise_for_status()
+    cards = response.json()["data"]
+    card = next((c for c in cards if c.get("id") == model), None) if model else cards[0]
+    if card is None:
+        names = [c.get("id") for c in cards]
+        raise ValueError(f"model {model!r} not served at {base_url}; it serves {names}")
+    return ServerInfo(base_url.rstrip("/"), str(card["id"]), card.get("max_model_len"))
+
+
+@contextlib.contextmanager
+def simulator(args: Sequence[str]) -> Iterator[ServerInfo]:
+    """Run ``llmbatch-server sim *args`` on a free loopback port for the block."""
+    try:
+        from llmbatch_server.testing import run_simulator
+    except ImportError as exc:
+        raise RuntimeError(
+            "the simulator needs the llmbatch-server package (pip install -e ./server); "
+            "or pass --url to bench a running server"
+        ) from exc
+    with run_simulator(*args) as sim:
+        info = discover(sim.base_url, sim.api_key, None)
+        yield ServerInfo(
+            info.base_url, info.model, info.max_model_len, sim_args=tuple(args), pid=sim.pid
+        )
+
+
+class MetricsSampler:
+    """Polls a vLLM-style ``/metrics`` in a thread while a job runs.
+
+    Reports the mean running and waiting sequences: whether the server was full is
+    what explains a throughput number. Any server without those metrics just yields
+    nothing. Also the server process's CPU seconds when it is a local process.
+    """
+
+    INTERVAL = 0.1
+
+    def __init__(self, info: ServerInfo, api_key: str | None = None) -> None:
+        parts = urlsplit(info.base_url)
+        self._url = f"{parts.scheme}://{parts.netloc}/metrics"
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._pid = info.pid
+        self._stop = threading.Event()
+        self._running: list[float] = []
+        self._waiting: list[float] = []
+        self._thread: threading.Thread | None = None
+        self._cpu_start: float | None = None
+        self.enabled = True
+
+    def __enter__(self) -> MetricsSampler:
+        self._cpu_start = self._server_cpu()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self._running:
+            out["server_running_mean"] = round(sum(self._running) / len(self._running), 1)
+            out["server_waiting_mean"] = round(sum(self._waiting) / len(self._waiting), 1)
+        cpu = self._server_cpu()
+        if cpu is not None and self._cpu_start is not None:
+            out["server_cpu_s"] = round(cpu - self._cpu_start, 3)
+        return out
+
+    def _server_cpu(self) -> float | None:
+        if self._pid is None:
+            return None
+        try:
+            import psutil  # type: ignore[import-untyped, unused-ignore]
+        except ImportError:
+            return None
+        try:
+            times = psutil.Process(self._pid).cpu_times()
+        except psutil.Error:
+            return None
+        return float(times.user + times.system)
+
+    def _poll(self) -> None:
+        with httpx.Client(headers=self._headers, timeout=5) as http:
+            while not self._stop.wait(self.INTERVAL):
+                try:
+                    text = http.get(self._url).text
+                except httpx.HTTPError:
+                    continue
+                values = _gauges(text, ("vllm:num_requests_running", "vllm:num_requests_waiting"))
+                if len(values) != 2:
+                    return  # not a vLLM-style server: nothing to learn
+                self._running.append(values["vllm:num_requests_running"])
+                self._waiting.append(values["vllm:num_requests_waiting"])
+
+
+def _gauges(text: str, names: Sequence[str]) -> dict[str, float]:
+    """Sum each named metric over its label sets in Prometheus text format."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            with contextlib.suppress(ValueError, IndexError):
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def wait_idle(info: ServerInfo, api_key: str | None = None, timeout: float = 30.0) -> None:
+    """Wait until the server reports nothing running or waiting (after a cancelled
+    run the next job must not start on a busy server)."""
+    parts = urlsplit(info.base_url)
+    url = f"{parts.scheme}://{parts.netloc}/metrics"
+    deadline = time.monotonic() + timeout
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(headers=headers, timeout=5) as http:
+        while time.monotonic() < deadline:
+            try:
+                values = _gauges(
+                    http.get(url).text, ("vllm:num_requests_running", "vllm:num_requests_waiting")
+                )
+            except httpx.HTTPError:
+                return
+            if len(values) != 2 or not any(values.values()):
+                return
+            time.sleep(0.1)

@@ -1,0 +1,224 @@
+"""``llmbatch run INPUT.jsonl -o OUTPUT.jsonl``: the command line of a JSONL job.
+
+Exit codes:
+
+- 0: every input line has a successful output line.
+- 1: the job ran to the end, but some requests failed (their error lines are in
+  the output) or malformed lines were skipped.
+- 2: usage error: bad arguments, unreadable input, ``--progress`` without rich.
+- 3: the input was rejected before anything was sent: duplicate custom_ids, or
+  malformed lines under ``--on-malformed fail`` (the default).
+- 4: the job stopped early: server unreachable, authentication or unknown model,
+  output file locked by another run or not an output file. A rerun resumes.
+- 130: interrupted (Ctrl-C). A rerun resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from llmbatch._config import DEFAULT_LIMITS, Priority
+from llmbatch._exceptions import InvalidRequestError
+from llmbatch._jobs.output import OutputError
+from llmbatch._jobs.runner import JobConfig, JobRejected, JobSummary, run_job
+from llmbatch._progress import MapProgress, ProgressBar, ProgressLike, describe
+
+__all__ = ["EXIT_FAILURES", "EXIT_OK", "EXIT_REJECTED", "EXIT_STOPPED", "EXIT_USAGE", "add_parser"]
+
+EXIT_OK = 0
+EXIT_FAILURES = 1
+EXIT_USAGE = 2
+EXIT_REJECTED = 3
+EXIT_STOPPED = 4
+EXIT_INTERRUPTED = 130
+#: Seconds between progress lines when stderr is not a terminal.
+LOG_PROGRESS_EVERY = 10.0
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add ``run`` to the ``llmbatch`` subcommands."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "run",
+        help="run a JSONL batch file (OpenAI Batch API format), resumably",
+        description=(
+            "Send every request of INPUT (OpenAI Batch API lines: custom_id, method, url, "
+            "body; /v1/completions or /v1/chat/completions) and append one result line per "
+            "custom_id to OUTPUT as it finishes. Rerunning with the same OUTPUT skips the "
+            "custom_ids already there, so an interrupted job resumes where it stopped."
+        ),
+        epilog=(
+            "exit codes: 0 all succeeded; 1 finished with failed requests or skipped "
+            "malformed lines; 2 usage error; 3 input rejected (duplicate custom_ids, "
+            "malformed lines), nothing sent; 4 stopped early (server unreachable, auth, "
+            "unknown model, output locked or invalid), rerun to resume; 130 interrupted"
+        ),
+    )
+    parser.add_argument("input", type=Path, metavar="INPUT.jsonl")
+    parser.add_argument("-o", "--output", type=Path, required=True, metavar="OUTPUT.jsonl")
+    server = parser.add_argument_group("server")
+    server.add_argument(
+        "--base-url", help="default: $LLMBATCH_BASE_URL, $OPENAI_BASE_URL, 127.0.0.1:8000/v1"
+    )
+    server.add_argument(
+        "--api-key", help="default: $LLMBATCH_API_KEY or $OPENAI_API_KEY (prefer the env)"
+    )
+    server.add_argument("--model", help="run every line with this model (overrides body.model)")
+    sched = parser.add_argument_group("scheduling")
+    sched.add_argument(
+        "--priority", choices=[p.value for p in Priority], default=Priority.BATCH.value
+    )
+    sched.add_argument(
+        "--send-priority",
+        action="store_true",
+        help="send the tier as vLLM's priority field (server needs --scheduling-policy priority)",
+    )
+    sched.add_argument(
+        "--max-in-flight",
+        type=_positive_int,
+        default=DEFAULT_LIMITS.max_in_flight,
+        help="sequences on the server at once; match vLLM's --max-num-seqs (default: %(default)s)",
+    )
+    sched.add_argument("--rpm", type=_positive_float, help="requests per minute limit")
+    sched.add_argument("--tpm", type=_positive_float, help="tokens per minute limit (estimated)")
+    job = parser.add_argument_group("job")
+    job.add_argument(
+        "--on-malformed",
+        choices=["skip", "fail"],
+        default="fail",
+        help="malformed input lines: reject the job before sending (fail, default) or skip them",
+    )
+    job.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="remove failed lines from OUTPUT and run those requests again",
+    )
+    job.add_argument("--progress", action="store_true", help="show progress on stderr")
+    job.add_argument(
+        "--summary-json", metavar="PATH", help="also write the summary as JSON ('-' = stdout)"
+    )
+    parser.set_defaults(handler=handle)
+    return parser
+
+
+def handle(args: argparse.Namespace) -> int:
+    """Run the job described by ``args``; returns the exit code."""
+    if args.input.resolve() == args.output.resolve():
+        return _fail(EXIT_USAGE, "INPUT and OUTPUT must be different files")
+    if not args.input.is_file():
+        return _fail(EXIT_USAGE, f"{args.input}: no such file")
+    try:
+        progress = _progress(args.progress, args.input.name)
+    except ImportError as exc:
+        return _fail(EXIT_USAGE, str(exc))
+    config = JobConfig(
+        input=args.input,
+        output=args.output,
+        base_url=args.base_url,
+        api_key=args.api_key,
+        model=args.model,
+        priority=Priority(args.priority),
+        send_priority=args.send_priority,
+        max_in_flight=args.max_in_flight,
+        requests_per_minute=args.rpm,
+        tokens_per_minute=args.tpm,
+        on_malformed=args.on_malformed,
+        retry_failed=args.retry_failed,
+        progress=progress,
+    )
+    try:
+        summary = anyio.run(lambda: run_job(config, report=_say))
+    except JobRejected as exc:
+        return _fail(EXIT_REJECTED, str(exc))
+    except InvalidRequestError as exc:  # e.g. a --base-url that is not a URL
+        return _fail(EXIT_USAGE, str(exc))
+    except OutputError as exc:
+        return _fail(EXIT_STOPPED, str(exc))
+    except KeyboardInterrupt:
+        return _fail(EXIT_INTERRUPTED, "interrupted; rerun the same command to resume")
+    code = exit_code(summary)
+    _say(format_summary(summary))
+    if summary.stopped:
+        _say(f"stopped early: {summary.stopped}; rerun the same command to resume")
+    elif summary.earlier_failures:
+        _say(f"{summary.earlier_failures} earlier failure(s) kept; --retry-failed reruns them")
+    if args.summary_json:
+        data = {**summary.as_dict(), "exit_code": code, "output": str(args.output)}
+        text = json.dumps(data, indent=2) + "\n"
+        if args.summary_json == "-":
+            sys.stdout.write(text)
+        else:
+            Path(args.summary_json).write_text(text)
+    return code
+
+
+def exit_code(summary: JobSummary) -> int:
+    """The exit code for a finished (or stopped) job."""
+    if summary.stopped:
+        return EXIT_STOPPED
+    if summary.failed or summary.earlier_failures or summary.malformed:
+        return EXIT_FAILURES
+    return EXIT_OK
+
+
+def format_summary(s: JobSummary) -> str:
+    """The one-paragraph summary printed on stderr at the end."""
+    finished = s.done + s.failed
+    rate = finished / s.wall_time if s.wall_time > 0 else 0.0
+    return (
+        f"llmbatch run: {s.done:,} done, {s.failed:,} failed, {s.retried:,} retried, "
+        f"{s.already_done:,} already in the output, {s.malformed:,} malformed skipped; "
+        f"{s.wall_time:.1f} s ({rate:,.0f}/s); tokens {s.prompt_tokens:,} prompt + "
+        f"{s.completion_tokens:,} completion"
+    )
+
+
+def _progress(wanted: bool, name: str) -> ProgressLike:
+    if not wanted:
+        return None
+    if sys.stderr.isatty():
+        return ProgressBar(description=name)
+    return _LogProgress()
+
+
+class _LogProgress:
+    """Progress as an occasional plain line, for logs where a bar would be noise."""
+
+    def __init__(self) -> None:
+        self._last = -LOG_PROGRESS_EVERY
+
+    def __call__(self, snapshot: MapProgress) -> None:
+        now = time.monotonic()
+        if not snapshot.finished and now - self._last >= LOG_PROGRESS_EVERY:
+            self._last = now
+            total = "?" if snapshot.total is None else f"{snapshot.total:,}"
+            _say(f"progress: {snapshot.completed:,}/{total} · {describe(snapshot)}")
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _fail(code: int, message: str) -> int:
+    _say(f"llmbatch run: {message}")
+    return code
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be a positive integer")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be a positive number")
+    return value

@@ -1,0 +1,200 @@
+"""Run one JSONL job: check the input, resume the output, stream results into it.
+
+A request's result is appended as soon as it finishes. A failure that would hit
+every remaining request alike (the server unreachable, a wrong API key, an unknown
+model) stops the job instead of writing a failed line per request; those requests
+stay undone and a rerun picks them up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from llmbatch._client import Client
+from llmbatch._config import (
+    DEFAULT_LIMITS,
+    DEFAULT_RETRY_POLICY,
+    Limits,
+    Priority,
+    RateLimit,
+    RetryPolicy,
+)
+from llmbatch._exceptions import (
+    AuthenticationError,
+    ConnectError,
+    LLMBatchError,
+    NotFoundError,
+    PermissionDeniedError,
+    ServerInfoError,
+)
+from llmbatch._jobs.format import failure_record, success_record
+from llmbatch._jobs.input import PendingInputs, scan_input
+from llmbatch._jobs.output import OutputFile
+from llmbatch._models import ChatCompletion, Completion, Result
+from llmbatch._progress import ProgressLike
+from llmbatch._transports.base import Transport
+
+__all__ = ["JobConfig", "JobRejected", "JobSummary", "run_job"]
+
+#: Errors that every remaining request would get too: stop rather than record them.
+JOB_FATAL = (ConnectError, AuthenticationError, PermissionDeniedError, NotFoundError)
+#: Malformed lines and duplicates reported one by one before a summary count.
+REPORT_LIMIT = 20
+
+
+class JobRejected(LLMBatchError):
+    """The input was refused before anything was sent (duplicates, malformed lines)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobConfig:
+    """Everything ``llmbatch run`` was asked to do."""
+
+    input: Path
+    output: Path
+    base_url: str | None = None
+    api_key: str | None = None
+    model: str | None = None
+    priority: Priority = Priority.BATCH
+    send_priority: bool = False
+    max_in_flight: int = DEFAULT_LIMITS.max_in_flight
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    on_malformed: Literal["skip", "fail"] = "fail"
+    retry_failed: bool = False
+    progress: ProgressLike = None
+    retry: RetryPolicy = DEFAULT_RETRY_POLICY
+    transport: Transport | None = None
+
+
+@dataclass(slots=True)
+class JobSummary:
+    """Counts for one run (``already_done`` and ``earlier_failures`` are from before it)."""
+
+    input_lines: int = 0
+    malformed: int = 0
+    already_done: int = 0
+    earlier_failures: int = 0
+    done: int = 0
+    failed: int = 0
+    retried: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_time: float = 0.0
+    stopped: str | None = None
+    """Why the job stopped before the end (then a rerun resumes it)."""
+
+    @property
+    def complete(self) -> bool:
+        """Every valid input line has an output line."""
+        return self.stopped is None and (
+            self.already_done + self.done + self.failed == self.input_lines
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["wall_time"] = round(self.wall_time, 3)
+        rate = (self.done + self.failed) / self.wall_time if self.wall_time > 0 else 0.0
+        data["prompts_per_s"] = round(rate, 1)
+        data["complete"] = self.complete
+        return data
+
+
+async def run_job(config: JobConfig, *, report: Callable[[str], None]) -> JobSummary:
+    """Run ``config``'s job; ``report`` receives human-readable notices."""
+    started = time.monotonic()
+    scan = scan_input(config.input, model=config.model)
+    problems = [
+        f"{config.input}:{m.line_no}: {m.reason}"
+        for m in sorted([*scan.malformed, *scan.duplicates], key=lambda m: m.line_no)
+    ]
+    for message in problems[:REPORT_LIMIT]:
+        report(message)
+    if len(problems) > REPORT_LIMIT:
+        report(f"... and {len(problems) - REPORT_LIMIT} more problems")
+    if scan.duplicates:
+        raise JobRejected(
+            f"{len(scan.duplicates)} duplicate custom_id(s) in {config.input}; "
+            "custom_ids must be unique. Nothing was sent."
+        )
+    if scan.malformed and config.on_malformed == "fail":
+        raise JobRejected(
+            f"{len(scan.malformed)} malformed line(s) in {config.input}; nothing was sent "
+            "(--on-malformed skip runs the valid lines)"
+        )
+    summary = JobSummary(input_lines=len(scan.ids), malformed=len(scan.malformed))
+    with OutputFile(config.output, retry_failed=config.retry_failed) as out:
+        resumed = out.resumed
+        if resumed.dropped_torn_line:
+            report(f"{config.output}: removed a partial last line left by an interrupted run")
+        if resumed.removed_failed:
+            report(f"{config.output}: removed {resumed.removed_failed} failed line(s) to retry")
+        pending = sum(1 for custom_id in scan.ids if custom_id not in resumed.done)
+        summary.already_done = summary.input_lines - pending
+        summary.earlier_failures = resumed.failed
+        inputs = PendingInputs(
+            config.input, skip_lines=scan.bad_lines, done=resumed.done, count=pending
+        )
+        scan.ids.clear()  # only the output's custom_ids are needed from here on
+        if pending:
+            try:
+                await _run(config, scan.model, inputs, out, summary)
+            except ServerInfoError as exc:
+                summary.stopped = str(exc)
+    summary.wall_time = time.monotonic() - started
+    return summary
+
+
+async def _run(
+    config: JobConfig,
+    model: str | None,
+    inputs: PendingInputs,
+    out: OutputFile,
+    summary: JobSummary,
+) -> None:
+    rate_limit = None
+    if config.requests_per_minute or config.tokens_per_minute:
+        rate_limit = RateLimit(
+            requests_per_minute=config.requests_per_minute,
+            tokens_per_minute=config.tokens_per_minute,
+        )
+    client = Client(
+        config.base_url,
+        api_key=config.api_key,
+        model=model,
+        # One job is one tier: slots reserved for realtime would only sit idle.
+        limits=Limits(max_in_flight=config.max_in_flight, reserved_realtime=0),
+        retry=config.retry,
+        rate_limit=rate_limit,
+        transport=config.transport,
+        priority_scheduling=config.send_priority,
+        on_close="cancel",
+    )
+    async with client:
+        async for _index, result in client.map_unordered(
+            inputs, priority=config.priority, progress=config.progress
+        ):
+            if isinstance(result.error, JOB_FATAL):
+                summary.stopped = f"{type(result.error).__name__}: {result.error.message}"
+                break
+            _record(result, out, summary)
+        # The client's count leaves out the extra requests of a 400 bisection.
+        summary.retried = client.stats().tiers[config.priority].retried
+
+
+def _record(result: Result[Any], out: OutputFile, summary: JobSummary) -> None:
+    custom_id = str(result.metadata)
+    value, error = result.value, result.error
+    if error is None:
+        assert isinstance(value, Completion | ChatCompletion)
+        out.write(success_record(custom_id, value))
+        summary.done += 1
+        summary.prompt_tokens += value.usage.prompt_tokens
+        summary.completion_tokens += value.usage.completion_tokens
+    else:
+        out.write(failure_record(custom_id, error))
+        summary.failed += 1
