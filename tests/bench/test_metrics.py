@@ -1,0 +1,154 @@
+"""The bench's arithmetic: percentiles, rates, CPU per prompt, JSON round trips."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+
+from llmbatch._bench.metrics import (
+    Meter,
+    Recorder,
+    RunMetrics,
+    measure,
+    peak_rss_mb,
+    percentile,
+    percentiles,
+)
+from llmbatch._bench.scenarios import poisson_arrivals, prompts
+
+
+def test_percentile_interpolates_between_closest_ranks() -> None:
+    values = list(range(1, 101))  # 1..100
+    assert percentile(values, 0) == 1
+    assert percentile(values, 100) == 100
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 95) == pytest.approx(95.05)
+    assert percentile(values, 99) == pytest.approx(99.01)
+    # Order of the input does not matter.
+    assert percentile(list(reversed(values)), 99) == pytest.approx(99.01)
+
+
+def test_percentile_edge_cases() -> None:
+    assert math.isnan(percentile([], 50))
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([1.0, 3.0], 50) == 2.0
+    with pytest.raises(ValueError, match="percentile"):
+        percentile([1.0], 101)
+
+
+def test_percentiles_summary() -> None:
+    p = percentiles([0.5, 0.1, 0.3, 0.2, 0.4])
+    assert (p.n, p.p50, p.max) == (5, 0.3, 0.5)
+    assert p.p99 == pytest.approx(0.496)
+    empty = percentiles([])
+    assert empty.n == 0
+    assert math.isnan(empty.p99)
+
+
+def _meter(wall: float, cpu: float) -> Meter:
+    return Meter(wall=wall, cpu=cpu, rss_before_mb=40.0, peak_rss_mb=50.0)
+
+
+def test_recorder_rates_and_cpu_per_prompt() -> None:
+    rec = Recorder()
+    for i in range(8):
+        rec.success("batch", 0.1 * (i + 1), output_tokens=16)
+    rec.failure(TimeoutError())
+    rec.failure("HTTP 503")
+    rec.failure("HTTP 503")
+    m = rec.finish(
+        scenario="bulk", contender="x", label="x", requested=12, meter=_meter(wall=2.0, cpu=0.004)
+    )
+    assert (m.ok, m.failed, m.unfinished) == (8, 3, 1)
+    assert m.errors == {"HTTP 503": 2, "TimeoutError": 1}
+    assert m.prompts_per_s == pytest.approx(4.0)
+    assert m.output_tokens == 128
+    assert m.output_tokens_per_s == pytest.approx(64.0)
+    # CPU per prompt divides the whole run's CPU by the prompts answered.
+    assert m.cpu_us_per_prompt == pytest.approx(500.0)
+    assert m.latency["batch"].p50 == pytest.approx(0.45)
+
+
+def test_recorder_window_overrides_and_tiers() -> None:
+    rec = Recorder()
+    rec.success("batch", 1.0, 10)
+    rec.success("batch", 1.0, 10)
+    rec.success("realtime", 0.05, 4, ttft=0.01)
+    assert rec.count("batch") == 2
+    assert rec.tokens["batch"] == 20
+    m = rec.finish(
+        scenario="mixed",
+        contender="x",
+        label="x",
+        requested=1,
+        meter=_meter(wall=10.0, cpu=1.0),
+        prompts=2,
+        tokens=20,
+        window=4.0,
+    )
+    assert m.prompts_per_s == pytest.approx(0.5)
+    assert m.output_tokens_per_s == pytest.approx(5.0)
+    assert set(m.latency) == {"batch", "realtime"}
+    assert m.ttft["realtime"].p50 == pytest.approx(0.01)
+
+
+def test_unfinished_requests_stay_in_the_latency_percentiles() -> None:
+    rec = Recorder()
+    for _ in range(99):
+        rec.success("realtime", 0.01, 1)
+    rec.unfinished("realtime", 12.0)
+    m = rec.finish(
+        scenario="mixed", contender="x", label="x", requested=100, meter=_meter(1.0, 0.1)
+    )
+    assert m.failed == 1
+    assert m.errors == {"Unfinished": 1}
+    assert m.latency["realtime"].max == 12.0
+    assert m.extra["censored"] == {"realtime": 1}
+    assert rec.count("realtime") == 99
+
+
+def test_run_metrics_json_round_trip_maps_nan_to_null() -> None:
+    rec = Recorder()
+    rec.failure("boom")
+    m = rec.finish(scenario="s", contender="c", label="c", requested=1, meter=_meter(1.0, 0.5))
+    assert math.isnan(m.cpu_us_per_prompt)
+    data = m.to_json()
+    text = json.dumps(data, allow_nan=False)  # standard JSON: no NaN literals
+    back = RunMetrics.from_json(json.loads(text))
+    assert math.isnan(back.cpu_us_per_prompt)
+    assert back.failed == 1
+    assert back.to_json() == data
+
+
+def test_measure_counts_this_process_cpu_not_sleep() -> None:
+    with measure() as meter:
+        deadline = time.process_time() + 0.05
+        while time.process_time() < deadline:
+            pass
+        time.sleep(0.05)
+    assert meter.cpu >= 0.05
+    assert meter.wall >= 0.1
+    assert meter.cpu < meter.wall
+    assert meter.peak_rss_mb is not None
+    assert meter.peak_rss_mb >= (peak_rss_mb() or 0) - 1e-9
+    assert meter.peak_rss_mb > 5
+
+
+def test_poisson_arrivals_are_seeded_bounded_and_at_rate() -> None:
+    a = poisson_arrivals(50.0, 100.0, seed=1)
+    assert a == poisson_arrivals(50.0, 100.0, seed=1)
+    assert a != poisson_arrivals(50.0, 100.0, seed=2)
+    assert all(0 < t < 100 for t in a)
+    assert a == sorted(a)
+    assert 4700 < len(a) < 5300
+    assert poisson_arrivals(0.0, 10.0, seed=1) == []
+
+
+def test_prompts_are_distinct_and_lazy() -> None:
+    first = list(prompts(3))
+    assert len(set(first)) == 3
+    endless = prompts(None)
+    assert [next(endless) for _ in range(3)] == first
