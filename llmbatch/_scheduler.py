@@ -233,11 +233,16 @@ class Scheduler:
         """Expire, form and pick batches; reserve their in-flight capacity."""
         expired = self._expire(now)
         batches: list[Batch] = []
+        # Tiers whose next request does not fit the free token room this poll; without
+        # this, the loop would pick the same tier again forever.
+        blocked: set[Priority] = set()
         while True:
             candidates = {
                 p: group
                 for p, tier in self._tiers.items()
-                if (group := tier.ready_group(now, flush)) is not None and self._room(p)[0] > 0
+                if p not in blocked
+                and (group := tier.ready_group(now, flush)) is not None
+                and self._room(p)[0] > 0
             }
             if not candidates:
                 break
@@ -246,9 +251,7 @@ class Scheduler:
             batch = self._take(chosen, candidates[chosen])
             if batch is None:
                 # A single request larger than the free token room: wait for room.
-                del candidates[chosen]
-                if not any(self._room(p)[0] > 0 for p in candidates):
-                    break
+                blocked.add(chosen)
                 continue
             batches.append(batch)
             self._settle_credit(chosen, len(batch.requests), candidates)

@@ -212,3 +212,18 @@ def test_flush_sends_everything_regardless_of_triggers() -> None:
     s.add(make())
     assert s.poll(0.0).batches == []
     assert len(s.poll(0.0, flush=True).batches) == 1
+
+
+def test_request_too_big_for_the_free_token_room_waits_without_spinning() -> None:
+    # Regression: poll() looped forever when a ready tier's next request did not fit
+    # the free token room while another request was in flight.
+    s = scheduler(max_in_flight=6, max_in_flight_tokens=600, reserved_realtime=2)
+    for _ in range(3):
+        s.add(make(BULK, max_tokens=150))
+    (first,) = s.poll(0.0, flush=True).batches
+    assert len(first.requests) == 2  # the bulk token cap (400) holds two
+    s.add(make(NORMAL, max_tokens=150, temperature=0.5))
+    assert s.poll(0.0, flush=True).batches == []
+    for request in first.requests:
+        s.finish(request)
+    assert len(s.poll(0.0, flush=True).batches) == 2
