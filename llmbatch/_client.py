@@ -131,11 +131,16 @@ class Client:
         self.base_url = _check_base_url(
             base_url or _env("LLMBATCH_BASE_URL", "OPENAI_BASE_URL") or DEFAULT_BASE_URL
         )
+        """The server's OpenAI-style base URL (``http://host:port/v1``), no trailing slash."""
         self._api_key = api_key or _env("LLMBATCH_API_KEY", "OPENAI_API_KEY")
         if model is not None and (not isinstance(model, str) or not model):
             raise InvalidRequestError("model must be a non-empty str or None", field="model")
         self.model = model
+        """The model every request names; read from ``/v1/models`` on entry if None."""
         self.max_model_len: int | None = None
+        """The server's context length from ``/v1/models`` (None if it does not say).
+
+        When known, a prompt plus ``max_tokens`` that cannot fit fails at the call."""
         policies = dict(DEFAULT_BATCH_POLICIES)
         for tier, policy in (batching or {}).items():
             if not isinstance(policy, BatchPolicy):
@@ -158,6 +163,7 @@ class Client:
                 "transport must be 'aiohttp', 'httpx' or a Transport", field="transport"
             )
         self.limits = limits
+        """The :class:`Limits` this client runs with."""
         self._retry = retry
         self._rate_limit = rate_limit
         self._timeout = timeout

@@ -116,6 +116,12 @@ DEFAULT_BATCH_POLICIES: Mapping[Priority, BatchPolicy] = MappingProxyType(
         Priority.BATCH: BatchPolicy(max_batch_size=64, max_wait=0.05, max_batch_tokens=262_144),
     }
 )
+"""The per-tier batch policies a client uses unless ``batching=`` overrides a tier.
+
+- realtime: up to 8 prompts, no wait (coalesce only what already waits), 32,768 tokens;
+- normal: up to 16 prompts, 5 ms, 65,536 tokens;
+- batch: up to 64 prompts, 50 ms, 262,144 tokens.
+"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -162,6 +168,7 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+"""``Limits()``: sized for vLLM's default ``--max-num-seqs 256``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -192,6 +199,7 @@ class RetryPolicy:
 
 
 DEFAULT_RETRY_POLICY = RetryPolicy()
+"""``RetryPolicy()``: 5 attempts, backoff from 0.25 s up to 30 s."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -237,3 +245,4 @@ class Timeout:
 
 
 DEFAULT_TIMEOUT = Timeout()
+"""``Timeout()``: connect 10 s, read 600 s, write 60 s, pool 600 s."""

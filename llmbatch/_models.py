@@ -54,6 +54,7 @@ class Usage(_Frozen):
     completion_tokens: int = 0
     total_tokens: int = 0
     estimated: bool = False
+    """True when these counts are this prompt's share of a batch's usage."""
 
 
 class Timings(_Frozen):
@@ -74,14 +75,18 @@ class Choice(_Frozen):
 
     text: str
     finish_reason: str | None = None
+    """Why generation stopped: ``"stop"`` (end of text or a stop string), ``"length"``
+    (``max_tokens`` reached), or None if the server did not say."""
 
 
 class Completion(_Frozen):
     """The answer to :meth:`Client.complete` (one prompt)."""
 
     id: str
+    """The server's response id (shared by the prompts of one batch)."""
     model: str
     choices: tuple[Choice, ...]
+    """``n`` choices (one unless the call passed ``n=``)."""
     usage: Usage
     timings: Timings
 
@@ -131,8 +136,11 @@ class Result(_Frozen, Generic[T]):
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     index: int
+    """The item's position in the inputs."""
     value: T | None = None
+    """A :class:`Completion` or :class:`ChatCompletion`; None if the item failed."""
     error: LLMBatchError | None = None
+    """The item's error (:class:`InvalidRequestError` for bad input); None on success."""
     metadata: object = None
 
     @property

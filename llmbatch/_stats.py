@@ -31,30 +31,39 @@ class TierStats(_Frozen):
     """One tier's counters."""
 
     queued: int
+    """Requests waiting in the client's queue now."""
     in_flight: int
+    """Requests sent and not yet answered now."""
     done: int
+    """Requests answered successfully."""
     failed: int
+    """Requests that ended with an error (not counting callers that went away)."""
     retried: int
     """Requests that needed more than one HTTP attempt."""
     cancelled: int
     """Callers that went away (cancelled or past their deadline) before an answer."""
     queue_wait: Percentiles
+    """From the call until the request's batch was sent."""
     latency: Percentiles
+    """From the call until the answer was complete (successful requests)."""
 
 
 class Stats(_Frozen):
     """An immutable snapshot of a client's activity (``client.stats()``)."""
 
     tiers: Mapping[Priority, TierStats]
+    """Per-tier counters, keyed by :class:`Priority`."""
     batches_sent: int
     """HTTP requests sent (retries and bisection halves included)."""
     mean_batch_size: float
+    """Prompts per HTTP request sent, on average."""
     max_batch_size: int
     bisections: int
     """400-answered batches that were split to find the offending prompts."""
     prompt_tokens: int
     completion_tokens: int
     uptime: float
+    """Seconds since the client opened."""
     tokens_per_second: float
     """Completion tokens per second of uptime."""
 

@@ -61,7 +61,7 @@ class BenchConfig:
     burst_max_tokens: int = 16
     burst_modes: tuple[str, ...] = ("map", "gather")
     burst_baselines: tuple[str, ...] = ("aiohttp",)
-    burst_time_limit: float = 300.0
+    burst_time_limit: float = 120.0
     overhead_n: int = 5_000
     overhead_max_tokens: int = 16
     overhead_url: str | None = None
@@ -203,7 +203,13 @@ class _Runner:
                 self.progress(f"[{job.scenario}] {job.name}: FAILED: {exc}")
                 wait_idle(self.server, self.config.api_key)
                 return None
-        metrics = dataclasses.replace(metrics, extra={**metrics.extra, **sampler.summary()})
+        extra = {**metrics.extra, **sampler.summary()}
+        if "machine_busy_cores" in extra and metrics.wall_s > 0:
+            ours = metrics.cpu_s + extra.get("server_cpu_s", 0.0)
+            extra["other_load_cores"] = round(
+                extra["machine_busy_cores"] - ours / metrics.wall_s, 2
+            )
+        metrics = dataclasses.replace(metrics, extra=extra)
         wait_idle(self.server, self.config.api_key)
         self.runs.append(metrics)
         self.progress(_line(metrics))

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from llmbatch._bench.targets import BURST_RSS_MB, CPU_US
+
 __all__ = ["render", "write_json", "write_plots"]
 
 Run = Mapping[str, Any]
@@ -347,6 +349,16 @@ def _plot_realtime(figure: Any, report: Mapping[str, Any]) -> bool:
     ax.set_ylabel("realtime stream latency, ms (log)")
     ax.set_title("Realtime latency under saturating bulk vs idle server")
     ax.legend(fontsize=8)
+    if any(r["extra"].get("censored") for r in mixed):
+        ax.text(
+            0.99,
+            0.02,
+            "loaded values of clients with unfinished calls are lower bounds",
+            transform=ax.transAxes,
+            ha="right",
+            fontsize=8,
+            color="#555555",
+        )
     return True
 
 
@@ -361,6 +373,10 @@ def _plot_cpu(figure: Any, report: Mapping[str, Any]) -> bool:
             ax.set_yscale("log")
             ax.set_ylabel("client CPU µs per prompt (log)")
             ax.set_title(f"Client CPU: {title}")
+    if bulk:
+        axes[0].axhline(CPU_US, color="#c0392b", linestyle="--", linewidth=1, label="20 µs target")
+        axes[0].set_ylim(bottom=CPU_US / 2)
+        axes[0].legend(fontsize=8)
     return True
 
 
@@ -371,7 +387,7 @@ def _plot_burst(figure: Any, report: Mapping[str, Any]) -> bool:
     left, right = figure.subplots(1, 2)
     labels = [r["label"] for r in burst]
     _bars(left, labels, [_value(r["peak_rss_mb"]) for r in burst])
-    left.axhline(300, color="#c0392b", linestyle="--", linewidth=1, label="300 MB target")
+    left.axhline(BURST_RSS_MB, color="#c0392b", linestyle="--", linewidth=1, label="300 MB target")
     left.legend(fontsize=8)
     left.set_ylabel("peak RSS, MB")
     left.set_title(f"Burst of {burst[0]['requested']:,}: memory")

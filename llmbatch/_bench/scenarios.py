@@ -135,11 +135,16 @@ def _extra(contender: Contender) -> dict[str, Any]:
     if stats is None:
         return {}
     snapshot = stats()
-    return {
+    out: dict[str, Any] = {
         "http_requests": snapshot.batches_sent,
         "mean_batch_size": round(snapshot.mean_batch_size, 2),
         "max_batch_size": snapshot.max_batch_size,
     }
+    for tier, counters in snapshot.tiers.items():
+        if counters.done:
+            # Time spent queued inside llmbatch, apart from the server's own time.
+            out[f"{tier.value}_queue_wait_p99_ms"] = round(counters.queue_wait.p99 * 1e3, 2)
+    return out
 
 
 #: Set by the worker process: hands over partial metrics and ends the process. Used

@@ -82,10 +82,13 @@ class MetricsSampler:
         self._waiting: list[float] = []
         self._thread: threading.Thread | None = None
         self._cpu_start: float | None = None
-        self.enabled = True
+        self._busy_start: float | None = None
+        self._wall_start = 0.0
 
     def __enter__(self) -> MetricsSampler:
         self._cpu_start = self._server_cpu()
+        self._busy_start = _machine_busy()
+        self._wall_start = time.perf_counter()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
         return self
@@ -103,6 +106,11 @@ class MetricsSampler:
         cpu = self._server_cpu()
         if cpu is not None and self._cpu_start is not None:
             out["server_cpu_s"] = round(cpu - self._cpu_start, 3)
+        busy, wall = _machine_busy(), time.perf_counter() - self._wall_start
+        if busy is not None and self._busy_start is not None and wall > 0:
+            # Everything the machine's CPUs did meanwhile, in cores: the client and the
+            # server, plus whatever else runs here (noise on a shared machine).
+            out["machine_busy_cores"] = round((busy - self._busy_start) / wall, 2)
         return out
 
     def _server_cpu(self) -> float | None:
@@ -130,6 +138,16 @@ class MetricsSampler:
                     return  # not a vLLM-style server: nothing to learn
                 self._running.append(values["vllm:num_requests_running"])
                 self._waiting.append(values["vllm:num_requests_waiting"])
+
+
+def _machine_busy() -> float | None:
+    """CPU seconds all CPUs spent not idle since boot (None without psutil)."""
+    try:
+        import psutil  # type: ignore[import-untyped, unused-ignore]
+    except ImportError:
+        return None
+    times = psutil.cpu_times()
+    return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
 
 
 def _gauges(text: str, names: Sequence[str]) -> dict[str, float]:

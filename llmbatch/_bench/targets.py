@@ -73,6 +73,10 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b and math.isfinite(a) and math.isfinite(b) else math.nan
 
 
+def _fmt(value: float, spec: str) -> str:
+    return format(value, spec) if math.isfinite(value) else "n/a"
+
+
 def _verdict(value: float, ok: bool) -> bool | None:
     return None if not math.isfinite(value) else ok
 
@@ -111,9 +115,11 @@ def _realtime(runs: Sequence[RunMetrics]) -> Target:
             base = find(runs, "idle", run.label)
             ratio = _ratio(_p99(run), _p99(base))
             ttft = _ratio(_p99(run, "ttft"), _p99(base, "ttft"))
+            censored = "≥ " if run.extra.get("censored") else ""
             parts.append(
-                f"{run.label}: p99 {_p99(run) * 1e3:.0f} ms loaded vs {_p99(base) * 1e3:.0f} ms "
-                f"idle = {ratio:.2f}x (TTFT p99 {ttft:.2f}x)"
+                f"{run.label}: p99 {censored}{_p99(run) * 1e3:.0f} ms loaded vs "
+                f"{_p99(base) * 1e3:.0f} ms idle = {censored}{ratio:.2f}x "
+                f"(TTFT p99 {_fmt(ttft, '.2f')}x)"
             )
     return Target(
         id="realtime_p99_ratio",

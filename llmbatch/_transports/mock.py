@@ -30,13 +30,16 @@ class MockResponse:
         self.headers = {k.lower(): v for k, v in self.headers.items()}
 
     async def read(self) -> bytes:
+        """The body (``content``)."""
         return self.content
 
     async def iter_lines(self) -> AsyncIterator[bytes]:
+        """The body split on newlines."""
         for line in self.content.split(b"\n"):
             yield line
 
     async def aclose(self) -> None:
+        """Nothing to release."""
         return None
 
 
@@ -47,6 +50,7 @@ class MockTransport:
     """Answers every request with ``handler(request)`` (sync or async).
 
     A handler may raise any llmbatch ``TransportError`` to simulate network failure.
+    Every request sent is appended to ``requests``, for assertions.
     """
 
     def __init__(self, handler: Handler) -> None:
@@ -54,6 +58,7 @@ class MockTransport:
         self.requests: list[HTTPRequest] = []
 
     async def send(self, request: HTTPRequest) -> HTTPResponse:
+        """Record ``request`` in ``requests`` and answer it with the handler."""
         self.requests.append(request)
         response = self._handler(request)
         if inspect.isawaitable(response):
@@ -62,4 +67,5 @@ class MockTransport:
         return response
 
     async def aclose(self) -> None:
+        """Nothing to close."""
         return None

@@ -113,7 +113,7 @@ async def test_each_contender_bulk_against_the_simulator(zero: Any, name: str) -
     assert m.cpu_s > 0
 
 
-@pytest.mark.parametrize("name", ["llmbatch", "aiohttp", "openai"])
+@pytest.mark.parametrize("name", ["llmbatch", "httpx", "aiohttp", "openai"])
 async def test_each_contender_streams_against_the_simulator(zero: Any, name: str) -> None:
     if not available(name):
         pytest.skip(f"{name} not installed")
