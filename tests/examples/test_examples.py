@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -115,3 +116,33 @@ def test_fastapi_chat_stays_responsive_during_a_bulk_job(sim: SimulatorProcess) 
     finally:
         app.terminate()
         app.wait(10)
+
+
+def test_label_jsonl_resumes_after_sigkill(tmp_path: Path) -> None:
+    source, output = tmp_path / "reviews.jsonl", tmp_path / "labels.jsonl"
+    source.write_text("".join(f'{{"id": "r{i}", "text": "review {i}"}}\n' for i in range(3000)))
+    with run_simulator("--speed", "5") as slow_sim:
+        env = {**os.environ, "LLMBATCH_BASE_URL": slow_sim.base_url}
+        argv = [
+            sys.executable,
+            str(EXAMPLES / "label_jsonl.py"),
+            str(source),
+            str(output),
+            "--no-progress",
+        ]
+        first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + TIMEOUT
+        while not output.exists() or output.stat().st_size < 2000:
+            assert first.poll() is None, "finished before it could be killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        first.kill()  # SIGKILL, mid-run
+        first.wait()
+        partial = len(output.read_text().splitlines())
+        assert 0 < partial < 3000
+        out = subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=TIMEOUT, check=True
+        ).stdout
+    assert "resuming:" in out
+    ids = [json.loads(line)["id"] for line in output.read_text().splitlines() if line.strip()]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(3000))  # each exactly once
