@@ -73,7 +73,11 @@ def test_every_profile_flag_is_overridable() -> None:
 
 def test_suggested_client_settings() -> None:
     settings = suggested_client_settings(build_argv(model="m", profile="latency"))
-    assert settings["limits"] == {"max_in_flight": 64, "max_in_flight_tokens": 64 * 4096}
+    assert settings["limits"] == {
+        "max_in_flight": 64,
+        "max_in_flight_tokens": 64 * 4096,
+        "reserved_realtime": 4,
+    }
     assert settings["priority_scheduling"] is True
     fcfs = build_argv(model="m", extra=["--scheduling-policy", "fcfs"])
     assert suggested_client_settings(fcfs)["priority_scheduling"] is False
