@@ -49,10 +49,10 @@ class BenchConfig:
     n: int = 10_000
     max_tokens: int = 64
     concurrency: int = 64
-    sweep: tuple[int, ...] = (64, 128, 256, 512)
+    sweep: tuple[int, ...] = (64, 96, 128, 192, 256, 384, 512)
     sweep_batch: int = 16
     realtime_rate: float = 20.0
-    realtime_duration: float = 15.0
+    realtime_duration: float = 12.0
     realtime_warmup: float = 3.0
     realtime_max_tokens: int = 32
     realtime_grace: float = 10.0

@@ -74,7 +74,7 @@ def _ratio(a: float, b: float) -> float:
 
 
 def _fmt(value: float, spec: str) -> str:
-    return format(value, spec) if math.isfinite(value) else "n/a"
+    return f"{value:{spec}}x" if math.isfinite(value) else "n/a"
 
 
 def _verdict(value: float, ok: bool) -> bool | None:
@@ -119,7 +119,7 @@ def _realtime(runs: Sequence[RunMetrics]) -> Target:
             parts.append(
                 f"{run.label}: p99 {censored}{_p99(run) * 1e3:.0f} ms loaded vs "
                 f"{_p99(base) * 1e3:.0f} ms idle = {censored}{ratio:.2f}x "
-                f"(TTFT p99 {_fmt(ttft, '.2f')}x)"
+                f"(TTFT p99 {_fmt(ttft, '.2f')})"
             )
     return Target(
         id="realtime_p99_ratio",
