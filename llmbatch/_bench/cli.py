@@ -184,7 +184,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def run(args: argparse.Namespace) -> int:
     """The ``bench`` handler: run, print the tables, write JSON and plots."""
     from llmbatch._bench.harness import run_bench
-    from llmbatch._bench.report import render, write_json, write_plots
+    from llmbatch._bench.plots import write_plots
+    from llmbatch._bench.report import render, write_json
     from llmbatch._bench.worker import WorkerError
 
     try:

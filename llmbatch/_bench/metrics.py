@@ -238,9 +238,6 @@ class Recorder:
         self.censored[tier] += 1
         self._latency.setdefault(tier, array("d")).append(elapsed)
 
-    def latencies(self, tier: str) -> Sequence[float]:
-        return self._latency.get(tier, array("d"))
-
     def finish(
         self,
         *,

@@ -57,7 +57,7 @@ class Job:
     #: Prompts per request for ``probe``.
     batch: int = 16
     realtime_rate: float = 20.0
-    realtime_duration: float = 15.0
+    realtime_duration: float = 12.0
     realtime_warmup: float = 3.0
     realtime_max_tokens: int = 32
     #: After the window, realtime calls still running get this long, then count as

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from llmbatch._bench.metrics import Meter, Recorder, RunMetrics
-from llmbatch._bench.report import render, write_json, write_plots
+from llmbatch._bench.plots import write_plots
+from llmbatch._bench.report import render, write_json
 from llmbatch._bench.targets import capacity, evaluate
 
 
