@@ -88,6 +88,23 @@ def _check_base_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def _check_api_key(key: object) -> str | None:
+    # A key read from a file often keeps its newline. Sent as a header it would fail
+    # in the HTTP library, whose error message (and our retry log) quotes the header,
+    # key included; refuse it here, without echoing it.
+    if key is None:
+        return None
+    if not (isinstance(key, str) and key.isascii() and key.isprintable()) or any(
+        c.isspace() for c in key
+    ):
+        raise InvalidRequestError(
+            "api_key must be a str of printable ASCII without spaces or newlines "
+            "(read from a file? strip it); the key itself is not shown",
+            field="api_key",
+        )
+    return key
+
+
 class Client:
     """An async client that queues, batches, prioritises and retries LLM requests.
 
@@ -132,7 +149,7 @@ class Client:
             base_url or _env("LLMBATCH_BASE_URL", "OPENAI_BASE_URL") or DEFAULT_BASE_URL
         )
         """The server's OpenAI-style base URL (``http://host:port/v1``), no trailing slash."""
-        self._api_key = api_key or _env("LLMBATCH_API_KEY", "OPENAI_API_KEY")
+        self._api_key = _check_api_key(api_key or _env("LLMBATCH_API_KEY", "OPENAI_API_KEY"))
         if model is not None and (not isinstance(model, str) or not model):
             raise InvalidRequestError("model must be a non-empty str or None", field="model")
         self.model = model

@@ -48,6 +48,7 @@ class Engine:
         self._progress = anyio.Event()
         self._space = {p: anyio.Event() for p in Priority}
         self.flushing = False
+        self.closed = False
 
     # -- callers ---------------------------------------------------------------------
 
@@ -65,6 +66,11 @@ class Engine:
                 await self._space[tier].wait()
             # Batch wait timers start when the request enters the queue.
             request.enqueued_at = self._now()
+        if self.closed:
+            # The client closed (while this caller waited for room, say): nobody would
+            # ever serve the queue it is about to join.
+            self._cancel(request, "the client closed before the request was sent")
+            return
         if self._scheduler.add(request):
             self._wake.set()
 
@@ -167,18 +173,20 @@ class Engine:
             await self._progress.wait()
 
     def cancel_queued(self) -> None:
-        """Fail everything still queued with :class:`RequestCancelled`."""
+        """Fail everything still queued, and every caller still waiting for queue room,
+        with :class:`RequestCancelled`; the queues take nothing after this."""
+        self.closed = True
         for request in list(self._scheduler.queued_requests()):
             self._scheduler.remove(request)
-            if request.outcome.set_error(
-                RequestCancelled(
-                    "the client closed before the request was sent",
-                    request_id=request.id,
-                    attempts=0,
-                )
-            ):
-                self._stats.failed(request.priority, False)
-        self._signal_space()
+            self._cancel(request, "the client closed before the request was sent")
+        for event in self._space.values():
+            event.set()  # wake callers blocked by backpressure; they see ``closed``
+
+    def _cancel(self, request: Request, reason: str) -> None:
+        if request.outcome.set_error(
+            RequestCancelled(reason, request_id=request.id, attempts=request.attempts)
+        ):
+            self._stats.failed(request.priority, False)
 
     def snapshot(self) -> Stats:
         return self._stats.snapshot(

@@ -157,6 +157,11 @@ class MapRunner:
             raise InvalidRequestError(
                 "map() takes an iterable of inputs, not a single str or dict", field="inputs"
             )
+        if not isinstance(inputs, (Iterable, AsyncIterable)):
+            raise InvalidRequestError(
+                f"map() takes an iterable of inputs, got {type(inputs).__name__}",
+                field="inputs",
+            )
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise InvalidRequestError("window must be a positive int", field="window")
         send, receive = anyio.create_memory_object_stream[_Item](window)

@@ -254,7 +254,7 @@ class Scheduler:
                 blocked.add(chosen)
                 continue
             batches.append(batch)
-            self._settle_credit(chosen, len(batch.requests), candidates)
+            self._settle_credit(chosen, len(batch.requests), candidates, owed=chosen in owed)
         return Poll(batches, expired, self._next_wakeup(now))
 
     def _take(self, priority: Priority, group: _Group) -> Batch | None:
@@ -282,19 +282,23 @@ class Scheduler:
         return Batch(priority, tuple(taken))
 
     def _settle_credit(
-        self, chosen: Priority, sent: int, waiting: Mapping[Priority, object]
+        self, chosen: Priority, sent: int, waiting: Mapping[Priority, object], *, owed: bool
     ) -> None:
-        """Lower tiers that had a ready batch but were passed over accrue what they are
-        owed (share / (1 - share) sequences per sequence sent); the chosen tier pays."""
-        chosen_tier = self._tiers[chosen]
-        chosen_tier.credit = max(0.0, chosen_tier.credit - sent)
+        """Tiers with a share that had a ready batch but were passed over accrue what
+        they are owed (share / (1 - share) sequences per sequence sent).
+
+        A tier served because it was owed pays for every sequence it sent, even past
+        its credit: forgiving the rest handed lower tiers a whole batch per sequence
+        owed, and two owed tiers could then pass the turn between them and starve
+        realtime. The debt is bounded by one batch, and credit by what one batch of
+        another tier earns, since a tier is served as soon as it is owed."""
+        if owed:
+            self._tiers[chosen].credit -= sent
         for priority in waiting:
             share = self.limits.min_share.get(priority, 0.0)
             if priority is chosen or share <= 0:
                 continue
-            tier = self._tiers[priority]
-            cap = float(tier.policy.max_batch_size)
-            tier.credit = min(cap, tier.credit + sent * share / (1.0 - share))
+            self._tiers[priority].credit += sent * share / (1.0 - share)
 
     def _expire(self, now: float) -> list[Request]:
         expired: list[Request] = []

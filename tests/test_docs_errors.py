@@ -449,8 +449,8 @@ SECTIONS: dict[str, list[Case]] = {
         Case(
             "not iterable at all",
             "await client.map(123)",
-            "TypeError",
-            "'int' object is not iterable",
+            "InvalidRequestError",
+            "map() takes an iterable of inputs, got int",
         ),
         Case(
             "`window` below 1",

@@ -1,107 +1,384 @@
-"""Scheduler invariants under random workloads (hypothesis), on explicit time.
+"""Scheduler invariants under random workloads (hypothesis), on a fake clock.
 
-Every request ends exactly once (dispatched or expired); no request is in two
-batches; batches respect their policy and compatibility; in-flight limits and
-realtime reservations are never exceeded; deadlines fire; queues drain.
+The scheduler is pure: time is the ``now`` passed to :meth:`Scheduler.poll`, so a
+test drives it exactly, the way the engine does, without sleeping. Each test keeps
+its own model of what should be queued and in flight and checks the scheduler
+against it after every step:
+
+- every submitted request ends exactly once (dispatched, expired or removed);
+- no request is in two batches; batches respect size, token budget, tier and
+  compatibility;
+- queue, in-flight and realtime-reservation limits are never exceeded;
+- tiers go in order, and lower tiers get (no less and not much more than) their
+  minimum share while higher tiers keep the scheduler busy;
+- deadlines fire: nothing past its deadline stays queued, nothing expires early,
+  and the wake-up time never lets a deadline or a batch timer slip.
 """
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmbatch import BatchPolicy, Limits, Priority
+from llmbatch import BatchPolicy, Limits, Priority, QueueFull
 from llmbatch._request import Request, validate
-from llmbatch._scheduler import Scheduler
+from llmbatch._scheduler import Poll, Scheduler
 
-TIERS = list(Priority)
-POLICY = BatchPolicy(max_batch_size=4, max_wait=0.5, max_batch_tokens=400)
+RT, NORMAL, BULK = Priority.REALTIME, Priority.NORMAL, Priority.BATCH
+TIERS = (RT, NORMAL, BULK)
 
+policy_st = st.builds(
+    BatchPolicy,
+    max_batch_size=st.integers(1, 6),
+    max_wait=st.sampled_from([0.0, 0.05, 0.5]),
+    max_batch_tokens=st.integers(60, 800),
+)
+limits_st = st.integers(1, 8).flatmap(
+    lambda seqs: st.builds(
+        Limits,
+        max_in_flight=st.just(seqs),
+        max_in_flight_tokens=st.integers(100, 1500),
+        reserved_realtime=st.integers(0, seqs - 1),
+        max_queued=st.integers(1, 12),
+    )
+)
 request_st = st.tuples(
     st.sampled_from(TIERS),
-    st.integers(1, 250),  # max_tokens
+    st.integers(1, 400),  # max_tokens: sometimes larger than the free token room
     st.sampled_from([None, 0.5]),  # temperature: two compatibility classes
-    st.one_of(st.none(), st.floats(0.1, 3.0)),  # relative deadline
+    st.one_of(st.none(), st.floats(0.01, 2.0)),  # relative deadline
 )
 op_st = st.one_of(
     st.tuples(st.just("add"), request_st),
     st.tuples(st.just("tick"), st.floats(0.0, 0.6)),
-    st.tuples(st.just("finish"), st.integers(0, 10)),
+    st.tuples(st.just("finish"), st.integers(0, 8)),
+    st.tuples(st.just("cancel"), st.integers(0, 50)),
 )
 
 
-def _request(
-    now: float, tier: Priority, max_tokens: int, temp: float | None, rel_deadline: float | None
+def make_request(
+    now: float,
+    tier: Priority,
+    max_tokens: int = 4,
+    temperature: float | None = None,
+    rel_deadline: float | None = None,
 ) -> Request:
+    """A request created and queued at ``now`` (as the engine stamps it)."""
     spec = validate(
         kind="completion",
         priority=tier,
         model="m",
         prompt="hello there",
-        params={"max_tokens": max_tokens, "temperature": temp},
+        params={"max_tokens": max_tokens, "temperature": temperature},
         timeout=None,
         stream=False,
         max_model_len=None,
     )
-    request = Request(
-        spec, created_at=now, deadline=None if rel_deadline is None else now + rel_deadline
-    )
+    deadline = None if rel_deadline is None else now + rel_deadline
+    request = Request(spec, created_at=now, deadline=deadline)
     request.enqueued_at = now
     return request
 
 
-@settings(max_examples=300, deadline=None)
-@given(ops=st.lists(op_st, max_size=120))
-def test_scheduler_invariants(ops: list[tuple[str, object]]) -> None:
-    limits = Limits(max_in_flight=6, max_in_flight_tokens=600, reserved_realtime=2, max_queued=1000)
-    s = Scheduler(policies=dict.fromkeys(TIERS, POLICY), limits=limits)
+@dataclass
+class Model:
+    """What the test believes: who is queued, who is in flight, who has ended."""
+
+    policies: dict[Priority, BatchPolicy]
+    limits: Limits
+    queued: dict[Priority, list[Request]] = field(default_factory=lambda: {p: [] for p in TIERS})
+    in_flight: list[Request] = field(default_factory=list)
+    ended: dict[int, str] = field(default_factory=dict)
+    #: Every request ever added, kept alive so that ``id()`` stays unique.
+    added: list[Request] = field(default_factory=list)
+
+    def add(self, request: Request) -> None:
+        self.added.append(request)
+        self.queued[request.priority].append(request)
+
+    def ready_groups(self, tier: Priority, now: float, flush: bool) -> list[list[Request]]:
+        """The tier's compatible groups that have hit a batch trigger, by the
+        documented rules (size, max_wait, token budget, flush)."""
+        policy = self.policies[tier]
+        groups: dict[tuple[object, ...], list[Request]] = {}
+        for request in self.queued[tier]:
+            groups.setdefault(request.spec.compat_key, []).append(request)
+        return [
+            group
+            for group in groups.values()
+            if flush
+            or len(group) >= policy.max_batch_size
+            or group[0].enqueued_at + policy.max_wait <= now
+            or sum(r.est_tokens for r in group) >= policy.max_batch_tokens
+        ]
+
+    def seq_room(self, tier: Priority) -> int:
+        room = self.limits.max_in_flight - len(self.in_flight)
+        if tier is not RT:
+            bulk = sum(1 for r in self.in_flight if r.priority is not RT)
+            room = min(room, self.limits.max_in_flight - self.limits.reserved_realtime - bulk)
+        return room
+
+
+def check_poll(s: Scheduler, model: Model, poll: Poll, now: float, flush: bool) -> None:
+    """Every per-poll invariant; updates ``model`` with what the poll did."""
+    limits = model.limits
+    for request in poll.expired:
+        assert id(request) not in model.ended, "a request ended twice"
+        assert request.deadline is not None
+        assert request.deadline <= now, "expired early"
+        model.queued[request.priority].remove(request)
+        model.ended[id(request)] = "expired"
+    for batch in poll.batches:
+        policy = model.policies[batch.priority]
+        assert 1 <= len(batch.requests) <= policy.max_batch_size
+        assert len({r.spec.compat_key for r in batch.requests}) == 1, "incompatible batch"
+        assert all(r.priority is batch.priority for r in batch.requests), "mixed tiers"
+        if len(batch.requests) > 1:
+            assert batch.tokens <= policy.max_batch_tokens, "batch token budget exceeded"
+        for request in batch.requests:
+            assert id(request) not in model.ended, "a request was in two batches"
+            assert request in model.queued[batch.priority], "dispatched a request not queued"
+            model.queued[batch.priority].remove(request)
+            model.ended[id(request)] = "dispatched"
+            model.in_flight.append(request)
+    # In-flight limits. One request larger than the token room may go, but only
+    # alone onto an idle server.
+    bulk = [r for r in model.in_flight if r.priority is not RT]
+    assert s.in_flight == len(model.in_flight) <= limits.max_in_flight
+    assert s.in_flight_tokens == sum(r.est_tokens for r in model.in_flight)
+    if s.in_flight_tokens > limits.max_in_flight_tokens:
+        assert len(model.in_flight) == 1, "token limit exceeded by more than one request"
+    assert len(bulk) <= limits.max_in_flight - limits.reserved_realtime, "reservation used"
+    bulk_token_cap = int(
+        limits.max_in_flight_tokens
+        * (limits.max_in_flight - limits.reserved_realtime)
+        / limits.max_in_flight
+    )
+    if sum(r.est_tokens for r in bulk) > max(1, bulk_token_cap):
+        assert len(bulk) == 1, "bulk token share exceeded by more than one request"
+    # Queues match the model and respect max_queued.
+    for tier in TIERS:
+        assert s.queued(tier) == len(model.queued[tier]) <= limits.max_queued
+    # Deadlines fire: nothing past its deadline is still queued.
+    for tier in TIERS:
+        for request in model.queued[tier]:
+            assert request.deadline is None or request.deadline > now, "deadline did not fire"
+    # The wake-up time never lets a deadline or a batch timer slip.
+    if poll.next_wakeup is not None:
+        assert poll.next_wakeup > now
+    for tier in TIERS:
+        for request in model.queued[tier]:
+            if request.deadline is not None:
+                assert poll.next_wakeup is not None
+                assert poll.next_wakeup <= request.deadline
+        # A tier that still holds a closed batch is waiting for room, and a finished
+        # request wakes the driver; otherwise its next batch timer must be covered.
+        if not model.ready_groups(tier, now, flush):
+            max_wait = model.policies[tier].max_wait
+            for group in _groups(model.queued[tier]):
+                trigger = group[0].enqueued_at + max_wait
+                assert poll.next_wakeup is not None
+                assert poll.next_wakeup <= trigger
+    # Batches that closed were sent unless there was no room: a tier with a ready
+    # batch, free sequence room and nothing in flight (so no token excuse) was served.
+    if not s.in_flight:
+        for tier in TIERS:
+            if model.seq_room(tier) > 0:
+                assert not model.ready_groups(tier, now, flush), f"{tier} ready batch not sent"
+
+
+def _groups(requests: list[Request]) -> list[list[Request]]:
+    groups: dict[tuple[object, ...], list[Request]] = {}
+    for request in requests:
+        groups.setdefault(request.spec.compat_key, []).append(request)
+    return list(groups.values())
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    policies=st.fixed_dictionaries({p: policy_st for p in TIERS}),
+    limits=limits_st,
+    ops=st.lists(op_st, max_size=80),
+)
+def test_every_request_ends_exactly_once_within_limits(
+    policies: dict[Priority, BatchPolicy], limits: Limits, ops: list[tuple[str, object]]
+) -> None:
+    s = Scheduler(policies=policies, limits=limits)
+    model = Model(policies, limits)
     now = 0.0
-    submitted: list[Request] = []
-    ended: dict[int, str] = {}
-    in_flight: list[Request] = []
-
-    def poll(flush: bool = False) -> None:
-        result = s.poll(now, flush=flush)
-        for request in result.expired:
-            assert id(request) not in ended, "a request ended twice"
-            assert request.deadline is not None
-            assert request.deadline <= now
-            ended[id(request)] = "expired"
-        for batch in result.batches:
-            assert 1 <= len(batch.requests) <= POLICY.max_batch_size
-            assert len({r.spec.compat_key for r in batch.requests}) == 1
-            assert all(r.priority is batch.priority for r in batch.requests)
-            if len(batch.requests) > 1:
-                assert batch.tokens <= POLICY.max_batch_tokens
-            for request in batch.requests:
-                assert id(request) not in ended, "a request was in two batches"
-                ended[id(request)] = "dispatched"
-                in_flight.append(request)
-        assert s.in_flight == len(in_flight) <= limits.max_in_flight
-        assert s.in_flight_tokens <= limits.max_in_flight_tokens
-        bulk = sum(1 for r in in_flight if r.priority is not Priority.REALTIME)
-        assert bulk <= limits.max_in_flight - limits.reserved_realtime
-
     for op, arg in ops:
         if op == "add":
-            request = _request(now, *arg)  # type: ignore[misc]
-            submitted.append(request)
+            request = make_request(now, *arg)  # type: ignore[misc]
+            tier = request.priority
+            if len(model.queued[tier]) >= limits.max_queued:
+                assert not s.has_room(tier)
+                with pytest.raises(QueueFull):
+                    s.add(request)
+                continue
+            assert s.has_room(tier)
             s.add(request)
+            model.add(request)
         elif op == "tick":
             now += arg  # type: ignore[operator]
-        else:
-            for _ in range(min(int(arg), len(in_flight))):  # type: ignore[call-overload]
-                s.finish(in_flight.pop(0))
-        poll()
-    # Drain: everything still queued leaves by dispatch or deadline.
-    for _ in range(10_000):
-        if s.idle and not in_flight:
+        elif op == "finish":
+            for _ in range(min(int(arg), len(model.in_flight))):  # type: ignore[call-overload]
+                s.finish(model.in_flight.pop(0))
+        else:  # a caller went away: its request leaves the queue at once
+            waiting = [r for tier in TIERS for r in model.queued[tier]]
+            if waiting:
+                victim = waiting[int(arg) % len(waiting)]  # type: ignore[call-overload]
+                assert s.remove(victim)
+                assert not s.remove(victim)
+                model.queued[victim.priority].remove(victim)
+                model.ended[id(victim)] = "removed"
+            elif model.in_flight:
+                assert not s.remove(model.in_flight[0])  # dispatched: not in a queue
+        check_poll(s, model, s.poll(now), now, flush=False)
+    # Shutdown drain: flushing sends or expires everything still queued.
+    for _ in range(1000):
+        if s.idle:
             break
-        while in_flight:
-            s.finish(in_flight.pop())
-        now += 0.5
-        poll(flush=True)
-    assert len(ended) == len(submitted), "a request never ended"
-    for request in submitted:
-        if request.deadline is not None and ended[id(request)] == "expired":
-            assert request.deadline <= now
+        while model.in_flight:
+            s.finish(model.in_flight.pop())
+        check_poll(s, model, s.poll(now, flush=True), now, flush=True)
+        now += 0.25
+    assert s.idle
+    assert set(model.ended) == {id(r) for r in model.added}, "a request never ended"
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    policies=st.fixed_dictionaries({p: policy_st for p in TIERS}),
+    seqs=st.integers(1, 8),
+    reserved=st.integers(0, 7),
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.sampled_from(TIERS), st.sampled_from([None, 0.5])),
+            st.tuples(st.just("tick"), st.floats(0.0, 0.3), st.none()),
+            st.tuples(st.just("finish"), st.integers(0, 4), st.none()),
+        ),
+        max_size=80,
+    ),
+)
+def test_tiers_go_in_order_when_no_share_is_owed(
+    policies: dict[Priority, BatchPolicy],
+    seqs: int,
+    reserved: int,
+    ops: list[tuple[str, object, object]],
+) -> None:
+    """With no minimum shares, a lower tier is served only when every higher tier
+    has no closed batch or no room (token room is ample here, so seats decide)."""
+    limits = Limits(
+        max_in_flight=seqs,
+        reserved_realtime=min(reserved, seqs - 1),
+        max_in_flight_tokens=10**9,
+        min_share={},
+        max_queued=1000,
+    )
+    policies = {
+        p: BatchPolicy(
+            max_batch_size=pol.max_batch_size, max_wait=pol.max_wait, max_batch_tokens=10**6
+        )
+        for p, pol in policies.items()
+    }
+    s = Scheduler(policies=policies, limits=limits)
+    model = Model(policies, limits)
+    now = 0.0
+    for op, a, b in ops:
+        if op == "add":
+            request = make_request(now, a, temperature=b)  # type: ignore[arg-type]
+            s.add(request)
+            model.add(request)
+        elif op == "tick":
+            now += a  # type: ignore[operator]
+        else:
+            for _ in range(min(int(a), len(model.in_flight))):  # type: ignore[call-overload]
+                s.finish(model.in_flight.pop(0))
+        poll = s.poll(now)
+        ranks = [batch.priority.rank for batch in poll.batches]
+        assert ranks == sorted(ranks), f"tiers out of order within one poll: {ranks}"
+        check_poll(s, model, poll, now, flush=False)
+        for served in {batch.priority for batch in poll.batches}:
+            for higher in TIERS[: served.rank]:
+                assert model.seq_room(higher) == 0 or not model.ready_groups(
+                    higher, now, flush=False
+                ), f"{served} served while {higher} had a closed batch and room"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.fixed_dictionaries({p: st.integers(1, 16) for p in TIERS}),
+    seqs=st.integers(1, 48),
+    normal_share=st.floats(0.05, 0.4),
+    batch_share=st.floats(0.05, 0.3),
+    finish_all=st.booleans(),
+)
+def test_minimum_shares_hold_under_saturation(
+    sizes: dict[Priority, int],
+    seqs: int,
+    normal_share: float,
+    batch_share: float,
+    finish_all: bool,
+) -> None:
+    """All three tiers always have closed batches: normal and batch each get their
+    minimum share of the dispatched sequences, and realtime keeps the rest (a lower
+    tier is not handed much more than it is owed)."""
+    limits = Limits(
+        max_in_flight=seqs,
+        reserved_realtime=0,
+        max_in_flight_tokens=10**9,
+        min_share={NORMAL: normal_share, BULK: batch_share},
+        max_queued=10_000,
+    )
+    policies = {p: BatchPolicy(max_batch_size=sizes[p], max_wait=0.0) for p in TIERS}
+    s = Scheduler(policies=policies, limits=limits)
+    served: Counter[Priority] = Counter()
+    in_flight: list[Request] = []
+    step = 0
+    while sum(served.values()) < 300 * max(sizes.values()):
+        now = float(step)
+        for tier in TIERS:
+            # Enough queued that any tier alone could fill every free seat.
+            while s.queued(tier) < seqs + 2 * sizes[tier]:
+                s.add(make_request(now, tier))
+        for batch in s.poll(now).batches:
+            served[batch.priority] += len(batch.requests)
+            in_flight.extend(batch.requests)
+        # Free all seats, or only the oldest batch's worth (a server finishing
+        # requests one by one).
+        for _ in range(len(in_flight) if finish_all else min(len(in_flight), 1)):
+            s.finish(in_flight.pop(0))
+        step += 1
+    total = sum(served.values())
+    # One batch of any tier may be in transit either way when the run stops.
+    slack = 2 * max(sizes.values())
+    shares = {NORMAL: normal_share, BULK: batch_share}
+    for tier, share in shares.items():
+        assert served[tier] >= share * total - slack, (tier, dict(served))
+    realtime_share = 1.0 - normal_share - batch_share
+    assert served[RT] >= realtime_share * total - 2 * slack, dict(served)
+
+
+def test_default_shares_with_default_batch_sizes() -> None:
+    """The shipped defaults (realtime 8, normal 16, batch 64 per batch; shares 0.2 and
+    0.1): with every tier saturated, realtime keeps the majority of the seats."""
+    s = Scheduler(limits=Limits(reserved_realtime=0, max_in_flight=64))
+    served: Counter[Priority] = Counter()
+    for step in range(3000):
+        for tier in TIERS:
+            while s.queued(tier) < 128:
+                s.add(make_request(float(step), tier))
+        batches = s.poll(float(step), flush=True).batches
+        for batch in batches:
+            served[batch.priority] += len(batch.requests)
+            for request in batch.requests:
+                s.finish(request)
+    total = sum(served.values())
+    assert served[NORMAL] / total >= 0.2 - 0.01
+    assert served[BULK] / total >= 0.1 - 0.01
+    assert served[RT] / total >= 0.7 - 0.02, {p.value: n / total for p, n in served.items()}

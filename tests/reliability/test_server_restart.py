@@ -1,45 +1,101 @@
-"""A real simulator process killed (SIGKILL) and restarted during a ``map``."""
+"""A real simulator process SIGKILLed during a ``map``: restarted on the same port
+within the retry budget, the map completes with nothing lost or duplicated; kept
+down past the budget, every item fails with a clear ConnectError and nothing hangs."""
 
 from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
 
 import anyio
 import anyio.to_thread
 import pytest
 
 import llmbatch
-from llmbatch_server.testing import run_simulator
+from llmbatch_server.testing import SimulatorProcess, run_simulator
 
 pytestmark = pytest.mark.anyio
 
+N = 3000
 
-async def test_map_survives_a_server_restart() -> None:
+
+def sigkill(sim: SimulatorProcess) -> None:
+    """Kill the server the hard way (no graceful shutdown) and reap it."""
+    assert sim.pid is not None
+    os.kill(sim.pid, signal.SIGKILL)
+    sim.kill()  # reaps it (already dead)
+
+
+async def test_map_survives_a_server_killed_and_restarted() -> None:
+    # Enough budget to outlast the restart: up to ~0.5 s a wait, 30 attempts.
     retry = llmbatch.RetryPolicy(attempts=30, initial_backoff=0.05, max_backoff=0.5)
     with run_simulator("--speed", "20") as sim:
-        seen: list[int] = []
+        port = sim.port
+        seen: Counter[int] = Counter()
+        in_flight_at_kill = 0
         async with llmbatch.Client(sim.base_url, retry=retry) as client:
             with anyio.fail_after(120):
                 async for index, result in client.map_unordered(
-                    [f"item {i}" for i in range(3000)], max_tokens=4, ignore_eos=True
+                    [f"item {i}" for i in range(N)], max_tokens=4, ignore_eos=True
                 ):
                     assert result.ok, result.error
-                    seen.append(index)
-                    if len(seen) == 300:
-                        await anyio.to_thread.run_sync(sim.kill)
-                        await anyio.sleep(0.5)  # down for a while, then back on the same port
-                        await anyio.to_thread.run_sync(sim.restart)
-            retried = client.stats().tiers[llmbatch.Priority.BATCH].retried
-    assert sorted(seen) == list(range(3000))  # nothing lost, nothing duplicated
-    assert retried > 0
+                    seen[index] += 1
+                    if sum(seen.values()) == 300:
+                        in_flight_at_kill = client.stats().tiers[llmbatch.Priority.BATCH].in_flight
+                        sigkill(sim)
+                        await anyio.sleep(0.5)  # down for a while...
+                        await anyio.to_thread.run_sync(sim.restart)  # ...then back
+            stats = client.stats()
+        assert sim.port == port  # the same address, as after a real crash and restart
+    assert in_flight_at_kill > 0, "the kill did not catch requests in flight"
+    assert sorted(seen) == list(range(N)), "an item was lost"
+    assert set(seen.values()) == {1}, "an item was delivered twice"
+    batch = stats.tiers[llmbatch.Priority.BATCH]
+    assert batch.done == N
+    assert batch.failed == 0
+    assert batch.retried > 0
 
 
 async def test_server_down_past_the_retry_budget_fails_clearly() -> None:
+    """Killed with requests in flight and never restarted: every item, chat and
+    stream ends with ConnectError after exactly the budgeted attempts."""
     retry = llmbatch.RetryPolicy(attempts=3, initial_backoff=0.01, max_backoff=0.02)
-    with run_simulator("--zero-latency") as sim:
+    with run_simulator("--speed", "5") as sim:
         async with llmbatch.Client(sim.base_url, retry=retry) as client:
-            await anyio.to_thread.run_sync(sim.kill)
             with anyio.fail_after(30):  # nothing hangs
-                results = await client.map([f"item {i}" for i in range(50)], max_tokens=2)
-                with pytest.raises(llmbatch.ConnectError) as info:
+                async with anyio.create_task_group() as tg:
+                    results: list[llmbatch.Result[object]] = []
+
+                    async def run_map() -> None:
+                        results.extend(
+                            await client.map([f"item {i}" for i in range(200)], max_tokens=50)
+                        )
+
+                    tg.start_soon(run_map)
+                    # stats() is a snapshot API with no event to wait on: poll it, bounded.
+                    with anyio.fail_after(10):
+                        while client.stats().tiers[llmbatch.Priority.BATCH].in_flight == 0:  # noqa: ASYNC110
+                            await anyio.sleep(0.005)
+                    sigkill(sim)
+                with pytest.raises(llmbatch.ConnectError) as complete_error:
                     await client.complete("alone", priority="realtime", max_tokens=2)
-    assert all(isinstance(r.error, llmbatch.ConnectError) for r in results)
-    assert info.value.attempts == 3
+                with pytest.raises(llmbatch.ConnectError):
+                    await client.chat([{"role": "user", "content": "hi"}], max_tokens=2)
+                with pytest.raises(llmbatch.ConnectError):
+                    async for _ in client.stream("story", max_tokens=2):
+                        pass
+            stats = client.stats()
+    assert len(results) == 200
+    for result in results:
+        assert isinstance(result.error, llmbatch.ConnectError), result.error
+        assert result.error.attempts <= 3
+    error = complete_error.value
+    assert error.attempts == 3
+    assert "cannot connect" in str(error)
+    assert f"127.0.0.1:{sim.port}" in str(error)  # says where it tried
+    assert error.request_id is not None
+    assert stats.tiers[llmbatch.Priority.BATCH].failed == 200
+    for tier in stats.tiers.values():
+        assert tier.queued == 0
+        assert tier.in_flight == 0

@@ -23,6 +23,7 @@ from llmbatch_server.launcher.server import (
     LauncherError,
     VLLMServer,
     base_url_for,
+    check_bound_host,
     check_host,
 )
 
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentPar
                 vllm_bin=args.vllm_bin or "vllm",
                 extra=extra,
             )
+            check_bound_host(argv, args.api_key)
             env = {"VLLM_API_KEY": args.api_key} if args.api_key else None
             print(display_command(argv, env))
             settings = suggested_client_settings(argv)

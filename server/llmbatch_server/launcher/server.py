@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from llmbatch_server.launcher.profiles import build_argv, suggested_client_settings
+from llmbatch_server.launcher.profiles import build_argv, flag_value, suggested_client_settings
 
 INSTALL_HINT = (
     "vLLM is not installed: no `vllm` executable on PATH. Install it "
@@ -50,6 +50,19 @@ def check_host(host: str, api_key: str | None) -> None:
             f"refusing to bind non-loopback host {host!r} without an API key; "
             "pass --api-key (or bind 127.0.0.1)"
         )
+
+
+def check_bound_host(argv: Sequence[str], api_key: str | None) -> None:
+    """:func:`check_host` on the address ``argv`` really binds: a ``--host`` passed
+    through to ``vllm serve`` (after ``--``) wins over the launcher's own, and with no
+    ``--host`` at all vLLM listens on every interface."""
+    host = ""
+    for i, arg in enumerate(argv):
+        if arg == "--host" and i + 1 < len(argv):
+            host = argv[i + 1]
+        elif arg.startswith("--host="):
+            host = arg.split("=", 1)[1]
+    check_host(host, api_key or flag_value(argv, "--api-key"))
 
 
 def resolve_vllm_bin(vllm_bin: str | None) -> str:
@@ -97,6 +110,7 @@ class VLLMServer:
             vllm_bin=resolve_vllm_bin(vllm_bin),
             extra=extra_args,
         )
+        check_bound_host(self.argv, api_key)
         self.env = {**os.environ, **(env or {})}
         if api_key:
             self.env["VLLM_API_KEY"] = api_key  # never in argv: argv is world-readable
