@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterable
 from types import TracebackType
 from typing import Any
 
-from llmbatch._bench.metrics import Recorder
+from llmbatch._bench.metrics import Recorder, record_stream
 
 __all__ = ["BASELINES", "AiohttpBaseline", "GatherBaseline", "HttpxBaseline", "OpenAIBaseline"]
 
@@ -98,18 +98,8 @@ class GatherBaseline:
     async def realtime(self, prompt: str, max_tokens: int, rec: Recorder) -> None:
         """One streamed call through the same semaphore; latency from the call."""
         start = time.perf_counter()
-        first: float | None = None
-        chunks = 0
-        try:
-            async with self._limit():
-                async for delta in self.stream(prompt, max_tokens):
-                    if delta and first is None:
-                        first = time.perf_counter() - start
-                    chunks += 1
-        except Exception as exc:
-            rec.failure(exc)
-            return
-        rec.success("realtime", time.perf_counter() - start, chunks, ttft=first)
+        async with self._limit():
+            await record_stream(rec, self.stream(prompt, max_tokens), start)
 
     def _limit(self) -> Any:
         return self._semaphore if self._semaphore is not None else _NoLimit()

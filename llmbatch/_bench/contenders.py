@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol
 
 from llmbatch._bench.baselines import BASELINES
-from llmbatch._bench.metrics import Recorder
+from llmbatch._bench.metrics import Recorder, record_stream
 
 __all__ = ["CONTENDERS", "Contender", "LlmbatchContender", "available", "make_contender"]
 
@@ -122,20 +122,10 @@ class LlmbatchContender:
 
     async def realtime(self, prompt: str, max_tokens: int, rec: Recorder) -> None:
         start = time.perf_counter()
-        first: float | None = None
-        chunks = 0
         deltas: AsyncIterator[str] = self._client.stream(
             prompt, priority="realtime", max_tokens=max_tokens, **self.params
         )
-        try:
-            async for delta in deltas:
-                if delta and first is None:
-                    first = time.perf_counter() - start
-                chunks += 1
-        except Exception as exc:
-            rec.failure(exc)
-            return
-        rec.success("realtime", time.perf_counter() - start, chunks, ttft=first)
+        await record_stream(rec, deltas, start)
 
     def stats(self) -> Any:
         """The client's own :class:`llmbatch.Stats` (batch sizes for the report)."""

@@ -14,7 +14,7 @@ import sys
 import time
 from array import array
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -282,3 +282,19 @@ class Recorder:
             rss_before_mb=meter.rss_before_mb,
             extra={**(extra or {}), **({"censored": dict(self.censored)} if self.censored else {})},
         )
+
+
+async def record_stream(rec: Recorder, deltas: AsyncIterator[str], start: float) -> None:
+    """Consume one realtime stream into ``rec``: latency and time to first text from
+    ``start`` (a ``time.perf_counter()`` reading), or the failure."""
+    first: float | None = None
+    chunks = 0
+    try:
+        async for delta in deltas:
+            if delta and first is None:
+                first = time.perf_counter() - start
+            chunks += 1
+    except Exception as exc:
+        rec.failure(exc)
+        return
+    rec.success("realtime", time.perf_counter() - start, chunks, ttft=first)
