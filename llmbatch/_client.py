@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
 import json
+import math
 import os
-import time
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
@@ -41,18 +42,21 @@ from llmbatch._dispatcher import Dispatcher
 from llmbatch._engine import Engine
 from llmbatch._exceptions import (
     ClientClosedError,
+    ConfigError,
+    ConfigTypeError,
     InvalidRequestError,
     RequestError,
     ServerInfoError,
 )
-from llmbatch._map import MapInput, MapRunner
+from llmbatch._map import MapInput, MapRunner, check_inputs
 from llmbatch._models import ChatCompletion, Completion, Result
 from llmbatch._progress import ProgressLike, make_tracker
-from llmbatch._ratelimit import RateLimiter
-from llmbatch._request import Kind, Request, RequestSpec, validate
+from llmbatch._request import Kind
 from llmbatch._scheduler import Scheduler
 from llmbatch._stats import Stats, StatsRecorder
+from llmbatch._submit import Submitter
 from llmbatch._transports.base import HTTPRequest, Transport
+from llmbatch._validate import SpecCache
 from llmbatch._version import __version__
 from llmbatch._wire import error_from_response
 
@@ -78,10 +82,15 @@ def _env(*names: str) -> str | None:
     return None
 
 
-def _check_base_url(url: str) -> str:
+def _check_base_url(url: object) -> str:
+    if not isinstance(url, str):
+        raise ConfigTypeError(
+            f"base_url must be a str like {DEFAULT_BASE_URL!r}, got {type(url).__name__}",
+            field="base_url",
+        )
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidRequestError(
+        raise ConfigError(
             f"base_url must be an http(s) URL like {DEFAULT_BASE_URL!r}, got {url!r}",
             field="base_url",
         )
@@ -97,7 +106,7 @@ def _check_api_key(key: object) -> str | None:
     if not (isinstance(key, str) and key.isascii() and key.isprintable()) or any(
         c.isspace() for c in key
     ):
-        raise InvalidRequestError(
+        raise ConfigError(
             "api_key must be a str of printable ASCII without spaces or newlines "
             "(read from a file? strip it); the key itself is not shown",
             field="api_key",
@@ -126,6 +135,8 @@ class Client:
     On exit, ``on_close="drain"`` (default) finishes queued and in-flight work for up
     to ``drain_timeout`` seconds, then cancels the rest; ``"cancel"`` cancels at once.
     Cancelled requests fail with :class:`RequestCancelled`; no caller waits forever.
+    Bad configuration raises :class:`ConfigError` (a :class:`ConfigTypeError`, also a
+    ``TypeError``, for a value of the wrong type).
     """
 
     def __init__(
@@ -150,34 +161,40 @@ class Client:
         )
         """The server's OpenAI-style base URL (``http://host:port/v1``), no trailing slash."""
         self._api_key = _check_api_key(api_key or _env("LLMBATCH_API_KEY", "OPENAI_API_KEY"))
-        if model is not None and (not isinstance(model, str) or not model):
-            raise InvalidRequestError("model must be a non-empty str or None", field="model")
+        if model is not None and not isinstance(model, str):
+            raise ConfigTypeError("model must be a str or None", field="model")
+        if model == "":
+            raise ConfigError("model must be a non-empty str or None", field="model")
         self.model = model
         """The model every request names; read from ``/v1/models`` on entry if None."""
         self.max_model_len: int | None = None
         """The server's context length from ``/v1/models`` (None if it does not say).
 
         When known, a prompt plus ``max_tokens`` that cannot fit fails at the call."""
-        policies = dict(DEFAULT_BATCH_POLICIES)
-        for tier, policy in (batching or {}).items():
-            if not isinstance(policy, BatchPolicy):
-                raise InvalidRequestError("batching values must be BatchPolicy", field="batching")
-            policies[parse_priority(tier)] = policy
-        self._policies = policies
+        self._policies = _policies(batching)
         for name, value, kind in (
             ("limits", limits, Limits),
             ("retry", retry, RetryPolicy),
             ("timeout", timeout, Timeout),
         ):
             if not isinstance(value, kind):
-                raise InvalidRequestError(f"{name} must be a {kind.__name__}", field=name)
+                raise ConfigTypeError(f"{name} must be a {kind.__name__}", field=name)
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
-            raise InvalidRequestError("rate_limit must be a RateLimit", field="rate_limit")
+            raise ConfigTypeError("rate_limit must be a RateLimit or None", field="rate_limit")
         if on_close not in ("drain", "cancel"):
-            raise InvalidRequestError("on_close must be 'drain' or 'cancel'", field="on_close")
+            raise ConfigError("on_close must be 'drain' or 'cancel'", field="on_close")
         if transport not in (None, "aiohttp", "httpx") and not isinstance(transport, Transport):
-            raise InvalidRequestError(
+            raise ConfigTypeError(
                 "transport must be 'aiohttp', 'httpx' or a Transport", field="transport"
+            )
+        if (
+            isinstance(drain_timeout, bool)
+            or not isinstance(drain_timeout, (int, float))
+            or math.isnan(drain_timeout)
+            or drain_timeout < 0
+        ):
+            raise ConfigError(
+                "drain_timeout must be a number of seconds >= 0", field="drain_timeout"
             )
         self.limits = limits
         """The :class:`Limits` this client runs with."""
@@ -191,15 +208,10 @@ class Client:
         self._drain_timeout = float(drain_timeout)
         self._state = _State.UNOPENED
         self._exit_stack: AsyncExitStack | None = None
-        self._now = time.monotonic
         self._engine: Engine | None = None
+        self._submitter: Submitter | None = None
+        self._map: MapRunner | None = None
         self._transport: Transport | None = None
-        self._map = MapRunner(
-            engine=self._require_open,
-            build=self._build_spec,
-            new_request=self._new_request,
-            submit=self._submit_spec,
-        )
 
     def __repr__(self) -> str:
         # Never the API key: only whether one is set.
@@ -221,24 +233,34 @@ class Client:
             stack.push_async_callback(transport.aclose)
             self._transport = transport
             await self._learn_server()
-            self._now = now = loop_clock()
+            assert self.model is not None
+            now = loop_clock()
             stats = StatsRecorder(now())
-            rate_limiter = RateLimiter(self._rate_limit) if self._rate_limit else None
+            scheduler = Scheduler(
+                policies=self._policies, limits=self.limits, rate_limit=self._rate_limit
+            )
             dispatcher = Dispatcher(
                 transport=transport,
                 base_url=self.base_url,
                 headers=self._headers(),
                 retry=self._retry,
                 stats=stats,
-                rate_limiter=rate_limiter,
+                reserve_resend=scheduler.reserve_resend if self._rate_limit else None,
                 priority_scheduling=self._priority_scheduling,
                 clock=now,
             )
-            scheduler = Scheduler(policies=self._policies, limits=self.limits)
-            self._engine = Engine(scheduler, dispatcher, stats, clock=now)
+            engine = Engine(scheduler, dispatcher, stats, clock=now)
+            loop = (
+                asyncio.get_running_loop() if sniffio.current_async_library() == "asyncio" else None
+            )
+            self._submitter = Submitter(
+                engine, SpecCache(self.model, self.max_model_len), clock=now, loop=loop
+            )
             tg = await stack.enter_async_context(anyio.create_task_group())
             self._task_group = tg
-            tg.start_soon(self._engine.run, tg)
+            self._map = MapRunner(self._submitter, tg)
+            self._engine = engine
+            tg.start_soon(engine.run, tg)
         except BaseException:
             await stack.aclose()
             raise
@@ -277,7 +299,7 @@ class Client:
             choice = "aiohttp" if sniffio.current_async_library() == "asyncio" else "httpx"
         if choice == "aiohttp":
             if sniffio.current_async_library() != "asyncio":
-                raise InvalidRequestError(
+                raise ConfigError(
                     "the aiohttp transport needs asyncio; use 'httpx'", field="transport"
                 )
             from llmbatch._transports.aiohttp import AiohttpTransport
@@ -320,12 +342,12 @@ class Client:
                     "is the server up? Pass model=... to skip this check"
                 ) from exc
 
-    def _require_open(self) -> Engine:
-        if self._state is not _State.OPEN or self._engine is None:
+    def _open(self) -> Submitter:
+        if self._state is not _State.OPEN or self._submitter is None:
             raise ClientClosedError(
                 f"the client is {self._state.value}; use it inside 'async with Client(...)'"
             )
-        return self._engine
+        return self._submitter
 
     # -- calls -----------------------------------------------------------------------
 
@@ -347,9 +369,9 @@ class Client:
         (:class:`DeadlineExceeded`). ``nowait=True`` raises :class:`QueueFull` instead
         of waiting when the tier's queue is full.
         """
-        spec = self._build_spec("completion", prompt, priority, max_tokens, timeout, params)
-        value = await self._submit_spec(spec, nowait=nowait)
-        assert isinstance(value, Completion)
+        submitter = self._open()
+        spec = submitter.spec("completion", priority, max_tokens, timeout, params)
+        value: Completion = await submitter.call(submitter.request(spec, prompt), nowait=nowait)
         return value
 
     async def chat(
@@ -362,10 +384,17 @@ class Client:
         nowait: bool = False,
         **params: Any,
     ) -> ChatCompletion:
-        """Answer one conversation (``[{"role": "user", "content": "hi"}]``)."""
-        spec = self._build_spec("chat", messages, priority, max_tokens, timeout, params)
-        value = await self._submit_spec(spec, nowait=nowait)
-        assert isinstance(value, ChatCompletion)
+        """Answer one conversation (``[{"role": "user", "content": "hi"}]``).
+
+        Conversations that arrive together go to the server as one
+        ``/v1/chat/completions/batch`` request where it has that route (vLLM 0.32+),
+        else one request each.
+        """
+        submitter = self._open()
+        spec = submitter.spec("chat", priority, max_tokens, timeout, params)
+        value: ChatCompletion = await submitter.call(
+            submitter.request(spec, messages), nowait=nowait
+        )
         return value
 
     async def stream(
@@ -382,34 +411,24 @@ class Client:
         Errors before the first delta are retried; after it, they are raised here.
         Leaving the loop early cancels the request on the server side.
         """
+        submitter = self._open()
         kind: Kind = "completion" if isinstance(prompt, str) else "chat"
-        spec = self._build_spec(kind, prompt, priority, max_tokens, timeout, params, stream=True)
-        engine = self._require_open()
+        spec = submitter.spec(kind, priority, max_tokens, timeout, params, stream=True)
+        request = submitter.request(spec, prompt)
         send, receive = anyio.create_memory_object_stream[str](64)
-        request = self._new_request(spec)
         request.deltas = send
+        engine = submitter.engine
         try:
             with receive:
-                await engine.submit(request, nowait=False)
-                while True:
-                    received = False
-                    # A deadline scope must not span the yield, so it wraps each receive.
-                    with anyio.move_on_after(self._remaining(request)):
-                        try:
-                            delta = await receive.receive()
-                        except anyio.EndOfStream:
-                            break
-                        received = True
-                    if not received:
-                        engine.expire(request)
-                        break
+                engine.submit(request)
+                async for delta in receive:
                     yield delta
-                await request.outcome.wait()
+            await submitter.wait(request)
         finally:
-            if not request.outcome.done:
+            if not request.done:
                 engine.abandon(request)
-        if request.outcome.error is not None:
-            raise request.outcome.error
+        if request.error is not None:
+            raise request.error
 
     async def map(
         self,
@@ -433,12 +452,8 @@ class Client:
         terminal); a callable receives a :class:`MapProgress` snapshot at most every
         0.2 s and once at the end.
         """
-        results: dict[int, Result[Any]] = {}
-        async for index, result in self.map_unordered(
-            inputs, priority=priority, window=window, progress=progress, **params
-        ):
-            results[index] = result
-        return [results[i] for i in range(len(results))]
+        runner, tier, size, tracker = self._map_call(inputs, priority, window, progress)
+        return await runner.collect(inputs, tier, size, params, tracker)
 
     def map_unordered(
         self,
@@ -456,7 +471,8 @@ class Client:
         the generator is closed; ``async with contextlib.aclosing(...)`` closes it at
         once. ``progress`` works as in :meth:`map`.
         """
-        return self._run_map(inputs, priority, window, progress, params, ordered=False)
+        runner, tier, size, tracker = self._map_call(inputs, priority, window, progress)
+        return runner.iterate(inputs, tier, size, params, ordered=False, tracker=tracker)
 
     async def imap(
         self,
@@ -475,33 +491,26 @@ class Client:
         :meth:`map_unordered` for throughput, ``imap`` when order matters and the
         input is too large for :meth:`map`'s list.
         """
-        results = self._run_map(inputs, priority, window, progress, params, ordered=True)
+        runner, tier, size, tracker = self._map_call(inputs, priority, window, progress)
+        results = runner.iterate(inputs, tier, size, params, ordered=True, tracker=tracker)
         async with contextlib.aclosing(results):
             async for _index, result in results:
                 yield result
 
-    def _run_map(
+    def _map_call(
         self,
-        inputs: Iterable[MapInput] | AsyncIterable[MapInput],
+        inputs: object,
         priority: PriorityLike,
         window: int | None,
         progress: ProgressLike,
-        params: dict[str, Any],
-        *,
-        ordered: bool,
-    ) -> AsyncGenerator[tuple[int, Result[Any]], None]:
-        self._require_open()
+    ) -> tuple[MapRunner, Any, int, Any]:
+        """Check a map call's arguments at the call site."""
+        submitter = self._open()
+        assert self._map is not None
         size = window if window is not None else 2 * self.limits.max_in_flight
-        tracker = make_tracker(progress, inputs, self._now)
-        return self._map.run(
-            self._task_group,
-            inputs,
-            parse_priority(priority),
-            size,
-            params,
-            ordered=ordered,
-            tracker=tracker,
-        )
+        check_inputs(inputs, size)
+        tier = parse_priority(priority)
+        return self._map, tier, size, make_tracker(progress, inputs, submitter.now)
 
     def stats(self) -> Stats:
         """An immutable snapshot of queues, outcomes, batches, latencies and tokens."""
@@ -509,60 +518,18 @@ class Client:
             raise ClientClosedError("stats() is available once the client has been opened")
         return self._engine.snapshot()
 
-    # -- plumbing --------------------------------------------------------------------
 
-    def _build_spec(
-        self,
-        kind: Kind,
-        payload: object,
-        priority: object,
-        max_tokens: object,
-        timeout: object,
-        params: Mapping[str, Any],
-        *,
-        stream: bool = False,
-    ) -> RequestSpec:
-        self._require_open()
-        assert self.model is not None
-        return validate(
-            kind=kind,
-            priority=parse_priority(priority),
-            model=self.model,
-            prompt=payload if kind == "completion" else None,
-            messages=payload if kind == "chat" else None,
-            params={**params, "max_tokens": max_tokens},
-            timeout=timeout,
-            stream=stream,
-            max_model_len=self.max_model_len,
-        )
-
-    def _new_request(self, spec: RequestSpec) -> Request:
-        now = self._now()
-        deadline = now + spec.timeout if spec.timeout is not None else None
-        return Request(spec, created_at=now, deadline=deadline)
-
-    def _remaining(self, request: Request) -> float:
-        if request.deadline is None:
-            return float("inf")
-        return max(0.0, request.deadline - self._now())
-
-    async def _submit_spec(self, spec: RequestSpec, *, nowait: bool = False) -> Any:
-        """Queue one validated request and wait for its value or error."""
-        engine = self._require_open()
-        request = self._new_request(spec)
+def _policies(batching: object) -> dict[Any, BatchPolicy]:
+    policies = dict(DEFAULT_BATCH_POLICIES)
+    if batching is None:
+        return policies
+    if not isinstance(batching, Mapping):
+        raise ConfigTypeError("batching must be a mapping of tier to BatchPolicy", field="batching")
+    for tier, policy in batching.items():
+        if not isinstance(policy, BatchPolicy):
+            raise ConfigTypeError("batching values must be BatchPolicy", field="batching")
         try:
-            if request.deadline is None:
-                await engine.submit(request, nowait=nowait)
-                await request.outcome.wait()
-            else:
-                with anyio.move_on_after(self._remaining(request)):
-                    await engine.submit(request, nowait=nowait)
-                    await request.outcome.wait()
-                if not request.outcome.done:
-                    engine.expire(request)
-        finally:
-            if not request.outcome.done:
-                engine.abandon(request)
-        if request.outcome.error is not None:
-            raise request.outcome.error
-        return request.outcome.value
+            policies[parse_priority(tier)] = policy
+        except InvalidRequestError as exc:
+            raise ConfigError(f"batching: {exc}", field="batching") from None
+    return policies

@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from llmbatch._exceptions import InvalidRequestError
+from llmbatch._exceptions import (
+    ConfigError,
+    ConfigTypeError,
+    InvalidRequestError,
+    InvalidTypeError,
+)
 
 __all__ = [
     "DEFAULT_BATCH_POLICIES",
@@ -57,33 +62,70 @@ def parse_priority(value: object) -> Priority:
     """Turn ``"realtime"``/``Priority.REALTIME`` into a :class:`Priority`, or raise."""
     if isinstance(value, Priority):
         return value
-    if isinstance(value, str):
-        try:
-            return Priority(value)
-        except ValueError:
-            pass
+    if not isinstance(value, str):
+        raise InvalidTypeError(
+            f"priority must be 'realtime', 'normal' or 'batch', got {type(value).__name__}",
+            field="priority",
+        )
+    try:
+        return Priority(value)
+    except ValueError:
+        pass
     raise InvalidRequestError(
         f"unknown priority {value!r}; expected one of 'realtime', 'normal', 'batch'",
         field="priority",
     )
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise InvalidRequestError(message)
+def _check_int(owner: str, name: str, value: object, lo: int, hi: int | None = None) -> None:
+    """An int in ``lo..hi``: ConfigTypeError if not an int, ConfigError if out of range."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigTypeError(
+            f"{owner}.{name} must be an int, got {type(value).__name__}", field=name
+        )
+    if value < lo or (hi is not None and value > hi):
+        bound = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ConfigError(f"{owner}.{name} must be {bound}, got {value}", field=name)
 
 
-def _positive_finite(value: float) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+def _check_number(
+    owner: str,
+    name: str,
+    value: object,
+    *,
+    minimum: float = 0.0,
+    strict: bool = True,
+    optional: bool = False,
+) -> None:
+    """A finite number above ``minimum`` (or at it, unless ``strict``); None if ``optional``."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigTypeError(
+            f"{owner}.{name} must be a number{' or None' if optional else ''}, "
+            f"got {type(value).__name__}",
+            field=name,
+        )
+    if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+        relation = ">" if strict else ">="
+        raise ConfigError(
+            f"{owner}.{name} must be a finite number {relation} {minimum:g}, got {value!r}",
+            field=name,
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BatchPolicy:
     """When a tier's batch closes: whichever trigger fires first.
 
-    - ``max_batch_size``: prompts per HTTP request.
+    - ``max_batch_size``: prompts per HTTP request (at most 1024, vLLM's list limit).
     - ``max_wait``: seconds since the batch's first item arrived.
     - ``max_batch_tokens``: estimated prompt tokens + ``max_tokens`` summed over the batch.
+    - ``send_when_idle``: a request that finds its tier with nothing in flight goes
+      out at once instead of waiting ``max_wait`` for company (as Nagle's algorithm
+      sends at once on an idle connection). Batches still form whenever requests
+      arrive together or while earlier ones are in flight, which is when batching
+      pays. ``False`` always waits out ``max_wait``.
 
     ``max_wait=0`` dispatches at once, coalescing only what already waits.
     """
@@ -91,22 +133,16 @@ class BatchPolicy:
     max_batch_size: int = 16
     max_wait: float = 0.005
     max_batch_tokens: int = 65_536
+    send_when_idle: bool = True
 
     def __post_init__(self) -> None:
-        _require(
-            isinstance(self.max_batch_size, int) and 1 <= self.max_batch_size <= 1024,
-            "BatchPolicy.max_batch_size must be an int in 1..1024 (vLLM's list-prompt limit)",
-        )
-        _require(
-            isinstance(self.max_wait, (int, float))
-            and math.isfinite(self.max_wait)
-            and self.max_wait >= 0,
-            "BatchPolicy.max_wait must be a finite number of seconds >= 0",
-        )
-        _require(
-            isinstance(self.max_batch_tokens, int) and self.max_batch_tokens >= 1,
-            "BatchPolicy.max_batch_tokens must be a positive int",
-        )
+        _check_int("BatchPolicy", "max_batch_size", self.max_batch_size, 1, 1024)
+        _check_number("BatchPolicy", "max_wait", self.max_wait, strict=False)
+        _check_int("BatchPolicy", "max_batch_tokens", self.max_batch_tokens, 1)
+        if not isinstance(self.send_when_idle, bool):
+            raise ConfigTypeError(
+                "BatchPolicy.send_when_idle must be a bool", field="send_when_idle"
+            )
 
 
 DEFAULT_BATCH_POLICIES: Mapping[Priority, BatchPolicy] = MappingProxyType(
@@ -151,20 +187,27 @@ class Limits:
 
     def __post_init__(self) -> None:
         for name in ("max_queued", "max_in_flight", "max_in_flight_tokens", "max_connections"):
-            value = getattr(self, name)
-            _require(isinstance(value, int) and value >= 1, f"Limits.{name} must be an int >= 1")
-        _require(
-            isinstance(self.reserved_realtime, int)
-            and 0 <= self.reserved_realtime < self.max_in_flight,
-            "Limits.reserved_realtime must be an int in 0..max_in_flight-1",
+            _check_int("Limits", name, getattr(self, name), 1)
+        _check_int("Limits", "reserved_realtime", self.reserved_realtime, 0, self.max_in_flight - 1)
+        _check_number("Limits", "keepalive_expiry", self.keepalive_expiry)
+        if not isinstance(self.min_share, Mapping):
+            raise ConfigTypeError(
+                "Limits.min_share must be a mapping of tier to fraction", field="min_share"
+            )
+        try:
+            shares = {parse_priority(k): v for k, v in self.min_share.items()}
+        except InvalidRequestError as exc:
+            raise ConfigError(f"Limits.min_share: {exc}", field="min_share") from None
+        for tier, share in shares.items():
+            _check_number("Limits", f"min_share[{tier.value!r}]", share, strict=False)
+        if not (all(v < 1.0 for v in shares.values()) and sum(shares.values()) < 1.0):
+            raise ConfigError(
+                "Limits.min_share values must be in [0, 1) and sum to less than 1",
+                field="min_share",
+            )
+        object.__setattr__(
+            self, "min_share", MappingProxyType({k: float(v) for k, v in shares.items()})
         )
-        _require(_positive_finite(self.keepalive_expiry), "Limits.keepalive_expiry must be > 0")
-        shares = {parse_priority(k): float(v) for k, v in self.min_share.items()}
-        _require(
-            all(0.0 <= v < 1.0 for v in shares.values()) and sum(shares.values()) < 1.0,
-            "Limits.min_share values must be in [0, 1) and sum to less than 1",
-        )
-        object.__setattr__(self, "min_share", MappingProxyType(shares))
 
 
 DEFAULT_LIMITS = Limits()
@@ -186,15 +229,12 @@ class RetryPolicy:
     retry_on_timeout: bool = True
 
     def __post_init__(self) -> None:
-        _require(
-            isinstance(self.attempts, int) and self.attempts >= 1,
-            "RetryPolicy.attempts must be an int >= 1",
-        )
+        _check_int("RetryPolicy", "attempts", self.attempts, 1)
         for name in ("initial_backoff", "max_backoff"):
-            value = getattr(self, name)
-            _require(
-                isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
-                f"RetryPolicy.{name} must be a finite number >= 0",
+            _check_number("RetryPolicy", name, getattr(self, name), strict=False)
+        if not isinstance(self.retry_on_timeout, bool):
+            raise ConfigTypeError(
+                "RetryPolicy.retry_on_timeout must be a bool", field="retry_on_timeout"
             )
 
 
@@ -204,10 +244,18 @@ DEFAULT_RETRY_POLICY = RetryPolicy()
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RateLimit:
-    """Optional client-side rate limits (asyncio only; see docs/concepts.md).
+    """Optional client-side rate limits, as hosted APIs count them.
 
-    ``tokens_per_minute`` is weighted by each request's estimated prompt tokens +
-    ``max_tokens``.
+    - ``requests_per_minute``: HTTP requests as the server sees them; a batch of 64
+      prompts is one request, and so is each retry and each bisection half.
+    - ``tokens_per_minute``: each request weighs its prompts' estimated tokens plus
+      ``max_tokens`` (what the server may have to process).
+
+    Both are token buckets refilled continuously, holding at most one second's worth
+    (so a burst never exceeds about one second of budget). Batches leave in tier
+    order: when the budget is short, realtime goes first and nothing overtakes it.
+    A batch larger than one second's token budget still goes once the bucket is
+    full, and the overdraft delays what follows, so the average holds.
     """
 
     requests_per_minute: float | None = None
@@ -215,11 +263,7 @@ class RateLimit:
 
     def __post_init__(self) -> None:
         for name in ("requests_per_minute", "tokens_per_minute"):
-            value = getattr(self, name)
-            _require(
-                value is None or _positive_finite(value),
-                f"RateLimit.{name} must be None or a positive number",
-            )
+            _check_number("RateLimit", name, getattr(self, name), optional=True)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -237,11 +281,7 @@ class Timeout:
 
     def __post_init__(self) -> None:
         for name in ("connect", "read", "write", "pool"):
-            value = getattr(self, name)
-            _require(
-                value is None or _positive_finite(value),
-                f"Timeout.{name} must be None or a positive number of seconds",
-            )
+            _check_number("Timeout", name, getattr(self, name), optional=True)
 
 
 DEFAULT_TIMEOUT = Timeout()

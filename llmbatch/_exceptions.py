@@ -3,16 +3,23 @@
 The tree::
 
     LLMBatchError
-    ├── InvalidRequestError        bad input, raised at the call site; nothing was sent
+    ├── InvalidRequestError (ValueError)  bad input, raised at the call site; nothing was sent
+    │   ├── InvalidTypeError (TypeError)  an argument of the wrong type
+    │   └── ConfigError                   bad configuration (Client(...), Limits(...), ...)
+    │       └── ConfigTypeError (TypeError) a configuration value of the wrong type
     ├── QueueFull                  the tier's queue is full and the caller asked not to wait
     ├── ClientClosedError          the client is not open (not entered yet, or closed)
     ├── ServerInfoError            the server's /v1/models could not be read at start-up
     └── RequestError               a request that was accepted and then failed
-        ├── DeadlineExceeded       its ``timeout`` ran out while queued or in flight
-        ├── RequestCancelled       the client shut down (``on_close="cancel"``) before it ran
+        ├── DeadlineExceeded (TimeoutError)  its ``timeout`` ran out, queued or in flight
+        ├── RequestCancelled       the caller went away, or the client closed before it ran
         ├── TransportError         no usable HTTP response
         │   ├── ConnectError       the server refused or could not be reached
-        │   ├── ReadTimeout        the server accepted but did not answer in time
+        │   ├── TimeoutException   an HTTP phase took too long (``Timeout``)
+        │   │   ├── ConnectTimeout (also a ConnectError)
+        │   │   ├── ReadTimeout    the server accepted but did not answer in time
+        │   │   ├── WriteTimeout   the request body could not be sent in time
+        │   │   └── PoolTimeout    no free connection in the client's own pool in time
         │   └── RemoteProtocolError the connection dropped mid-response or the body was garbage
         └── APIStatusError         the server answered with an error status
             ├── BadRequestError         400 (after bisection: this prompt alone is at fault)
@@ -22,6 +29,11 @@ The tree::
             ├── RateLimitError          429, with ``retry_after``
             └── ServerError             5xx
                 └── ServiceUnavailableError 503 (overloaded), with ``retry_after``
+
+New classes subclass what 0.1 raised in their place (a bad ``Limits`` value was an
+``InvalidRequestError`` and still is one), so ``except`` clauses written against 0.1
+keep working. One exception: write and pool timeouts were reported as
+:class:`ReadTimeout`; catch :class:`TimeoutException` for every HTTP timeout.
 
 Every :class:`RequestError` carries ``request_id`` (the llmbatch id of that one request)
 and ``attempts`` (how many HTTP attempts were made for it).
@@ -36,12 +48,17 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "ClientClosedError",
+    "ConfigError",
+    "ConfigTypeError",
     "ConnectError",
+    "ConnectTimeout",
     "DeadlineExceeded",
     "InvalidRequestError",
+    "InvalidTypeError",
     "LLMBatchError",
     "NotFoundError",
     "PermissionDeniedError",
+    "PoolTimeout",
     "QueueFull",
     "RateLimitError",
     "ReadTimeout",
@@ -51,7 +68,10 @@ __all__ = [
     "ServerError",
     "ServerInfoError",
     "ServiceUnavailableError",
+    "TimeoutException",
     "TransportError",
+    "WriteTimeout",
+    "status_error_type",
 ]
 
 
@@ -68,6 +88,18 @@ class InvalidRequestError(LLMBatchError, ValueError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class InvalidTypeError(InvalidRequestError, TypeError):
+    """An argument has the wrong type (``prompt=123``); also a :class:`TypeError`."""
+
+
+class ConfigError(InvalidRequestError):
+    """A configuration value is invalid (``Limits(max_in_flight=0)``, a bad ``base_url``)."""
+
+
+class ConfigTypeError(ConfigError, InvalidTypeError):
+    """A configuration value has the wrong type; also a :class:`TypeError`."""
 
 
 class QueueFull(LLMBatchError):
@@ -110,7 +142,7 @@ class DeadlineExceeded(RequestError, TimeoutError):
 
 
 class RequestCancelled(RequestError):
-    """The client was closed with ``on_close="cancel"`` before the request finished."""
+    """The caller went away, or the client closed before the request finished."""
 
 
 class TransportError(RequestError):
@@ -121,8 +153,25 @@ class ConnectError(TransportError):
     """The connection could not be established."""
 
 
-class ReadTimeout(TransportError):
-    """The server did not answer within the read timeout."""
+class TimeoutException(TransportError):
+    """An HTTP phase took longer than its :class:`llmbatch.Timeout`."""
+
+
+class ConnectTimeout(TimeoutException, ConnectError):
+    """Connecting took longer than ``Timeout.connect``."""
+
+
+class ReadTimeout(TimeoutException):
+    """The server did not send the next part of its answer within ``Timeout.read``."""
+
+
+class WriteTimeout(TimeoutException):
+    """The request could not be sent within ``Timeout.write``."""
+
+
+class PoolTimeout(TimeoutException):
+    """No connection of the client's pool came free within ``Timeout.pool``
+    (raise ``Limits.max_connections`` or lower the load)."""
 
 
 class RemoteProtocolError(TransportError):

@@ -4,37 +4,30 @@ Inputs are pulled lazily, at most ``window`` ahead of the results the caller has
 taken, so a generator of millions of prompts runs in constant memory. Each item
 ends in its own :class:`Result`; one item's failure never touches another. In
 ordered mode (``imap``) a result counts as taken only once it has been yielded in
-input order, so finished results waiting behind a slow one hold window slots and
+input order, so finished results waiting behind a slow one hold window places and
 the feeder stalls when ``window`` items are ahead.
 
-Items are submitted straight to the engine with a completion callback rather than
-a task each: per-item client CPU is what bounds bulk throughput on a small machine.
+Per-item client CPU is what bounds bulk throughput on a small machine, so an item
+costs no task, no timer and no event: the feeder submits it with a completion
+callback, refills in chunks (one wake-up per chunk, not per item), and a deadline is
+kept by the scheduler like any other.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import (
-    AsyncGenerator,
-    AsyncIterable,
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Iterable,
-    Mapping,
-)
-from typing import Any, Protocol
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Iterator, Mapping
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectSendStream
 
 from llmbatch._config import Priority
-from llmbatch._engine import Engine
-from llmbatch._exceptions import InvalidRequestError, LLMBatchError
-from llmbatch._models import Result, trusted
-from llmbatch._progress import ProgressTracker
-from llmbatch._request import Kind, Outcome, Request, RequestSpec
+from llmbatch._exceptions import InvalidRequestError, InvalidTypeError, LLMBatchError
+from llmbatch._models import Result, make_result
+from llmbatch._progress import PROGRESS_INTERVAL, ProgressTracker
+from llmbatch._request import CallSpec, Kind, Request
+from llmbatch._submit import Submitter
 
 __all__ = ["MapInput", "MapRunner"]
 
@@ -44,31 +37,308 @@ options (``max_tokens``, sampling parameters, ``priority``, ``timeout``) and
 ``metadata``."""
 
 _Item = tuple[int, Result[Any]]
-_CLOSED = (anyio.BrokenResourceError, anyio.ClosedResourceError)
+#: The feeder refills once this share of the window is free (but at least one place).
+_REFILL_FRACTION = 8
+_MAX_REFILL = 256
 
 
-class _BuildSpec(Protocol):
-    def __call__(
+def check_inputs(inputs: object, window: object) -> None:
+    """Refuse what cannot be mapped, at the call site."""
+    if isinstance(inputs, (str, bytes, Mapping)):
+        raise InvalidTypeError(
+            "map() takes an iterable of inputs, not a single str or dict", field="inputs"
+        )
+    if not isinstance(inputs, (Iterable, AsyncIterable)):
+        raise InvalidTypeError(
+            f"map() takes an iterable of inputs, got {type(inputs).__name__}", field="inputs"
+        )
+    if isinstance(window, bool) or not isinstance(window, int):
+        raise InvalidTypeError("window must be a positive int", field="window")
+    if window < 1:
+        raise InvalidRequestError("window must be a positive int", field="window")
+
+
+class _Run:
+    """One map call: the window, the items in flight and the results not yet taken."""
+
+    def __init__(self, window: int, tracker: ProgressTracker | None, *, collect: bool) -> None:
+        self.free = window
+        self.refill = max(1, min(_MAX_REFILL, window // _REFILL_FRACTION))
+        self.tracker = tracker
+        self.outstanding: set[Request] = set()
+        self.feeding = True
+        self.failure: BaseException | None = None
+        # map(): results land in ``collected`` by index and free their place at once;
+        # otherwise they queue in ``ready`` and free it when the caller takes them.
+        self.collect = collect
+        self.collected: list[Result[Any] | None] = []
+        self.pending = 0
+        """Items submitted whose result is not yet in (map() mode)."""
+        self.ready: deque[_Item] = deque()
+        self.specs: dict[Kind, CallSpec] = {}
+        """The map's own options validated once, per kind of plain input."""
+        self._room = anyio.Event()
+        self._feeder_waiting = False
+        self._news = anyio.Event()
+        self._consumer_waiting = False
+
+    # -- the feeder's side -----------------------------------------------------------
+
+    async def wait_for_room(self) -> None:
+        while self.free < self.refill:
+            self._feeder_waiting = True
+            self._room = anyio.Event()
+            await self._room.wait()
+
+    def release(self, places: int = 1) -> None:
+        """Places came free (results were taken)."""
+        self.free += places
+        if self._feeder_waiting and self.free >= self.refill:
+            self._feeder_waiting = False
+            self._room.set()
+
+    def done_feeding(self) -> None:
+        self.feeding = False
+        self._notify()
+
+    # -- results ---------------------------------------------------------------------
+
+    def emit(self, index: int, result: Result[Any]) -> None:
+        if self.tracker is not None:
+            self.tracker.finished(result)
+        if self.collect:
+            self.collected[index] = result
+            self.pending -= 1
+            self.release()
+            if not self.pending:
+                self._notify()
+        else:
+            self.ready.append((index, result))
+            self._notify()
+
+    def finished(self, request: Request) -> None:
+        """A submitted item's outcome is in (called by the request itself)."""
+        self.outstanding.discard(request)
+        index, metadata = request.tag
+        self.emit(index, make_result(index, request.value, request.error, metadata))
+
+    def _notify(self) -> None:
+        if self._consumer_waiting:
+            self._consumer_waiting = False
+            self._news.set()
+
+    async def wait_for_news(self) -> None:
+        self._consumer_waiting = True
+        self._news = anyio.Event()
+        await self._news.wait()
+
+    @property
+    def over(self) -> bool:
+        """Every input was pulled and every result is in."""
+        if self.feeding:
+            return False
+        return not self.pending if self.collect else not self.outstanding and not self.ready
+
+
+class MapRunner:
+    """Feeds inputs into the engine from the client's task group; the caller only
+    reads results."""
+
+    def __init__(self, submitter: Submitter, task_group: TaskGroup) -> None:
+        self._submitter = submitter
+        self._tg = task_group
+
+    async def collect(
         self,
-        kind: Kind,
-        payload: object,
-        priority: object,
-        max_tokens: object,
-        timeout: object,
+        inputs: Iterable[Any] | AsyncIterable[Any],
+        priority: Priority,
+        window: int,
         params: Mapping[str, Any],
-    ) -> RequestSpec: ...
+        tracker: ProgressTracker | None,
+    ) -> list[Result[Any]]:
+        """Every input's result, in input order (``map``)."""
+        run = _Run(window, tracker, collect=True)
+        scope = anyio.CancelScope()
+        self._tg.start_soon(self._feed, scope, run, inputs, priority, params)
+        try:
+            if tracker is not None:
+                tracker.start()
+            while not run.over:
+                if tracker is None:
+                    await run.wait_for_news()
+                    continue
+                with anyio.move_on_after(PROGRESS_INTERVAL):
+                    await run.wait_for_news()
+                tracker.maybe_emit()
+        finally:
+            scope.cancel()
+            self._abandon(run)
+            if tracker is not None:
+                tracker.close()
+        if run.failure is not None:
+            raise run.failure
+        # Every place is filled once the run is over.
+        return run.collected  # type: ignore[return-value]
+
+    async def iterate(
+        self,
+        inputs: Iterable[Any] | AsyncIterable[Any],
+        priority: Priority,
+        window: int,
+        params: Mapping[str, Any],
+        *,
+        ordered: bool,
+        tracker: ProgressTracker | None,
+    ) -> AsyncGenerator[_Item, None]:
+        """Yield ``(index, result)`` as items finish, or in input order if ``ordered``."""
+        run = _Run(window, tracker, collect=False)
+        # The feeder lives in the client's task group, not in this generator, so no
+        # task group ever spans a yield; leaving the loop early cancels the feeder.
+        scope = anyio.CancelScope()
+        self._tg.start_soon(self._feed, scope, run, inputs, priority, params)
+        # Ordered mode: finished items waiting for an earlier one, by index.
+        buffered: dict[int, Result[Any]] = {}
+        expected = 0
+        ready = run.ready
+        try:
+            if tracker is not None:
+                tracker.start()
+            while True:
+                if not ready:
+                    if run.over:
+                        break
+                    await run.wait_for_news()
+                    if tracker is not None:
+                        tracker.maybe_emit()
+                    continue
+                # Drain without a checkpoint per result: yielding to the caller is a
+                # plain generator switch, not an event-loop iteration.
+                index, result = ready.popleft()
+                if not ordered:
+                    run.release()
+                    yield index, result
+                    continue
+                # A place frees only when its item is yielded, so items submitted plus
+                # items buffered here never exceed the window.
+                buffered[index] = result
+                while expected in buffered:
+                    run.release()
+                    yield expected, buffered.pop(expected)
+                    expected += 1
+        finally:
+            scope.cancel()
+            self._abandon(run)
+            if tracker is not None:
+                tracker.close()
+        if run.failure is not None:
+            raise run.failure
+
+    def _abandon(self, run: _Run) -> None:
+        engine = self._submitter.engine
+        for request in list(run.outstanding):
+            engine.abandon(request)
+
+    async def _feed(
+        self,
+        scope: anyio.CancelScope,
+        run: _Run,
+        inputs: Iterable[Any] | AsyncIterable[Any],
+        priority: Priority,
+        params: Mapping[str, Any],
+    ) -> None:
+        with scope:
+            try:
+                if isinstance(inputs, AsyncIterable):
+                    index = 0
+                    async for item in inputs:
+                        if run.free <= 0:
+                            await run.wait_for_room()
+                        self._start(run, index, item, priority, params)
+                        index += 1
+                else:
+                    await self._feed_sync(run, iter(inputs), priority, params)
+            except Exception as exc:  # the caller's iterable failed: report it at the end
+                run.failure = exc
+            finally:
+                run.done_feeding()
+
+    async def _feed_sync(
+        self, run: _Run, iterator: Iterator[Any], priority: Priority, params: Mapping[str, Any]
+    ) -> None:
+        index = 0
+        start = self._start
+        while True:
+            if run.free <= 0:
+                await run.wait_for_room()
+            # No checkpoint per item: a chunk of items is queued in one go and the
+            # scheduler sees them together.
+            for item in iterator:
+                start(run, index, item, priority, params)
+                index += 1
+                if run.free <= 0:
+                    break
+            else:
+                return
+
+    def _start(
+        self, run: _Run, index: int, item: object, priority: Priority, params: Mapping[str, Any]
+    ) -> None:
+        run.free -= 1
+        if run.collect:
+            run.collected.append(None)
+            run.pending += 1
+        if run.tracker is not None:
+            run.tracker.submitted()
+        metadata: object = None
+        submitter = self._submitter
+        try:
+            if isinstance(item, str):
+                spec = self._spec(run, "completion", priority, params)
+                request = submitter.request(spec, item)
+            elif isinstance(item, list):
+                spec = self._spec(run, "chat", priority, params)
+                request = submitter.request(spec, item)
+            else:
+                kind, payload, options, metadata = _parse_item(item)
+                spec = submitter.spec(
+                    kind,
+                    options.pop("priority", priority),
+                    options.pop("max_tokens", params.get("max_tokens")),
+                    options.pop("timeout", params.get("timeout")),
+                    {**_options(params), **options},
+                )
+                request = submitter.request(spec, payload)
+        except LLMBatchError as exc:
+            run.emit(index, make_result(index, None, exc, metadata))
+            return
+        request.tag = (index, metadata)
+        run.outstanding.add(request)
+        request.on_done(run.finished)
+        try:
+            submitter.engine.submit(request)
+        except LLMBatchError as exc:  # pragma: no cover - submit only raises with nowait
+            request.set_error(exc)
+
+    def _spec(
+        self, run: _Run, kind: Kind, priority: Priority, params: Mapping[str, Any]
+    ) -> CallSpec:
+        """The map's shared spec for plain prompts or conversations (validated once)."""
+        spec = run.specs.get(kind)
+        if spec is None:
+            spec = run.specs[kind] = self._submitter.spec(
+                kind, priority, params.get("max_tokens"), params.get("timeout"), _options(params)
+            )
+        return spec
 
 
-def _parse_input(
-    item: object, params: Mapping[str, Any]
-) -> tuple[Kind, object, dict[str, Any], object]:
-    """(kind, prompt or messages, merged options, metadata) for one map input."""
-    if isinstance(item, str):
-        return "completion", item, dict(params), None
-    if isinstance(item, list):
-        return "chat", item, dict(params), None
+def _options(params: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if k not in ("max_tokens", "timeout")}
+
+
+def _parse_item(item: object) -> tuple[Kind, object, dict[str, Any], object]:
+    """(kind, prompt or messages, per-item options, metadata) for a dict input."""
     if isinstance(item, Mapping):
-        options = {**params, **item}
+        options = dict(item)
         metadata = options.pop("metadata", None)
         if "prompt" in options and "messages" not in options:
             return "completion", options.pop("prompt"), options, metadata
@@ -77,207 +347,7 @@ def _parse_input(
         raise InvalidRequestError(
             "a map item dict needs exactly one of 'prompt' or 'messages'", field="inputs"
         )
-    raise InvalidRequestError(
+    raise InvalidTypeError(
         f"a map item must be a str, a list of messages or a dict, got {type(item).__name__}",
         field="inputs",
     )
-
-
-async def _items(inputs: Iterable[object] | AsyncIterable[object]) -> AsyncIterator[object]:
-    if isinstance(inputs, AsyncIterable):
-        async for item in inputs:
-            yield item
-    else:
-        for item in inputs:
-            yield item
-
-
-class _Run:
-    """One map call's shared state: the result stream and the requests not yet done."""
-
-    def __init__(
-        self, send: MemoryObjectSendStream[_Item], tracker: ProgressTracker | None
-    ) -> None:
-        self.send = send
-        self.tracker = tracker
-        self.outstanding: set[Request] = set()
-        self.feeding = True
-        self.drained = anyio.Event()
-
-    def emit(self, index: int, result: Result[Any]) -> None:
-        # Never blocks: a window slot is held for every result not yet taken, and the
-        # stream buffer is the window's size.
-        if self.tracker is not None:
-            self.tracker.finished(result)
-        with contextlib.suppress(*_CLOSED, anyio.WouldBlock):
-            self.send.send_nowait((index, result))
-
-    def finished(self, request: Request, index: int, metadata: object, outcome: Outcome) -> None:
-        self.outstanding.discard(request)
-        self.emit(
-            index,
-            trusted(
-                Result, index=index, value=outcome.value, error=outcome.error, metadata=metadata
-            ),
-        )
-        if not self.feeding and not self.outstanding:
-            self.drained.set()
-
-
-class MapRunner:
-    """Feeds inputs into the engine from the client's task group; the caller only
-    reads results."""
-
-    def __init__(
-        self,
-        *,
-        engine: Callable[[], Engine],
-        build: _BuildSpec,
-        new_request: Callable[[RequestSpec], Request],
-        submit: Callable[[RequestSpec], Awaitable[Any]],
-    ) -> None:
-        self._engine = engine
-        self._build = build
-        self._new_request = new_request
-        self._submit = submit
-
-    async def run(
-        self,
-        tg: TaskGroup,
-        inputs: Iterable[Any] | AsyncIterable[Any],
-        priority: Priority,
-        window: int,
-        params: Mapping[str, Any],
-        *,
-        ordered: bool = False,
-        tracker: ProgressTracker | None = None,
-    ) -> AsyncGenerator[_Item, None]:
-        """Yield ``(index, result)`` as items finish, or in input order if ``ordered``."""
-        if isinstance(inputs, (str, bytes, Mapping)):
-            raise InvalidRequestError(
-                "map() takes an iterable of inputs, not a single str or dict", field="inputs"
-            )
-        if not isinstance(inputs, (Iterable, AsyncIterable)):
-            raise InvalidRequestError(
-                f"map() takes an iterable of inputs, got {type(inputs).__name__}",
-                field="inputs",
-            )
-        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-            raise InvalidRequestError("window must be a positive int", field="window")
-        send, receive = anyio.create_memory_object_stream[_Item](window)
-        slots = anyio.Semaphore(window)
-        # The feeder lives in the client's task group, not in this generator, so no
-        # task group ever spans a yield; leaving the loop early cancels the feeder.
-        scope = anyio.CancelScope()
-        failure: list[BaseException] = []
-        run = _Run(send, tracker)
-        tg.start_soon(self._feed, scope, inputs, priority, slots, params, run, failure)
-        # Ordered mode: finished items waiting for an earlier one, by index.
-        pending: dict[int, Result[Any]] = {}
-        expected = 0
-        try:
-            if tracker is not None:
-                tracker.start()
-            with receive:
-                async for index, result in receive:
-                    if tracker is not None:
-                        tracker.maybe_emit()
-                    if not ordered:
-                        slots.release()
-                        yield index, result
-                        continue
-                    # A slot frees only when its item is yielded, so items submitted
-                    # plus items buffered here never exceed the window.
-                    pending[index] = result
-                    while expected in pending:
-                        slots.release()
-                        yield expected, pending.pop(expected)
-                        expected += 1
-        finally:
-            scope.cancel()
-            if tracker is not None:
-                tracker.close()
-        if failure:
-            raise failure[0]
-
-    async def _feed(
-        self,
-        scope: anyio.CancelScope,
-        inputs: Iterable[Any] | AsyncIterable[Any],
-        priority: Priority,
-        slots: anyio.Semaphore,
-        params: Mapping[str, Any],
-        run: _Run,
-        failure: list[BaseException],
-    ) -> None:
-        engine = self._engine()
-        with scope, run.send:
-            try:
-                async with anyio.create_task_group() as timed:
-                    iterator = _items(inputs).__aiter__()
-                    index = 0
-                    while True:
-                        try:
-                            # No checkpoint per item: a window of items is queued in
-                            # one tick and the scheduler sees them together.
-                            slots.acquire_nowait()
-                        except anyio.WouldBlock:
-                            await slots.acquire()
-                        try:
-                            item = await iterator.__anext__()
-                        except StopAsyncIteration:
-                            break
-                        except Exception as exc:  # the caller's iterable failed: report it
-                            failure.append(exc)
-                            break
-                        if run.tracker is not None:
-                            run.tracker.submitted()
-                        await self._start(engine, timed, run, index, item, priority, params)
-                        index += 1
-                run.feeding = False
-                if run.outstanding:
-                    await run.drained.wait()
-            finally:
-                for request in list(run.outstanding):
-                    engine.abandon(request)
-
-    async def _start(
-        self,
-        engine: Engine,
-        timed: TaskGroup,
-        run: _Run,
-        index: int,
-        item: object,
-        priority: Priority,
-        params: Mapping[str, Any],
-    ) -> None:
-        metadata: object = None
-        try:
-            kind, payload, options, metadata = _parse_input(item, params)
-            spec = self._build(
-                kind,
-                payload,
-                options.pop("priority", priority),
-                options.pop("max_tokens", None),
-                options.pop("timeout", None),
-                options,
-            )
-        except LLMBatchError as exc:
-            run.emit(index, trusted(Result, index=index, value=None, error=exc, metadata=metadata))
-            return
-        if spec.timeout is not None:
-            # A per-item deadline needs a timer: the full per-call path provides it.
-            timed.start_soon(self._timed, run, index, spec, metadata)
-            return
-        request = self._new_request(spec)
-        run.outstanding.add(request)
-        request.outcome.on_done(lambda outcome: run.finished(request, index, metadata, outcome))
-        await engine.submit(request, nowait=False)
-
-    async def _timed(self, run: _Run, index: int, spec: RequestSpec, metadata: object) -> None:
-        try:
-            value = await self._submit(spec)
-            result = trusted(Result, index=index, value=value, error=None, metadata=metadata)
-        except LLMBatchError as exc:
-            result = trusted(Result, index=index, value=None, error=exc, metadata=metadata)
-        run.emit(index, result)

@@ -1,10 +1,20 @@
-"""Response and result models returned to callers (pydantic, immutable)."""
+"""Results handed to callers: immutable, cheap to build, and built lazily where it pays.
+
+A bulk map makes one result per prompt, tens of thousands a second. A frozen
+dataclass costs about 0.9 µs per object to build, and the garbage collector walks
+every object a map keeps (it was ~40 % of the client's CPU in 0.1). So a
+:class:`Completion` is one slotted object holding what the server sent, and its
+``choices``, ``usage`` and ``timings`` become objects only when first read. The
+small value types (:class:`Choice`, :class:`Usage`, ...) are plain frozen
+dataclasses. Everything compares by value, pickles, and has ``to_dict()``.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Generic, Literal, TypeVar
-
-from pydantic import BaseModel, ConfigDict
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from llmbatch._exceptions import LLMBatchError
 
@@ -16,33 +26,29 @@ __all__ = [
     "Result",
     "Timings",
     "Usage",
+    "make_chat_completion",
+    "make_completion",
+    "make_result",
 ]
 
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-
-M = TypeVar("M", bound=BaseModel)
+_set = object.__setattr__
+_new = object.__new__
 
 
-def trusted(cls: type[M], **fields: Any) -> M:
-    """Build a model from values llmbatch made itself, skipping validation.
+class _Immutable:
+    """Refuses attribute assignment, as frozen dataclasses do."""
 
-    Every field must be given. This is what ``model_construct`` does, minus its
-    per-field bookkeeping: a response path builds five models per prompt, and at
-    bulk rates that bookkeeping was a measurable share of client CPU.
-    tests/client/test_models.py checks it against validated construction.
-    """
-    model = cls.__new__(cls)
-    object.__setattr__(model, "__dict__", fields)
-    object.__setattr__(model, "__pydantic_fields_set__", set(fields))
-    object.__setattr__(model, "__pydantic_extra__", None)
-    object.__setattr__(model, "__pydantic_private__", None)
-    return model
+    __slots__ = ()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
 
 
-class Usage(_Frozen):
+@dataclass(frozen=True, slots=True)
+class Usage:
     """Token counts for one request.
 
     vLLM reports one ``usage`` for a whole list-prompt request; llmbatch apportions it
@@ -57,7 +63,8 @@ class Usage(_Frozen):
     """True when these counts are this prompt's share of a batch's usage."""
 
 
-class Timings(_Frozen):
+@dataclass(frozen=True, slots=True)
+class Timings:
     """Where the time went for one request, in seconds."""
 
     queued: float
@@ -70,7 +77,8 @@ class Timings(_Frozen):
     """HTTP attempts made (1 = no retry)."""
 
 
-class Choice(_Frozen):
+@dataclass(frozen=True, slots=True)
+class Choice:
     """One generated alternative (there are ``n`` per prompt)."""
 
     text: str
@@ -79,44 +87,217 @@ class Choice(_Frozen):
     (``max_tokens`` reached), or None if the server did not say."""
 
 
-class Completion(_Frozen):
-    """The answer to :meth:`Client.complete` (one prompt)."""
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One message of a chat conversation as returned by the server."""
+
+    role: str
+    content: str | None = None
+
+
+# What the dispatcher stores until a field is read: the server's choice dicts, and
+# plain tuples for usage (prompt, completion, total, estimated) and timings
+# (queued, latency, batch_size, attempts).
+RawUsage = tuple[int, int, int, bool]
+RawTimings = tuple[float, float, int, int]
+
+
+def _text(raw: Mapping[str, Any], key: str = "text") -> str:
+    value = raw.get(key)
+    return value if isinstance(value, str) else ""
+
+
+def _finish(raw: Mapping[str, Any]) -> str | None:
+    value = raw.get("finish_reason")
+    return value if isinstance(value, str) else None
+
+
+def _usage(value: Usage | RawUsage) -> Usage:
+    if isinstance(value, Usage):
+        return value
+    prompt, completion, total, estimated = value
+    return Usage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=total, estimated=estimated
+    )
+
+
+def _timings(value: Timings | RawTimings) -> Timings:
+    if isinstance(value, Timings):
+        return value
+    queued, latency, batch_size, attempts = value
+    return Timings(queued=queued, latency=latency, batch_size=batch_size, attempts=attempts)
+
+
+class _Answer(_Immutable):
+    """What Completion and ChatCompletion share: ids, usage, timings, value semantics."""
+
+    __slots__ = ("_timings", "_usage", "created", "id", "model")
 
     id: str
-    """The server's response id (shared by the prompts of one batch)."""
     model: str
-    choices: tuple[Choice, ...]
-    """``n`` choices (one unless the call passed ``n=``)."""
-    usage: Usage
-    timings: Timings
+    created: int
+    _usage: Usage | RawUsage
+    _timings: Timings | RawTimings
+    _FIELDS: tuple[str, ...] = ()
+
+    @property
+    def usage(self) -> Usage:
+        """Token counts (this prompt's share when it was batched: ``usage.estimated``)."""
+        usage = self._usage
+        if not isinstance(usage, Usage):
+            usage = _usage(usage)
+            _set(self, "_usage", usage)
+        return usage
+
+    @property
+    def timings(self) -> Timings:
+        """Queueing time, latency, batch size and attempts for this request."""
+        timings = self._timings
+        if not isinstance(timings, Timings):
+            timings = _timings(timings)
+            _set(self, "_timings", timings)
+        return timings
+
+    def _values(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self._FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        assert isinstance(other, _Answer)
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._FIELDS)
+        return f"{type(self).__name__}({fields})"
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return _rebuild, (type(self), {name: getattr(self, name) for name in self._FIELDS})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dicts, lists and scalars (JSON-ready)."""
+        return {name: _plain(getattr(self, name)) for name in self._FIELDS}
+
+    def model_dump(self) -> dict[str, Any]:
+        """The same as :meth:`to_dict` (kept from 0.1, whose results were pydantic)."""
+        return self.to_dict()
+
+
+def _rebuild(cls: type[_Answer], fields: dict[str, Any]) -> _Answer:
+    return cls(**fields)
+
+
+def _plain(value: object) -> object:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+class Completion(_Answer):
+    """The answer to :meth:`Client.complete` (one prompt)."""
+
+    __slots__ = ("_choices",)
+    _FIELDS = ("id", "model", "created", "choices", "usage", "timings")
+    _choices: tuple[Choice, ...] | tuple[Mapping[str, Any], ...]
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        model: str,
+        choices: Iterable[Choice],
+        usage: Usage,
+        timings: Timings,
+        created: int = 0,
+    ) -> None:
+        _set(self, "id", id)
+        _set(self, "model", model)
+        _set(self, "created", created)
+        _set(self, "_choices", tuple(choices))
+        _set(self, "_usage", usage)
+        _set(self, "_timings", timings)
+
+    @property
+    def choices(self) -> tuple[Choice, ...]:
+        """``n`` choices (one unless the call passed ``n=``)."""
+        choices = self._choices
+        if choices and not isinstance(choices[0], Choice):
+            built = tuple(
+                Choice(text=_text(raw), finish_reason=_finish(raw))
+                for raw in choices
+                if isinstance(raw, Mapping)
+            )
+            _set(self, "_choices", built)
+            return built
+        return choices  # type: ignore[return-value]
 
     @property
     def text(self) -> str:
         """The first choice's text."""
-        return self.choices[0].text
+        first = self._choices[0]
+        return first.text if isinstance(first, Choice) else _text(first)
 
     @property
     def finish_reason(self) -> str | None:
         """The first choice's finish reason (``"stop"``, ``"length"``, ...)."""
-        return self.choices[0].finish_reason
+        first = self._choices[0]
+        return first.finish_reason if isinstance(first, Choice) else _finish(first)
 
 
-class ChatMessage(_Frozen):
-    """One message of a chat conversation as returned by the server."""
-
-    role: Literal["system", "user", "assistant", "tool", "developer"] | str
-    content: str | None = None
-
-
-class ChatCompletion(_Frozen):
+class ChatCompletion(_Answer):
     """The answer to :meth:`Client.chat`."""
 
-    id: str
-    model: str
-    message: ChatMessage
-    finish_reason: str | None
-    usage: Usage
-    timings: Timings
+    __slots__ = ("_choice",)
+    _FIELDS = ("id", "model", "created", "message", "finish_reason", "usage", "timings")
+    _choice: tuple[ChatMessage, str | None] | Mapping[str, Any]
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        model: str,
+        message: ChatMessage,
+        finish_reason: str | None,
+        usage: Usage,
+        timings: Timings,
+        created: int = 0,
+    ) -> None:
+        _set(self, "id", id)
+        _set(self, "model", model)
+        _set(self, "created", created)
+        _set(self, "_choice", (message, finish_reason))
+        _set(self, "_usage", usage)
+        _set(self, "_timings", timings)
+
+    def _built(self) -> tuple[ChatMessage, str | None]:
+        choice = self._choice
+        if isinstance(choice, tuple):
+            return choice
+        raw = choice.get("message")
+        raw = raw if isinstance(raw, Mapping) else {}
+        content = raw.get("content")
+        message = ChatMessage(
+            role=_text(raw, "role") or "assistant",
+            content=content if isinstance(content, str) else None,
+        )
+        built = (message, _finish(choice))
+        _set(self, "_choice", built)
+        return built
+
+    @property
+    def message(self) -> ChatMessage:
+        """The assistant's message."""
+        return self._built()[0]
+
+    @property
+    def finish_reason(self) -> str | None:
+        """Why generation stopped (``"stop"``, ``"length"``, ...)."""
+        return self._built()[1]
 
     @property
     def text(self) -> str:
@@ -127,21 +308,34 @@ class ChatCompletion(_Frozen):
 T = TypeVar("T")
 
 
-class Result(_Frozen, Generic[T]):
+class Result(_Immutable, Generic[T]):
     """The outcome of one item of :meth:`Client.map`: a value or that item's error.
 
     ``metadata`` is whatever rode along with the item's input.
     """
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    __slots__ = ("error", "index", "metadata", "value")
 
     index: int
     """The item's position in the inputs."""
-    value: T | None = None
+    value: T | None
     """A :class:`Completion` or :class:`ChatCompletion`; None if the item failed."""
-    error: LLMBatchError | None = None
+    error: LLMBatchError | None
     """The item's error (:class:`InvalidRequestError` for bad input); None on success."""
-    metadata: object = None
+    metadata: object
+
+    def __init__(
+        self,
+        *,
+        index: int,
+        value: T | None = None,
+        error: LLMBatchError | None = None,
+        metadata: object = None,
+    ) -> None:
+        _set(self, "index", index)
+        _set(self, "value", value)
+        _set(self, "error", error)
+        _set(self, "metadata", metadata)
 
     @property
     def ok(self) -> bool:
@@ -154,3 +348,105 @@ class Result(_Frozen, Generic[T]):
             raise self.error
         assert self.value is not None
         return self.value
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Result):
+            return NotImplemented
+        return (self.index, self.value, self.error, self.metadata) == (
+            other.index,
+            other.value,
+            other.error,
+            other.metadata,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.index, self.value, self.error))
+
+    def __repr__(self) -> str:
+        return (
+            f"Result(index={self.index!r}, value={self.value!r}, error={self.error!r}, "
+            f"metadata={self.metadata!r})"
+        )
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return _rebuild_result, (self.index, self.value, self.error, self.metadata)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The value as a dict (or None), the error's message (or None), index, metadata."""
+        value = self.value
+        return {
+            "index": self.index,
+            "value": value.to_dict() if isinstance(value, _Answer) else value,
+            "error": None if self.error is None else str(self.error),
+            "metadata": self.metadata,
+        }
+
+
+def _rebuild_result(index: int, value: object, error: LLMBatchError | None, meta: object) -> Any:
+    return Result(index=index, value=value, error=error, metadata=meta)
+
+
+# -- the hot path: build without __init__'s checks (every value comes from llmbatch) --
+
+_completion_slots = tuple(
+    getattr(Completion, name).__set__
+    for name in ("id", "model", "created", "_choices", "_usage", "_timings")
+)
+_chat_slots = tuple(
+    getattr(ChatCompletion, name).__set__
+    for name in ("id", "model", "created", "_choice", "_usage", "_timings")
+)
+_result_slots = tuple(
+    getattr(Result, name).__set__ for name in ("index", "value", "error", "metadata")
+)
+
+
+def make_completion(
+    id: str,
+    model: str,
+    created: int,
+    choices: tuple[Mapping[str, Any], ...],
+    usage: RawUsage,
+    timings: RawTimings,
+) -> Completion:
+    """A Completion over the server's choice dicts, fields built when first read."""
+    value = _new(Completion)
+    set_id, set_model, set_created, set_choices, set_usage, set_timings = _completion_slots
+    set_id(value, id)
+    set_model(value, model)
+    set_created(value, created)
+    set_choices(value, choices)
+    set_usage(value, usage)
+    set_timings(value, timings)
+    return value
+
+
+def make_chat_completion(
+    id: str,
+    model: str,
+    created: int,
+    choice: Mapping[str, Any],
+    usage: RawUsage,
+    timings: RawTimings,
+) -> ChatCompletion:
+    """A ChatCompletion over the server's choice dict, fields built when first read."""
+    value = _new(ChatCompletion)
+    set_id, set_model, set_created, set_choice, set_usage, set_timings = _chat_slots
+    set_id(value, id)
+    set_model(value, model)
+    set_created(value, created)
+    set_choice(value, choice)
+    set_usage(value, usage)
+    set_timings(value, timings)
+    return value
+
+
+def make_result(index: int, value: object, error: LLMBatchError | None, metadata: object) -> Any:
+    """A Result without __init__'s keyword handling (one per map item)."""
+    result = _new(Result)
+    set_index, set_value, set_error, set_metadata = _result_slots
+    set_index(result, index)
+    set_value(result, value)
+    set_error(result, error)
+    set_metadata(result, metadata)
+    return result

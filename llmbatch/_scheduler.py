@@ -1,40 +1,56 @@
-"""The DynamicBatcher: tier queues, batch formation and dispatch order.
+"""The DynamicBatcher: admission, tier queues, batch formation, dispatch order, rate
+limits and deadlines.
 
-Pure, synchronous logic with time passed in (``now``), so every trigger, budget and
-fairness rule is tested exactly without sleeping. The async driver in
+Pure, synchronous logic with time passed in (``now``), so every trigger, budget,
+fairness rule and rate is tested exactly without sleeping. The async driver in
 ``_engine.py`` calls :meth:`Scheduler.poll` whenever something changes or the
-returned wake-up time arrives, and sends the batches it gets.
+returned wake-up time arrives, and sends the batches it gets. This is the one owner
+of time-based rules: batch timers, request deadlines (queued or in flight) and the
+rate-limit buckets.
 
 Rules, in order of precedence:
 
-1. A queued request whose deadline has passed leaves the queue (``Poll.expired``).
-2. Within a tier, only compatible requests (same endpoint kind, model and sampling
+1. A request whose deadline has passed is expired, wherever it is (``Poll.expired``).
+2. A tier's queue holds ``Limits.max_queued`` requests; callers beyond that wait in
+   arrival order and are admitted one per freed place (``nowait=True`` callers get
+   :class:`QueueFull` instead).
+3. Within a tier, only compatible requests (same endpoint kind, model and sampling
    parameters) share a batch; the group whose oldest request waited longest goes
    first.
-3. A group becomes a batch when it reaches ``max_batch_size`` or ``max_batch_tokens``,
-   or when its oldest request has waited ``max_wait`` (``0`` for realtime: coalesce
-   only what already waits), or when the scheduler is flushing (shutdown drain).
-4. Tiers go in order realtime > normal > batch, except that a lower tier owed its
+4. A group becomes a batch when it reaches ``max_batch_size`` or ``max_batch_tokens``,
+   when its oldest request has waited ``max_wait``, when its tier has nothing in
+   flight (``send_when_idle``), or when the scheduler is flushing (shutdown drain).
+5. Tiers go in order realtime > normal > batch, except that a lower tier owed its
    ``min_share`` of dispatched sequences goes first, so nothing starves.
-5. A batch is sent only within the in-flight limits (sequences and estimated tokens);
+6. A batch is sent only within the in-flight limits (sequences and estimated tokens);
    ``reserved_realtime`` sequences (and the same fraction of tokens) are usable by
    realtime alone. A batch that does not fit whole is trimmed to what fits.
+7. A batch is sent only when the rate limits allow it; when they do not, nothing
+   else is sent either, so the budget goes to the tiers in order.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from llmbatch._config import DEFAULT_BATCH_POLICIES, BatchPolicy, Limits, Priority
+from llmbatch._config import DEFAULT_BATCH_POLICIES, BatchPolicy, Limits, Priority, RateLimit
 from llmbatch._exceptions import QueueFull
-from llmbatch._request import Request
+from llmbatch._request import Request, State
 
-__all__ = ["Batch", "Poll", "Scheduler"]
+__all__ = ["Batch", "Poll", "Scheduler", "TokenBucket"]
 
 TIERS = (Priority.REALTIME, Priority.NORMAL, Priority.BATCH)
+_WAITING, _QUEUED, _IN_FLIGHT, _FINISHED = (
+    State.WAITING,
+    State.QUEUED,
+    State.IN_FLIGHT,
+    State.FINISHED,
+)
+#: Rate-bucket wake-ups this close to "now" count as now (float rounding).
+_EPSILON = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,80 +71,135 @@ class Poll:
 
     batches: list[Batch] = field(default_factory=list)
     expired: list[Request] = field(default_factory=list)
+    """Requests past their deadline: out of the queues; in-flight ones still flying."""
     next_wakeup: float | None = None
 
 
-class _Group:
-    """Compatible requests of one tier, oldest first, with their token sum."""
+class TokenBucket:
+    """``rate`` units per second, holding at most ``capacity``.
 
-    __slots__ = ("items", "tokens")
+    A take larger than the capacity is allowed once the bucket is full and leaves
+    it in debt, so a request bigger than one second's budget still goes and the
+    average rate holds.
+    """
+
+    __slots__ = ("capacity", "level", "rate", "updated")
+
+    def __init__(self, rate: float, capacity: float) -> None:
+        self.rate = rate
+        self.capacity = capacity
+        self.level = capacity
+        self.updated: float | None = None
+
+    def _refill(self, now: float) -> None:
+        if self.updated is not None and now > self.updated:
+            self.level = min(self.capacity, self.level + (now - self.updated) * self.rate)
+        if self.updated is None or now > self.updated:
+            self.updated = now
+
+    def wait_time(self, now: float, cost: float) -> float:
+        """Seconds until ``cost`` may be taken (0 if now)."""
+        self._refill(now)
+        need = min(cost, self.capacity)
+        missing = need - self.level
+        return 0.0 if missing <= _EPSILON * max(1.0, need) else missing / self.rate
+
+    def take(self, cost: float) -> None:
+        self.level -= cost
+
+    def reserve(self, now: float, cost: float) -> float:
+        """Take ``cost`` now, into debt if need be; the seconds until the debt is paid."""
+        self._refill(now)
+        self.level -= cost
+        return 0.0 if self.level >= 0 else -self.level / self.rate
+
+
+class _Group:
+    """Compatible queued requests of one tier, oldest first.
+
+    Removal is lazy (a cancelled request stays in ``items`` until it reaches the
+    head), so a storm of cancellations costs O(1) each; ``live`` and ``tokens``
+    count only requests still queued.
+    """
+
+    __slots__ = ("items", "live", "tokens")
 
     def __init__(self) -> None:
         self.items: deque[Request] = deque()
+        self.live = 0
         self.tokens = 0
+
+    def head(self) -> Request:
+        items = self.items
+        while items[0].state != _QUEUED:
+            items.popleft()
+        return items[0]
 
 
 class _Tier:
-    """One tier's queue: compatible groups in arrival order of their oldest member."""
+    """One tier: its compatible groups in arrival order, and callers waiting for room."""
+
+    __slots__ = ("credit", "groups", "policy", "size", "waiting", "waiting_live")
 
     def __init__(self, policy: BatchPolicy) -> None:
         self.policy = policy
         self.groups: OrderedDict[tuple[object, ...], _Group] = OrderedDict()
         self.size = 0
+        self.waiting: deque[Request] = deque()
+        self.waiting_live = 0
         self.credit = 0.0
 
-    def add(self, request: Request) -> _Group:
+    def enqueue(self, request: Request, now: float) -> _Group:
         key = request.spec.compat_key
         group = self.groups.get(key)
         if group is None:
             group = self.groups[key] = _Group()
         group.items.append(request)
+        group.live += 1
         group.tokens += request.est_tokens
         self.size += 1
-        request.queued = True
+        request.state = _QUEUED
+        request.enqueued_at = now
         return group
 
-    def remove(self, request: Request) -> bool:
+    def unqueue(self, request: Request) -> None:
+        """Take a queued request out (lazily: its group skips it later)."""
         key = request.spec.compat_key
-        group = self.groups.get(key)
-        if group is None:
-            return False
-        try:
-            group.items.remove(request)
-        except ValueError:
-            return False
+        group = self.groups[key]
+        group.live -= 1
         group.tokens -= request.est_tokens
         self.size -= 1
-        request.queued = False
-        if not group.items:
+        request.state = _FINISHED
+        if group.live == 0:
             del self.groups[key]
-        return True
 
     def pop(self, group: _Group) -> Request:
-        request = group.items.popleft()
+        request = group.head()
+        group.items.popleft()
+        group.live -= 1
         group.tokens -= request.est_tokens
         self.size -= 1
-        request.queued = False
-        if not group.items:
+        if group.live == 0:
             del self.groups[request.spec.compat_key]
         return request
 
-    def ready_group(self, now: float, flush: bool) -> _Group | None:
+    def ready_group(self, now: float, flush: bool, idle: bool) -> _Group | None:
         """The oldest group that has hit a trigger, if any."""
         policy = self.policy
+        if flush or (idle and policy.send_when_idle):
+            return next(iter(self.groups.values()), None)
         for group in self.groups.values():
             if (
-                flush
-                or len(group.items) >= policy.max_batch_size
-                or group.items[0].enqueued_at + policy.max_wait <= now
+                group.live >= policy.max_batch_size
+                or group.head().enqueued_at + policy.max_wait <= now
                 or group.tokens >= policy.max_batch_tokens
             ):
                 return group
         return None
 
     def next_trigger(self) -> float | None:
-        heads = [g.items[0].enqueued_at + self.policy.max_wait for g in self.groups.values()]
-        return min(heads, default=None)
+        wait = self.policy.max_wait
+        return min((g.head().enqueued_at + wait for g in self.groups.values()), default=None)
 
 
 class Scheduler:
@@ -139,6 +210,7 @@ class Scheduler:
         *,
         policies: Mapping[Priority, BatchPolicy] = DEFAULT_BATCH_POLICIES,
         limits: Limits,
+        rate_limit: RateLimit | None = None,
     ) -> None:
         self.limits = limits
         self._tiers = {p: _Tier(policies.get(p, DEFAULT_BATCH_POLICIES[p])) for p in TIERS}
@@ -150,68 +222,117 @@ class Scheduler:
         bulk_fraction = (limits.max_in_flight - limits.reserved_realtime) / limits.max_in_flight
         self._bulk_seq_cap = limits.max_in_flight - limits.reserved_realtime
         self._bulk_token_cap = max(1, int(limits.max_in_flight_tokens * bulk_fraction))
-        # (deadline, seq, request); entries of requests that already left the queue are
-        # dropped lazily when they reach the top.
+        # (deadline, seq, request) for every request with a deadline that has not left
+        # the scheduler; entries of finished requests are dropped lazily.
         self._deadlines: list[tuple[float, int, Request]] = []
-        self._seq = 0
+        self._request_bucket: TokenBucket | None = None
+        self._token_bucket: TokenBucket | None = None
+        if rate_limit is not None:
+            # At most one second's worth in the bucket caps any burst.
+            if rate_limit.requests_per_minute:
+                rate = rate_limit.requests_per_minute / 60.0
+                self._request_bucket = TokenBucket(rate, max(1.0, rate))
+            if rate_limit.tokens_per_minute:
+                rate = rate_limit.tokens_per_minute / 60.0
+                self._token_bucket = TokenBucket(rate, rate)
+        self._planned: float | None = None
+        """The last poll's next wake-up: an add that needs an earlier one asks for a poll."""
 
     # -- queue -----------------------------------------------------------------------
 
     def queued(self, priority: Priority) -> int:
-        return self._tiers[priority].size
+        """Requests waiting client-side in ``priority``'s tier (for room, or for a batch)."""
+        tier = self._tiers[priority]
+        return tier.size + tier.waiting_live
 
     @property
     def idle(self) -> bool:
-        """Nothing queued and nothing in flight."""
-        return self.in_flight == 0 and all(t.size == 0 for t in self._tiers.values())
+        """Nothing queued, waiting for room, or in flight."""
+        return self.in_flight == 0 and all(
+            t.size == 0 and t.waiting_live == 0 for t in self._tiers.values()
+        )
 
-    def has_room(self, priority: Priority) -> bool:
-        return self._tiers[priority].size < self.limits.max_queued
+    def add(self, request: Request, *, nowait: bool = False) -> bool:
+        """Queue a request, or hold it until its tier has room (in arrival order).
 
-    def add(self, request: Request) -> bool:
-        """Queue a request, or raise :class:`QueueFull` if its tier is at ``max_queued``.
-
-        Returns whether a poll is due now: the request started a group (a new
-        ``max_wait`` timer), filled a batch, or its tier waits for nothing. Otherwise
-        the running timer covers it, which spares the driver a poll per request.
+        With ``nowait``, a full tier raises :class:`QueueFull` instead. Returns whether
+        a poll is due now: the request started a group (a new timer), filled a batch,
+        or carries a deadline earlier than the next planned wake-up. Otherwise the
+        planned wake-up covers it, which spares the driver a poll per request.
         """
         tier = self._tiers[request.priority]
-        if tier.size >= self.limits.max_queued:
-            raise QueueFull(
-                f"the {request.priority.value!r} queue is full "
-                f"({self.limits.max_queued} requests waiting)"
-            )
-        group = tier.add(request)
+        due = False
         if request.deadline is not None:
-            self._seq += 1
-            heapq.heappush(self._deadlines, (request.deadline, self._seq, request))
-            if len(self._deadlines) > 64 + 2 * sum(t.size for t in self._tiers.values()):
-                # Dispatched requests linger here until their deadline; drop them so
-                # memory follows the queue, not the request rate times the timeout.
-                self._deadlines = [e for e in self._deadlines if e[2].queued]
-                heapq.heapify(self._deadlines)
+            self._track_deadline(request)
+            due = self._planned is None or request.deadline < self._planned
+        if tier.size >= self.limits.max_queued or tier.waiting_live:
+            if nowait:
+                raise QueueFull(
+                    f"the {request.priority.value!r} queue is full "
+                    f"({self.limits.max_queued} requests waiting)"
+                )
+            tier.waiting.append(request)
+            tier.waiting_live += 1
+            request.state = _WAITING
+            return due
+        group = tier.enqueue(request, request.created_at)
         policy = tier.policy
         return (
-            len(group.items) == 1
-            or len(group.items) >= policy.max_batch_size
-            or group.tokens >= policy.max_batch_tokens
-            or policy.max_wait == 0
-            or request.deadline is not None
+            due
+            or group.live == 1
+            or group.live == policy.max_batch_size
+            or group.tokens - request.est_tokens < policy.max_batch_tokens <= group.tokens
         )
 
     def remove(self, request: Request) -> bool:
-        """Take a queued request out (its caller went away); False if not queued."""
-        return request.queued and self._tiers[request.priority].remove(request)
+        """Take a request out of its queue or the wait for room (its caller went away);
+        False if it was in neither."""
+        state = request.state
+        if state == _QUEUED:
+            self._tiers[request.priority].unqueue(request)
+            return True
+        if state == _WAITING:
+            self._tiers[request.priority].waiting_live -= 1
+            request.state = _FINISHED
+            return True
+        return False
 
-    def queued_requests(self) -> Iterable[Request]:
+    def queued_requests(self) -> Iterator[Request]:
+        """Every request queued or waiting for room (for cancellation at close)."""
         for tier in self._tiers.values():
             for group in tier.groups.values():
-                yield from group.items
+                yield from (r for r in group.items if r.state == _QUEUED)
+            yield from (r for r in tier.waiting if r.state == _WAITING)
+
+    def _admit(self, tier: _Tier, now: float) -> None:
+        """Move callers waiting for room into the queue, one per free place, in order."""
+        room = self.limits.max_queued - tier.size
+        waiting = tier.waiting
+        while room > 0 and tier.waiting_live:
+            request = waiting.popleft()
+            if request.state != _WAITING:
+                continue  # its caller went away while it waited
+            tier.waiting_live -= 1
+            tier.enqueue(request, now)  # its batch timer starts now
+            room -= 1
+
+    def _track_deadline(self, request: Request) -> None:
+        assert request.deadline is not None
+        heapq.heappush(self._deadlines, (request.deadline, request.seq, request))
+        live = self.in_flight + sum(t.size + t.waiting_live for t in self._tiers.values())
+        if len(self._deadlines) > 64 + 2 * live:
+            # Answered requests linger here until their deadline; drop them so memory
+            # follows the live requests, not the request rate times the timeout.
+            self._deadlines = [e for e in self._deadlines if e[2].state != _FINISHED]
+            heapq.heapify(self._deadlines)
 
     # -- in-flight ledger ------------------------------------------------------------
 
     def finish(self, request: Request) -> None:
         """Return one dispatched request's in-flight capacity."""
+        if request.state != _IN_FLIGHT:
+            return
+        request.state = _FINISHED
         self.in_flight -= 1
         self.in_flight_tokens -= request.est_tokens
         self.in_flight_by_tier[request.priority] -= 1
@@ -227,59 +348,110 @@ class Scheduler:
             tokens = min(tokens, self._bulk_token_cap - self._bulk_in_flight_tokens)
         return seqs, tokens
 
+    # -- rate limits -----------------------------------------------------------------
+
+    def _rate_wait(self, now: float, tokens: int) -> float:
+        wait = 0.0
+        if self._request_bucket is not None:
+            wait = self._request_bucket.wait_time(now, 1)
+        if self._token_bucket is not None:
+            wait = max(wait, self._token_bucket.wait_time(now, tokens))
+        return wait
+
+    def _rate_take(self, tokens: int) -> None:
+        if self._request_bucket is not None:
+            self._request_bucket.take(1)
+        if self._token_bucket is not None:
+            self._token_bucket.take(tokens)
+
+    def reserve_resend(self, now: float, tokens: int) -> float:
+        """Charge an HTTP request that is not a new batch (a retry, a bisection half) to
+        the rate limits; returns how long to wait before sending it."""
+        wait = 0.0
+        if self._request_bucket is not None:
+            wait = self._request_bucket.reserve(now, 1)
+        if self._token_bucket is not None:
+            wait = max(wait, self._token_bucket.reserve(now, tokens))
+        return wait
+
     # -- dispatch --------------------------------------------------------------------
 
     def poll(self, now: float, *, flush: bool = False) -> Poll:
-        """Expire, form and pick batches; reserve their in-flight capacity."""
+        """Expire, admit, form and pick batches; reserve their in-flight capacity."""
         expired = self._expire(now)
+        for tier in self._tiers.values():
+            if tier.waiting_live:
+                self._admit(tier, now)
         batches: list[Batch] = []
+        rate_wakeup: float | None = None
         # Tiers whose next request does not fit the free token room this poll; without
         # this, the loop would pick the same tier again forever.
         blocked: set[Priority] = set()
         while True:
-            candidates = {
-                p: group
-                for p, tier in self._tiers.items()
-                if p not in blocked
-                and (group := tier.ready_group(now, flush)) is not None
-                and self._room(p)[0] > 0
-            }
+            candidates: dict[Priority, _Group] = {}
+            for p, tier in self._tiers.items():
+                if p in blocked or not tier.groups or self._room(p)[0] <= 0:
+                    continue
+                group = tier.ready_group(now, flush, self.in_flight_by_tier[p] == 0)
+                if group is not None:
+                    candidates[p] = group
             if not candidates:
                 break
             owed = [p for p in candidates if self._tiers[p].credit >= 1.0]
             chosen = owed[0] if owed else next(p for p in TIERS if p in candidates)
-            batch = self._take(chosen, candidates[chosen])
-            if batch is None:
+            group = candidates[chosen]
+            count, tokens = self._plan(chosen, group)
+            if count == 0:
                 # A single request larger than the free token room: wait for room.
                 blocked.add(chosen)
                 continue
-            batches.append(batch)
-            self._settle_credit(chosen, len(batch.requests), candidates, owed=chosen in owed)
-        return Poll(batches, expired, self._next_wakeup(now))
+            wait = self._rate_wait(now, tokens)
+            if wait > 0:
+                # Nothing overtakes the tier the budget is owed to.
+                rate_wakeup = now + wait
+                break
+            self._rate_take(tokens)
+            batches.append(self._commit(chosen, group, count, tokens))
+            self._settle_credit(chosen, count, candidates, owed=chosen in owed)
+            tier = self._tiers[chosen]
+            if tier.waiting_live:
+                self._admit(tier, now)
+        self._planned = self._next_wakeup(now, rate_wakeup)
+        return Poll(batches, expired, self._planned)
 
-    def _take(self, priority: Priority, group: _Group) -> Batch | None:
-        tier = self._tiers[priority]
+    def _plan(self, priority: Priority, group: _Group) -> tuple[int, int]:
+        """How many of the group's oldest requests the next batch takes, and their tokens."""
+        policy = self._tiers[priority].policy
         room_seqs, room_tokens = self._room(priority)
-        taken: list[Request] = []
-        tokens = 0
-        while group.items and len(taken) < min(tier.policy.max_batch_size, room_seqs):
-            cost = group.items[0].est_tokens
-            over_batch = taken and tokens + cost > tier.policy.max_batch_tokens
+        limit = min(policy.max_batch_size, room_seqs, group.head().spec.max_batch)
+        count = tokens = 0
+        for request in group.items:
+            if request.state != _QUEUED:
+                continue
+            if count >= limit:
+                break
+            cost = request.est_tokens
+            over_batch = count and tokens + cost > policy.max_batch_tokens
             # An oversize request may go alone, but only onto an otherwise idle tier.
-            over_room = tokens + cost > room_tokens and (taken or self.in_flight > 0)
+            over_room = tokens + cost > room_tokens and (count or self.in_flight > 0)
             if over_batch or over_room:
                 break
-            taken.append(tier.pop(group))
+            count += 1
             tokens += cost
-        if not taken:
-            return None
-        self.in_flight += len(taken)
+        return count, tokens
+
+    def _commit(self, priority: Priority, group: _Group, count: int, tokens: int) -> Batch:
+        tier = self._tiers[priority]
+        taken = tuple(tier.pop(group) for _ in range(count))
+        for request in taken:
+            request.state = _IN_FLIGHT
+        self.in_flight += count
         self.in_flight_tokens += tokens
-        self.in_flight_by_tier[priority] += len(taken)
+        self.in_flight_by_tier[priority] += count
         if priority is not Priority.REALTIME:
-            self._bulk_in_flight += len(taken)
+            self._bulk_in_flight += count
             self._bulk_in_flight_tokens += tokens
-        return Batch(priority, tuple(taken))
+        return Batch(priority, taken)
 
     def _settle_credit(
         self, chosen: Priority, sent: int, waiting: Mapping[Priority, object], *, owed: bool
@@ -302,15 +474,24 @@ class Scheduler:
 
     def _expire(self, now: float) -> list[Request]:
         expired: list[Request] = []
-        while self._deadlines and self._deadlines[0][0] <= now:
-            request = heapq.heappop(self._deadlines)[2]
-            if self.remove(request):
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            request = heapq.heappop(deadlines)[2]
+            if request.state == _IN_FLIGHT:
+                if not request.done:
+                    expired.append(request)
+            elif self.remove(request):
                 expired.append(request)
         return expired
 
-    def _next_wakeup(self, now: float) -> float | None:
+    def _next_wakeup(self, now: float, rate_wakeup: float | None) -> float | None:
         times = [t for tier in self._tiers.values() if (t := tier.next_trigger()) is not None]
         times = [t for t in times if t > now]
-        if self._deadlines:
-            times.append(self._deadlines[0][0])
+        if rate_wakeup is not None:
+            times.append(rate_wakeup)
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][2].state == _FINISHED:
+            heapq.heappop(deadlines)
+        if deadlines:
+            times.append(deadlines[0][0])
         return min(times, default=None)

@@ -1,13 +1,23 @@
-"""Counters and latency samples, and the immutable :class:`Stats` snapshot."""
+"""Counters and latency samples, and the immutable :class:`Stats` snapshot.
+
+The recorder is also where a request is settled: setting its outcome and counting
+it happen in one call, so no outcome goes uncounted or is counted twice.
+"""
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
 from llmbatch._config import Priority
+from llmbatch._exceptions import DeadlineExceeded, LLMBatchError, RequestCancelled
+
+if TYPE_CHECKING:
+    from llmbatch._request import Request
+    from llmbatch._scheduler import Batch
 
 __all__ = ["Percentiles", "Stats", "StatsRecorder", "TierStats"]
 
@@ -31,17 +41,20 @@ class TierStats(_Frozen):
     """One tier's counters."""
 
     queued: int
-    """Requests waiting in the client's queue now."""
+    """Requests waiting client-side now: in the tier's queue, or waiting for room in it
+    (``Limits.max_queued``)."""
     in_flight: int
     """Requests sent and not yet answered now."""
     done: int
     """Requests answered successfully."""
     failed: int
-    """Requests that ended with an error (not counting callers that went away)."""
+    """Requests that ended with an error from the server or the network, or bad input
+    found after queueing (not counting cancelled ones)."""
     retried: int
     """Requests that needed more than one HTTP attempt."""
     cancelled: int
-    """Callers that went away (cancelled or past their deadline) before an answer."""
+    """Requests that ended without an answer because their caller went away, their
+    ``timeout`` ran out (:class:`DeadlineExceeded`), or the client closed first."""
     queue_wait: Percentiles
     """From the call until the request's batch was sent."""
     latency: Percentiles
@@ -107,26 +120,36 @@ class StatsRecorder:
         self._batch_items += size
         self.max_batch_size = max(self.max_batch_size, size)
 
-    def dispatched(self, priority: Priority, queue_wait: float) -> None:
-        self._tiers[priority].queue_wait.append(queue_wait)
+    def dispatched(self, batch: Batch, now: float) -> None:
+        waits = self._tiers[batch.priority].queue_wait
+        waits.extend(now - r.created_at for r in batch.requests)
 
-    def succeeded(
-        self, priority: Priority, latency: float, retried: bool, prompt: int, completion: int
-    ) -> None:
-        tier = self._tiers[priority]
+    def settle_value(
+        self, request: Request, value: object, latency: float, prompt: int, completion: int
+    ) -> bool:
+        """Give ``request`` its value and count it; False if it was already settled."""
+        if not request.set_value(value):
+            return False
+        tier = self._tiers[request.priority]
         tier.done += 1
         tier.latency.append(latency)
-        tier.retried += retried
+        tier.retried += request.retried
         self.prompt_tokens += prompt
         self.completion_tokens += completion
+        return True
 
-    def failed(self, priority: Priority, retried: bool) -> None:
-        tier = self._tiers[priority]
-        tier.failed += 1
-        tier.retried += retried
-
-    def cancelled(self, priority: Priority) -> None:
-        self._tiers[priority].cancelled += 1
+    def settle_error(self, request: Request, error: LLMBatchError) -> bool:
+        """Give ``request`` its error and count it as failed or cancelled; False if it
+        was already settled."""
+        if not request.set_error(error):
+            return False
+        tier = self._tiers[request.priority]
+        if isinstance(error, RequestCancelled | DeadlineExceeded):
+            tier.cancelled += 1
+        else:
+            tier.failed += 1
+        tier.retried += request.retried
+        return True
 
     def snapshot(
         self, now: float, queued: Mapping[Priority, int], in_flight: Mapping[Priority, int]

@@ -1,8 +1,11 @@
-"""The OpenAI-compatible wire format: request bodies, responses, errors, SSE.
+"""The OpenAI-compatible wire format, sans I/O: request bodies in, per-request answers,
+errors and stream events out.
 
-Knows nothing of tiers or queues: it turns requests into JSON and JSON back into
-per-request answers. vLLM specifics it honours (DESIGN.md): a list prompt yields
-choices indexed ``prompt_idx * n + j`` and one ``usage`` for the whole request.
+Knows nothing of tiers, queues or sockets, so every parser is tested on bytes alone.
+vLLM specifics it honours (see the design notes): a list prompt yields choices
+indexed ``prompt_idx * n + j`` and one ``usage`` for the whole request; the chat
+batch route answers ``choices[i]`` for conversation ``i``; errors after a 200
+arrive in the stream as ``data: {"error": ...}``.
 """
 
 from __future__ import annotations
@@ -10,62 +13,82 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 from llmbatch._exceptions import APIStatusError, RemoteProtocolError, status_error_type
-from llmbatch._models import Choice, Usage, trusted
-from llmbatch._request import Request
+from llmbatch._models import RawUsage
+from llmbatch._request import CallSpec, Request
 
 __all__ = [
-    "Answer",
+    "Answers",
+    "StreamDecoder",
+    "chat_batch_body",
     "chat_body",
     "completion_body",
     "error_from_response",
+    "error_message",
     "parse_chat",
+    "parse_chat_batch",
     "parse_completions",
-    "parse_sse_line",
     "split_usage",
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """What the server said for one request of a batch (usage not yet apportioned)."""
+# -- request bodies ------------------------------------------------------------------
 
-    id: str
-    model: str
-    choices: tuple[Choice, ...]
-    role: str = "assistant"
+
+def _prefix(spec: CallSpec) -> bytes:
+    """The JSON body without its closing brace: parameters and model, made once per spec
+    (a bulk map sends the same parameters with every batch)."""
+    prefix = spec.body_prefix
+    if prefix is None:
+        body = dict(spec.params)
+        body["model"] = spec.model
+        if spec.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        prefix = spec.body_prefix = json.dumps(body).encode()[:-1]
+    return prefix
+
+
+def _body(spec: CallSpec, key: bytes, value: object, priority: int | None) -> bytes:
+    tail = b"}" if priority is None else b', "priority": %d}' % priority
+    return b"".join((_prefix(spec), b', "', key, b'": ', json.dumps(value).encode(), tail))
 
 
 def completion_body(requests: Sequence[Request], priority: int | None) -> bytes:
     """One /v1/completions body for compatible requests (a list prompt if several)."""
-    spec = requests[0].spec
-    prompts = [r.spec.prompt for r in requests]
-    body: dict[str, Any] = dict(spec.params)
-    body["model"] = spec.model
-    body["prompt"] = prompts[0] if len(prompts) == 1 else prompts
-    if priority is not None:
-        body["priority"] = priority
-    if spec.stream:
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-    return json.dumps(body).encode()
+    if len(requests) == 1:
+        return _body(requests[0].spec, b"prompt", requests[0].prompt, priority)
+    return _body(requests[0].spec, b"prompt", [r.prompt for r in requests], priority)
 
 
 def chat_body(request: Request, priority: int | None) -> bytes:
-    """One /v1/chat/completions body (chat takes one conversation per request)."""
-    spec = request.spec
-    body: dict[str, Any] = dict(spec.params)
-    body["model"] = spec.model
-    body["messages"] = list(spec.messages or ())
-    if priority is not None:
-        body["priority"] = priority
-    if spec.stream:
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-    return json.dumps(body).encode()
+    """One /v1/chat/completions body (one conversation)."""
+    return _body(request.spec, b"messages", request.messages, priority)
+
+
+def chat_batch_body(requests: Sequence[Request], priority: int | None) -> bytes:
+    """One /v1/chat/completions/batch body: ``messages`` is a list of conversations."""
+    return _body(requests[0].spec, b"messages", [r.messages for r in requests], priority)
+
+
+# -- responses -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Answers:
+    """One response demultiplexed: each request's choice dicts, and the whole usage."""
+
+    id: str
+    model: str
+    created: int
+    choices: list[tuple[Mapping[str, Any], ...]]
+    """Per request (in the order sent), its ``n`` choice dicts in index order."""
+    usage: RawUsage
+    """The response's usage (prompt, completion, total, estimated=False)."""
 
 
 def _load(content: bytes) -> Any:
@@ -75,76 +98,81 @@ def _load(content: bytes) -> Any:
         raise RemoteProtocolError(f"the server sent invalid JSON: {content[:200]!r}") from exc
 
 
-def _usage(data: Mapping[str, Any]) -> Usage:
+def _usage(data: Mapping[str, Any]) -> RawUsage:
     raw = data.get("usage") or {}
     try:
-        return Usage(
-            prompt_tokens=int(raw.get("prompt_tokens") or 0),
-            completion_tokens=int(raw.get("completion_tokens") or 0),
-            total_tokens=int(raw.get("total_tokens") or 0),
-        )
+        prompt = int(raw.get("prompt_tokens") or 0)
+        completion = int(raw.get("completion_tokens") or 0)
+        total = int(raw.get("total_tokens") or prompt + completion)
     except (TypeError, ValueError, AttributeError) as exc:
         raise RemoteProtocolError(f"the server sent a malformed usage: {raw!r}") from exc
+    return (prompt, completion, total, False)
 
 
-def parse_completions(content: bytes, requests: Sequence[Request]) -> tuple[list[Answer], Usage]:
-    """Demultiplex a (list-prompt) completions response into one Answer per request."""
-    data = _load(content)
-    n = requests[0].spec.n
-    per_request: list[list[Choice | None]] = [[None] * n for _ in requests]
+def _header(data: Any) -> tuple[str, str, int]:
+    if not isinstance(data, Mapping):
+        raise RemoteProtocolError(f"the server sent a {type(data).__name__}, not an object")
+    created = data.get("created")
+    return (
+        str(data.get("id", "")),
+        str(data.get("model", "")),
+        created if isinstance(created, int) else 0,
+    )
+
+
+def _demultiplex(choices: object, count: int, n: int) -> list[tuple[Mapping[str, Any], ...]]:
+    """Group choice dicts by request: choice ``index`` = request slot * n + j."""
+    if not isinstance(choices, list):
+        raise RemoteProtocolError("the server's response has no choices list")
     try:
-        for choice in data["choices"]:
-            index = int(choice["index"])
-            slot, j = divmod(index, n)
-            per_request[slot][j] = trusted(
-                Choice,
-                text=str(choice.get("text") or ""),
-                finish_reason=choice.get("finish_reason"),
-            )
-        response_id, model = str(data.get("id", "")), str(data.get("model", ""))
+        if n == 1 and len(choices) == count:
+            slots: list[Any] = [None] * count
+            for choice in choices:
+                slots[choice["index"]] = (choice,)
+            if None not in slots:
+                return slots
+        grouped: list[list[Any]] = [[None] * n for _ in range(count)]
+        for choice in choices:
+            slot, j = divmod(int(choice["index"]), n)
+            grouped[slot][j] = choice
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise RemoteProtocolError(f"the server sent malformed choices: {exc!r}") from exc
-    answers = []
-    for choices in per_request:
-        if any(c is None for c in choices):
-            raise RemoteProtocolError("the server's response is missing choices for a prompt")
-        answers.append(Answer(response_id, model, tuple(c for c in choices if c is not None)))
-    return answers, _usage(data)
+    if any(c is None for per in grouped for c in per):
+        raise RemoteProtocolError("the server's response is missing choices for a prompt")
+    return [tuple(per) for per in grouped]
 
 
-def parse_chat(content: bytes) -> tuple[Answer, Usage]:
-    """A chat completion's first choice and usage."""
+def parse_completions(content: bytes, requests: Sequence[Request]) -> Answers:
+    """Demultiplex a (list-prompt) completions response into each request's choices."""
     data = _load(content)
-    try:
-        choice = data["choices"][0]
-        message = choice["message"]
-        answer = Answer(
-            str(data.get("id", "")),
-            str(data.get("model", "")),
-            (
-                Choice(
-                    text=str(message.get("content") or ""),
-                    finish_reason=choice.get("finish_reason"),
-                ),
-            ),
-            role=str(message.get("role") or "assistant"),
-        )
-    except (KeyError, TypeError, IndexError) as exc:
-        raise RemoteProtocolError(f"the server sent a malformed chat response: {exc!r}") from exc
-    return answer, _usage(data)
+    id_, model, created = _header(data)
+    choices = _demultiplex(data.get("choices"), len(requests), requests[0].spec.n)
+    return Answers(id_, model, created, choices, _usage(data))
 
 
-def parse_sse_line(line: bytes) -> Any | None:
-    """The JSON of one ``data:`` line of a server-sent-event stream.
+def parse_chat(content: bytes) -> Answers:
+    """A chat completion's choice and usage (one conversation)."""
+    data = _load(content)
+    id_, model, created = _header(data)
+    choices = data.get("choices")
+    if not (isinstance(choices, list) and choices and isinstance(choices[0], Mapping)):
+        raise RemoteProtocolError("the server sent a chat response without choices")
+    if not isinstance(choices[0].get("message"), Mapping):
+        raise RemoteProtocolError("the server sent a chat choice without a message")
+    return Answers(id_, model, created, [(choices[0],)], _usage(data))
 
-    Returns None for blank lines, comments and ``[DONE]``.
-    """
-    if not line.startswith(b"data:"):
-        return None
-    payload = line[5:].strip()
-    if not payload or payload == b"[DONE]":
-        return None
-    return _load(payload)
+
+def parse_chat_batch(content: bytes, requests: Sequence[Request]) -> Answers:
+    """A chat batch response: ``choices[i]`` answers conversation ``i``."""
+    data = _load(content)
+    id_, model, created = _header(data)
+    choices = _demultiplex(data.get("choices"), len(requests), 1)
+    if not all(isinstance(c[0].get("message"), Mapping) for c in choices):
+        raise RemoteProtocolError("the server sent a chat choice without a message")
+    return Answers(id_, model, created, choices, _usage(data))
+
+
+# -- usage apportioning --------------------------------------------------------------
 
 
 def _largest_remainder(total: int, weights: Sequence[int]) -> list[int]:
@@ -161,46 +189,64 @@ def _largest_remainder(total: int, weights: Sequence[int]) -> list[int]:
     return parts
 
 
-def split_usage(
-    usage: Usage, requests: Sequence[Request], answers: Sequence[Answer]
-) -> list[Usage]:
-    """Apportion one request's usage over its prompts.
+def _output_chars(choices: tuple[Mapping[str, Any], ...], *, skip_length: bool) -> int:
+    total = 0
+    for choice in choices:
+        if skip_length and choice.get("finish_reason") == "length":
+            continue
+        text = choice.get("text")
+        if not isinstance(text, str):
+            message = choice.get("message")
+            text = message.get("content") if isinstance(message, Mapping) else None
+        total += len(text) if isinstance(text, str) else 0
+    return total
 
-    Prompt tokens go by prompt length. A choice that stopped for ``length`` used
+
+def _input_chars(request: Request) -> int:
+    if request.prompt is not None:
+        return len(request.prompt)
+    return sum(
+        len(m["content"]) for m in request.messages or () if isinstance(m.get("content"), str)
+    )
+
+
+def split_usage(
+    usage: RawUsage,
+    requests: Sequence[Request],
+    choices: Sequence[tuple[Mapping[str, Any], ...]],
+) -> list[RawUsage]:
+    """Apportion one response's usage over the requests it answered.
+
+    Prompt tokens go by input length. A choice that stopped for ``length`` used
     exactly the ``max_tokens`` it was sent with, so it gets that count; the rest
-    of the completion tokens go by output length.
+    of the completion tokens go by output length. Shares are marked estimated.
     """
     if len(requests) == 1:
         return [usage]
-    prompt_parts = _largest_remainder(
-        usage.prompt_tokens, [len(r.spec.prompt or "") for r in requests]
-    )
+    prompt_total, completion_total = usage[0], usage[1]
+    prompt_parts = _largest_remainder(prompt_total, [_input_chars(r) for r in requests])
     known = [
-        sum(
-            r.spec.max_tokens
-            for c in a.choices
-            if c.finish_reason == "length" and "max_tokens" in r.spec.params
-        )
-        for r, a in zip(requests, answers, strict=True)
+        r.spec.max_tokens * sum(1 for c in cs if c.get("finish_reason") == "length")
+        if r.spec.max_tokens_given
+        else 0
+        for r, cs in zip(requests, choices, strict=True)
     ]
-    unknown_weights = [
-        sum(len(c.text) for c in a.choices if c.finish_reason != "length")
-        if "max_tokens" in r.spec.params
-        else sum(len(c.text) for c in a.choices)
-        for r, a in zip(requests, answers, strict=True)
+    weights = [
+        _output_chars(cs, skip_length=r.spec.max_tokens_given)
+        for r, cs in zip(requests, choices, strict=True)
     ]
-    rest = usage.completion_tokens - sum(known)
+    rest = completion_total - sum(known)
     if rest < 0:  # the server counted differently; fall back to output length alone
         known = [0] * len(requests)
-        unknown_weights = [sum(len(c.text) for c in a.choices) for a in answers]
-        rest = usage.completion_tokens
+        weights = [_output_chars(cs, skip_length=False) for cs in choices]
+        rest = completion_total
     output_parts = [
-        k + part for k, part in zip(known, _largest_remainder(rest, unknown_weights), strict=True)
+        k + part for k, part in zip(known, _largest_remainder(rest, weights), strict=True)
     ]
-    return [
-        trusted(Usage, prompt_tokens=p, completion_tokens=c, total_tokens=p + c, estimated=True)
-        for p, c in zip(prompt_parts, output_parts, strict=True)
-    ]
+    return [(p, c, p + c, True) for p, c in zip(prompt_parts, output_parts, strict=True)]
+
+
+# -- errors --------------------------------------------------------------------------
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
@@ -212,8 +258,6 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
     except ValueError:
         pass
     try:
-        from datetime import UTC, datetime
-
         return max(0.0, (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds())
     except (TypeError, ValueError):
         return None
@@ -245,3 +289,99 @@ def error_from_response(status: int, headers: Mapping[str, str], content: bytes)
         body=data,
         retry_after=_retry_after(headers),
     )
+
+
+# -- streams -------------------------------------------------------------------------
+
+
+class StreamDecoder:
+    """The server-sent events of one streamed completion or chat: bytes in, text
+    deltas out, with the finish reason, ids and usage kept as they arrive.
+
+    ``feed`` takes any chunking of the body; ``feed_line`` one line without its
+    newline. An error event (vLLM reports failures after the 200 in the stream)
+    raises the matching :class:`APIStatusError`.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self.parts: list[str] = []
+        self.finish_reason: str | None = None
+        self.id = ""
+        self.model = ""
+        self.created = 0
+        self.role = "assistant"
+        self.usage: RawUsage = (0, 0, 0, False)
+        self.done = False
+        """``data: [DONE]`` arrived."""
+
+    @property
+    def text(self) -> str:
+        """Everything generated so far."""
+        return "".join(self.parts)
+
+    def feed(self, data: bytes) -> list[str]:
+        """Text deltas carried by the complete lines in ``data`` (plus what was buffered)."""
+        lines = (self._buffer + data).split(b"\n")
+        self._buffer = lines.pop()
+        deltas: list[str] = []
+        for line in lines:
+            deltas.extend(self.feed_line(line.rstrip(b"\r")))
+        return deltas
+
+    def feed_line(self, line: bytes) -> list[str]:
+        """Text deltas carried by one line (comments, blank lines and ``[DONE]``: none)."""
+        if not line.startswith(b"data:"):
+            return []
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            self.done = True
+            return []
+        if not payload:
+            return []
+        event = _load(payload)
+        if not isinstance(event, Mapping):
+            return []
+        if "error" in event:
+            error = event["error"]
+            code = error.get("code") if isinstance(error, Mapping) else None
+            status = code if isinstance(code, int) and code >= 400 else 500
+            raise status_error_type(status)(
+                error_message(event, "error in stream"), status_code=status, body=event
+            )
+        self.id = str(event.get("id", self.id))
+        self.model = str(event.get("model", self.model))
+        created = event.get("created")
+        if isinstance(created, int):
+            self.created = created
+        deltas: list[str] = []
+        for choice in event.get("choices") or ():
+            if not isinstance(choice, Mapping):
+                continue
+            delta = choice.get("delta")
+            if isinstance(delta, Mapping):
+                text = delta.get("content")
+                role = delta.get("role")
+                if isinstance(role, str):
+                    self.role = role
+            else:
+                text = choice.get("text")
+            if isinstance(text, str) and text:
+                self.parts.append(text)
+                deltas.append(text)
+            finish = choice.get("finish_reason")
+            if isinstance(finish, str):
+                self.finish_reason = finish
+        if event.get("usage"):
+            self.usage = _usage(event)
+        return deltas
+
+    def choice(self, *, chat: bool) -> dict[str, Any]:
+        """The accumulated answer as the non-streaming response's choice dict."""
+        if chat:
+            return {
+                "index": 0,
+                "message": {"role": self.role, "content": self.text},
+                "finish_reason": self.finish_reason,
+            }
+        return {"index": 0, "text": self.text, "finish_reason": self.finish_reason}

@@ -1,7 +1,9 @@
 """An in-process OpenAI-compatible handler for MockTransport-based tests.
 
 It answers like vLLM (list prompts, choice index = prompt_idx * n + j, one usage per
-request, 400 for the whole list when any prompt is poisoned) and records what it saw.
+request, 400 for the whole list when any prompt is poisoned; the chat batch route of
+vLLM 0.32+, which ``chat_batch=False`` removes; 404 for unknown routes) and records
+what it saw.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ class FakeServer:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     #: Optional hook run before answering; return a MockResponse to override.
     intercept: Callable[[dict[str, Any]], MockResponse | None] | None = None
+    #: Serve POST /v1/chat/completions/batch (vLLM 0.32+).
+    chat_batch: bool = True
+    #: The path of every POST, in order.
+    paths: list[str] = field(default_factory=list)
 
     def __call__(self, request: HTTPRequest) -> MockResponse:
         if request.url.endswith("/models"):
@@ -41,13 +47,22 @@ class FakeServer:
                 }
             )
         body = json.loads(request.body or b"{}")
+        path = request.url.split("/v1", 1)[-1]
+        self.paths.append(path)
+        routes = ["/completions", "/chat/completions"]
+        if self.chat_batch:
+            routes.append("/chat/completions/batch")
+        if path not in routes:
+            return MockResponse(status=404, json={"detail": "Not Found"})
         self.bodies.append(body)
         if self.intercept is not None:
             override = self.intercept(body)
             if override is not None:
                 return override
-        if request.url.endswith("/chat/completions"):
+        if path == "/chat/completions":
             return self._chat(body)
+        if path == "/chat/completions/batch":
+            return self._chat_batch(body)
         return self._completions(body)
 
     def _completions(self, body: dict[str, Any]) -> MockResponse:
@@ -122,11 +137,18 @@ class FakeServer:
         )
 
     def _chat(self, body: dict[str, Any]) -> MockResponse:
-        last = body["messages"][-1]["content"]
-        if POISON in last:
+        return self._chat_answer([body["messages"]])
+
+    def _chat_batch(self, body: dict[str, Any]) -> MockResponse:
+        return self._chat_answer(body["messages"])
+
+    def _chat_answer(self, conversations: list[list[dict[str, Any]]]) -> MockResponse:
+        lasts = [conversation[-1]["content"] for conversation in conversations]
+        if any(POISON in last for last in lasts):
             return MockResponse(
                 status=400, json={"error": {"message": "poisoned chat", "code": 400}}
             )
+        n = len(conversations)
         return MockResponse(
             json={
                 "id": "chat-1",
@@ -134,11 +156,16 @@ class FakeServer:
                 "model": self.model,
                 "choices": [
                     {
-                        "index": 0,
+                        "index": i,
                         "message": {"role": "assistant", "content": f"re:{last}"},
                         "finish_reason": "stop",
                     }
+                    for i, last in enumerate(lasts)
                 ],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+                "usage": {
+                    "prompt_tokens": 3 * n,
+                    "completion_tokens": 2 * n,
+                    "total_tokens": 5 * n,
+                },
             }
         )

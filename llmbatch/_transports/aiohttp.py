@@ -1,32 +1,50 @@
 """The default transport on asyncio: aiohttp with one bounded connection pool.
 
-Chosen for client CPU: at 64 concurrent connections httpx's pool costs ~8-10 ms of
-CPU per request, aiohttp ~0.3 ms (docs/transport.md has our measurement).
+Chosen for client CPU: per HTTP request aiohttp costs a fraction of httpx's pool
+bookkeeping at high concurrency (docs/transport.md has the measurement).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import aiohttp
 
 from llmbatch._config import Limits, Timeout
-from llmbatch._exceptions import ConnectError, ReadTimeout, RemoteProtocolError
+from llmbatch._exceptions import (
+    ConnectError,
+    ConnectTimeout,
+    PoolTimeout,
+    ReadTimeout,
+    RemoteProtocolError,
+)
 from llmbatch._transports.base import HTTPRequest, HTTPResponse
 
 __all__ = ["AiohttpTransport"]
 
 
 @contextmanager
-def _mapped_errors() -> Iterator[None]:
-    """The one place aiohttp's exceptions become llmbatch's."""
+def _mapped_errors(pool_full: bool = False) -> Iterator[None]:
+    """The one place aiohttp's exceptions become llmbatch's.
+
+    aiohttp reports a wait for a pooled connection and a slow TCP connect alike
+    (``ConnectionTimeoutError``); ``pool_full`` says whether the request had to wait
+    for the pool, which tells them apart.
+    """
     try:
         yield
+    except aiohttp.ConnectionTimeoutError as exc:
+        if pool_full:
+            raise PoolTimeout(
+                "timed out waiting for a free connection in the client's pool "
+                "(Timeout.pool; raise Limits.max_connections or lower the load)"
+            ) from exc
+        raise ConnectTimeout(f"timed out connecting: {exc}") from exc
     except aiohttp.ClientConnectorError as exc:
         raise ConnectError(f"cannot connect: {exc}") from exc
     except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-        raise ReadTimeout("timed out waiting for the server") from exc
+        raise ReadTimeout("timed out waiting for the server (Timeout.read)") from exc
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
         raise RemoteProtocolError(f"connection dropped mid-response: {exc}") from exc
     except (aiohttp.ClientError, OSError) as exc:
@@ -34,10 +52,11 @@ def _mapped_errors() -> Iterator[None]:
 
 
 class _Response:
-    __slots__ = ("_response",)
+    __slots__ = ("_done", "_response")
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, done: Callable[[], None]) -> None:
         self._response = response
+        self._done: Callable[[], None] | None = done
 
     @property
     def status(self) -> int:
@@ -58,6 +77,9 @@ class _Response:
 
     async def aclose(self) -> None:
         self._response.release()
+        if self._done is not None:
+            self._done()
+            self._done = None
 
 
 class AiohttpTransport:
@@ -74,6 +96,8 @@ class AiohttpTransport:
         )
         self._verify = verify
         self._session: aiohttp.ClientSession | None = None
+        self._active = 0
+        """Exchanges holding (or waiting for) a connection: is the pool full?"""
 
     def _open(self) -> aiohttp.ClientSession:
         # Created lazily: an aiohttp session must be made inside the running loop.
@@ -91,11 +115,20 @@ class AiohttpTransport:
 
     async def send(self, request: HTTPRequest) -> HTTPResponse:
         session = self._open()
-        with _mapped_errors():
-            response = await session.request(
-                request.method, request.url, data=request.body, headers=dict(request.headers)
-            )
-        return _Response(response)
+        pool_full = self._active >= self._limits.max_connections
+        self._active += 1
+        try:
+            with _mapped_errors(pool_full):
+                response = await session.request(
+                    request.method, request.url, data=request.body, headers=dict(request.headers)
+                )
+        except BaseException:
+            self._active -= 1
+            raise
+        return _Response(response, self._release)
+
+    def _release(self) -> None:
+        self._active -= 1
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -8,7 +8,14 @@ from contextlib import contextmanager
 import httpx
 
 from llmbatch._config import Limits, Timeout
-from llmbatch._exceptions import ConnectError, ReadTimeout, RemoteProtocolError
+from llmbatch._exceptions import (
+    ConnectError,
+    ConnectTimeout,
+    PoolTimeout,
+    ReadTimeout,
+    RemoteProtocolError,
+    WriteTimeout,
+)
 from llmbatch._transports.base import HTTPRequest, HTTPResponse
 
 __all__ = ["HttpxTransport"]
@@ -19,10 +26,19 @@ def _mapped_errors() -> Iterator[None]:
     """The one place httpx's exceptions become llmbatch's."""
     try:
         yield
-    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+    except httpx.ConnectError as exc:
         raise ConnectError(f"cannot connect: {exc}") from exc
+    except httpx.ConnectTimeout as exc:
+        raise ConnectTimeout(f"timed out connecting (Timeout.connect): {exc}") from exc
+    except httpx.PoolTimeout as exc:
+        raise PoolTimeout(
+            "timed out waiting for a free connection in the client's pool "
+            "(Timeout.pool; raise Limits.max_connections or lower the load)"
+        ) from exc
+    except httpx.WriteTimeout as exc:
+        raise WriteTimeout("timed out sending the request (Timeout.write)") from exc
     except httpx.TimeoutException as exc:
-        raise ReadTimeout(f"timed out: {type(exc).__name__}") from exc
+        raise ReadTimeout("timed out waiting for the server (Timeout.read)") from exc
     except httpx.HTTPError as exc:
         raise RemoteProtocolError(f"connection dropped mid-response: {exc!r}") from exc
 

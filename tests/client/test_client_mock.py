@@ -359,7 +359,7 @@ async def test_backpressure_nowait_raises_queue_full() -> None:
 async def test_close_drains_queued_work_by_default() -> None:
     fake = FakeServer()
     results: list[str] = []
-    slow = {"normal": BatchPolicy(max_batch_size=100, max_wait=30.0)}
+    slow = {"normal": BatchPolicy(max_batch_size=100, max_wait=30.0, send_when_idle=False)}
     async with client(fake, batching=slow) as c:
 
         async def one() -> None:
@@ -373,7 +373,7 @@ async def test_close_drains_queued_work_by_default() -> None:
 async def test_close_with_cancel_fails_waiting_callers() -> None:
     gate = Gate()
     errors: list[BaseException] = []
-    slow = {"normal": BatchPolicy(max_batch_size=100, max_wait=30.0)}
+    slow = {"normal": BatchPolicy(max_batch_size=100, max_wait=30.0, send_when_idle=False)}
     c = client(gate, on_close="cancel", batching=slow)
 
     async def one(prompt: str, priority: str) -> None:

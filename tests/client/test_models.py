@@ -1,41 +1,137 @@
-"""Models built on the fast path equal validated ones, and behave as documented."""
+"""Results built on the hot path (lazily, from the server's dicts) are the same values
+as results built through their constructors, and behave as immutable values."""
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
+
 import pytest
-from pydantic import ValidationError
 
-from llmbatch import Choice, Completion, Result, Timings, Usage
-from llmbatch._models import trusted
+import llmbatch
+from llmbatch import ChatCompletion, ChatMessage, Choice, Completion, Result, Timings, Usage
+from llmbatch._models import make_chat_completion, make_completion, make_result
+
+RAW_CHOICES = (
+    {"index": 0, "text": "hello", "finish_reason": "stop", "logprobs": None},
+    {"index": 1, "text": "world", "finish_reason": "length"},
+)
 
 
-def test_trusted_construction_equals_validated_construction() -> None:
-    usage = Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7, estimated=True)
-    assert (
-        trusted(Usage, prompt_tokens=3, completion_tokens=4, total_tokens=7, estimated=True)
-        == usage
+def lazy_completion() -> Completion:
+    return make_completion(
+        "cmpl-1", "m", 1700000000, RAW_CHOICES, (3, 9, 12, True), (0.5, 1.5, 8, 2)
     )
-    timings = Timings(queued=0.1, latency=0.5, batch_size=8, attempts=1)
-    assert trusted(Timings, queued=0.1, latency=0.5, batch_size=8, attempts=1) == timings
-    choices = (Choice(text="hi", finish_reason="stop"),)
-    fast = trusted(Completion, id="c", model="m", choices=choices, usage=usage, timings=timings)
-    slow = Completion(id="c", model="m", choices=choices, usage=usage, timings=timings)
-    assert fast == slow
-    assert fast.model_dump() == slow.model_dump()
-    assert fast.text == "hi"
-    with pytest.raises(ValidationError):
-        fast.id = "changed"  # type: ignore[misc]
 
 
-def test_result_unwrap() -> None:
-    ok: Result[str] = Result(index=0, value="v")
-    assert ok.ok
-    assert ok.unwrap() == "v"
-    error = ValueError("x")
-    from llmbatch import InvalidRequestError
+def eager_completion() -> Completion:
+    return Completion(
+        id="cmpl-1",
+        model="m",
+        created=1700000000,
+        choices=(
+            Choice(text="hello", finish_reason="stop"),
+            Choice(text="world", finish_reason="length"),
+        ),
+        usage=Usage(prompt_tokens=3, completion_tokens=9, total_tokens=12, estimated=True),
+        timings=Timings(queued=0.5, latency=1.5, batch_size=8, attempts=2),
+    )
 
-    bad: Result[str] = Result(index=1, error=InvalidRequestError("nope"))
-    assert not bad.ok
-    with pytest.raises(InvalidRequestError):
-        bad.unwrap()
-    del error
+
+def test_lazy_completion_equals_the_constructed_one() -> None:
+    lazy, eager = lazy_completion(), eager_completion()
+    assert lazy.text == "hello"
+    assert lazy.finish_reason == "stop"
+    assert lazy == eager
+    assert hash(lazy) == hash(eager)
+    assert lazy.choices[1] == Choice(text="world", finish_reason="length")
+    assert lazy.usage.total_tokens == 12
+    assert lazy.timings.attempts == 2
+    assert repr(lazy) == repr(eager)
+    assert lazy.to_dict() == eager.to_dict() == lazy.model_dump()
+    assert lazy.to_dict()["choices"][0] == {"text": "hello", "finish_reason": "stop"}
+
+
+def test_fields_read_before_and_after_building_agree() -> None:
+    value = lazy_completion()
+    before = (value.text, value.finish_reason)
+    assert value.choices[0].text == "hello"  # builds the Choice objects
+    assert (value.text, value.finish_reason) == before
+
+
+def test_a_server_sending_odd_types_yields_safe_values() -> None:
+    value = make_completion(
+        "",
+        "",
+        0,
+        ({"index": 0, "text": None, "finish_reason": 5},),
+        (0, 0, 0, False),
+        (0.0, 0.0, 1, 1),
+    )
+    assert value.text == ""
+    assert value.finish_reason is None
+    assert value.choices == (Choice(text="", finish_reason=None),)
+
+
+def test_chat_completion_lazy_equals_constructed() -> None:
+    raw = {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+    lazy = make_chat_completion("c", "m", 1, raw, (1, 2, 3, False), (0.0, 0.1, 1, 1))
+    eager = ChatCompletion(
+        id="c",
+        model="m",
+        created=1,
+        message=ChatMessage(role="assistant", content="hi"),
+        finish_reason="stop",
+        usage=Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3),
+        timings=Timings(queued=0.0, latency=0.1, batch_size=1, attempts=1),
+    )
+    assert lazy == eager
+    assert lazy.text == "hi"
+    no_content = make_chat_completion(
+        "c",
+        "m",
+        1,
+        {"message": {"role": "assistant", "content": None}},
+        (0, 0, 0, False),
+        (0.0, 0.0, 1, 1),
+    )
+    assert no_content.text == ""
+    assert no_content.finish_reason is None
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        (lazy_completion(), "id"),
+        (lazy_completion(), "text"),
+        (Usage(), "prompt_tokens"),
+        (Choice(text="x"), "text"),
+        (make_result(0, lazy_completion(), None, {"k": 1}), "value"),
+    ],
+)
+def test_results_are_immutable(value: object, field: str) -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(value, field, "changed")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        delattr(value, field)
+
+
+def test_results_pickle_and_compare_by_value() -> None:
+    value = lazy_completion()
+    result = make_result(3, value, None, {"row": 7})
+    again = pickle.loads(pickle.dumps(result))
+    assert again == result
+    assert again.value == value
+    assert again.metadata == {"row": 7}
+    assert Result(index=3, value=value, metadata={"row": 7}) == result
+    assert result.ok
+    assert result.unwrap() is value
+
+
+def test_failed_result_unwrap_raises_its_error() -> None:
+    error = llmbatch.BadRequestError("too long", status_code=400)
+    result = make_result(0, None, error, None)
+    assert not result.ok
+    with pytest.raises(llmbatch.BadRequestError, match="too long"):
+        result.unwrap()
+    assert result.to_dict() == {"index": 0, "value": None, "error": "too long", "metadata": None}

@@ -1,68 +1,154 @@
-"""Client-side rate limits (aiolimiter, asyncio only)."""
+"""Client-side rate limits, end to end: the scheduler's token buckets pace what the
+server sees, in tier order, on asyncio and on trio.
+
+The trio tests run on trio's MockClock (virtual time that jumps when every task is
+blocked), so spacing is checked exactly without sleeping; the asyncio tests check
+only what is held back within a short bounded wait."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
 from fake_server import FakeServer
 
-from llmbatch import BatchPolicy, Client, InvalidRequestError, RateLimit
-from llmbatch.transports import MockTransport
+from llmbatch import BatchPolicy, Client, ConfigError, ConfigTypeError, RateLimit
+from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
 
 pytestmark = pytest.mark.anyio
 
-ONE_AT_A_TIME = {"normal": BatchPolicy(max_batch_size=1, max_wait=0)}
+ONE_AT_A_TIME = {
+    tier: BatchPolicy(max_batch_size=1, max_wait=0) for tier in ("realtime", "normal", "batch")
+}
 
 
-async def test_requests_per_minute_holds_back_the_excess() -> None:
+def virtual_trio() -> Any:
+    import trio.testing
+
+    return pytest.param(
+        ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)}), id="trio-virtual-time"
+    )
+
+
+class TimedServer(FakeServer):
+    """Records when (by the event loop's clock) and for which prompt each request came."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[float, str]] = []
+
+    def __call__(self, request: HTTPRequest) -> MockResponse:
+        response = super().__call__(request)
+        if not request.url.endswith("/models"):
+            self.sent.append((anyio.current_time(), self.bodies[-1]["prompt"]))
+        return response
+
+
+@pytest.mark.parametrize("anyio_backend", [virtual_trio()])
+async def test_requests_per_minute_spaces_requests_exactly() -> None:
+    server = TimedServer()
+    async with Client(
+        "http://127.0.0.1:1/v1",
+        transport=MockTransport(server),
+        rate_limit=RateLimit(requests_per_minute=60),
+        batching=ONE_AT_A_TIME,
+    ) as c:
+        start = anyio.current_time()
+        async with anyio.create_task_group() as tg:
+            for i in range(5):
+                tg.start_soon(c.complete, f"p{i}")
+    offsets = [round(t - start, 6) for t, _ in server.sent]
+    assert offsets == [0.0, 1.0, 2.0, 3.0, 4.0]  # a burst of one second's worth: one
+
+
+@pytest.mark.parametrize("anyio_backend", [virtual_trio()])
+async def test_a_short_budget_goes_to_realtime_first() -> None:
+    server = TimedServer()
+    async with Client(
+        "http://127.0.0.1:1/v1",
+        transport=MockTransport(server),
+        rate_limit=RateLimit(requests_per_minute=60),
+        batching=ONE_AT_A_TIME,
+    ) as c:
+        async with anyio.create_task_group() as tg:
+            for i in range(3):
+                tg.start_soon(lambda i=i: c.complete(f"bulk{i}", priority="batch"))
+            await anyio.sleep(0.5)  # one bulk request went at once; the bucket is empty
+            tg.start_soon(lambda: c.complete("rt", priority="realtime"))
+    prompts = [prompt for _, prompt in server.sent]
+    # (trio starts tasks in no set order, so which bulk request went first varies.)
+    assert prompts[1] == "rt"
+    assert sorted(prompts[:1] + prompts[2:]) == ["bulk0", "bulk1", "bulk2"]
+
+
+@pytest.mark.parametrize("anyio_backend", [virtual_trio()])
+async def test_tokens_per_minute_weighs_each_batch() -> None:
+    server = TimedServer()
+    async with Client(
+        "http://127.0.0.1:1/v1",
+        transport=MockTransport(server),
+        rate_limit=RateLimit(tokens_per_minute=6000),  # 100 tokens/s
+        batching=ONE_AT_A_TIME,
+    ) as c:
+        start = anyio.current_time()
+        async with anyio.create_task_group() as tg:
+            for i in range(3):
+                # "pN" estimates 1 token + 49 max_tokens = 50 tokens each.
+                tg.start_soon(lambda i=i: c.complete(f"p{i}", max_tokens=49))
+    offsets = [round(t - start, 6) for t, _ in server.sent]
+    assert offsets == [0.0, 0.0, 0.5]
+
+
+@pytest.mark.parametrize("anyio_backend", [virtual_trio()])
+async def test_retries_count_against_the_rate_limit() -> None:
+    server = TimedServer()
+    failures = iter([True, False])
+
+    def flaky(body: dict[str, Any]) -> MockResponse | None:
+        if next(failures, False):
+            return MockResponse(status=500, json={"error": {"message": "boom"}})
+        return None
+
+    server.intercept = flaky
+    async with Client(
+        "http://127.0.0.1:1/v1",
+        transport=MockTransport(server),
+        rate_limit=RateLimit(requests_per_minute=60),
+        batching=ONE_AT_A_TIME,
+    ) as c:
+        start = anyio.current_time()
+        await c.complete("x")
+    # The failed attempt used the second's budget: the retry waits for the next one.
+    assert [round(t - start, 6) for t, _ in server.sent] == [0.0, 1.0]
+
+
+async def test_requests_per_minute_holds_back_the_excess_on_asyncio() -> None:
     fake = FakeServer()
-    limit = RateLimit(requests_per_minute=2)
     async with Client(
         "http://127.0.0.1:1/v1",
         transport=MockTransport(fake),
-        rate_limit=limit,
+        rate_limit=RateLimit(requests_per_minute=2),
         batching=ONE_AT_A_TIME,
         on_close="cancel",
     ) as c:
         await c.complete("a")
-        await c.complete("b")
-        # The bucket (2 per minute) is empty now: the third waits ~30 s.
+        # The bucket holds one second's worth (one request): the next waits ~30 s.
         with anyio.move_on_after(0.3):
-            await c.complete("c")
-    assert len(fake.bodies) == 2
-
-
-async def test_tokens_per_minute_is_weighted_by_request_size() -> None:
-    fake = FakeServer()
-    limit = RateLimit(tokens_per_minute=300)
-    async with Client(
-        "http://127.0.0.1:1/v1",
-        transport=MockTransport(fake),
-        rate_limit=limit,
-        batching=ONE_AT_A_TIME,
-        on_close="cancel",
-    ) as c:
-        await c.complete("a", max_tokens=200)  # ~201 estimated tokens
-        with anyio.move_on_after(0.3):
-            await c.complete("b", max_tokens=200)  # would exceed 300/min
+            await c.complete("b")
         await anyio.lowlevel.checkpoint()
     assert len(fake.bodies) == 1
 
 
-@pytest.mark.parametrize("anyio_backend", ["trio"])
-async def test_rate_limit_under_trio_is_refused_clearly() -> None:
-    client = Client(
-        "http://127.0.0.1:1/v1",
-        transport=MockTransport(FakeServer()),
-        rate_limit=RateLimit(requests_per_minute=10),
-    )
-    with pytest.raises(InvalidRequestError, match="asyncio"):
-        async with client:
-            pass
-
-
 @pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf")])
 def test_bad_rate_limit_values(value: float) -> None:
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(ConfigError):
         RateLimit(requests_per_minute=value)
+
+
+def test_rate_limit_of_the_wrong_type() -> None:
+    with pytest.raises(ConfigTypeError):
+        RateLimit(tokens_per_minute="100")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Client("http://127.0.0.1:1/v1", rate_limit={"requests_per_minute": 10})  # type: ignore[arg-type]

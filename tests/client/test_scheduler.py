@@ -5,41 +5,27 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from factories import make_request as make
 
-from llmbatch import BatchPolicy, Limits, Priority, QueueFull
-from llmbatch._request import Request, validate
-from llmbatch._scheduler import Scheduler
+from llmbatch import BatchPolicy, Limits, Priority, QueueFull, RateLimit
+from llmbatch._request import State
+from llmbatch._scheduler import Scheduler, TokenBucket
 
 RT, NORMAL, BULK = Priority.REALTIME, Priority.NORMAL, Priority.BATCH
 
 
-def make(
-    priority: Priority = NORMAL,
-    *,
-    at: float = 0.0,
-    prompt: str = "hello",
-    max_tokens: int = 10,
-    deadline: float | None = None,
-    temperature: float | None = None,
-) -> Request:
-    spec = validate(
-        kind="completion",
-        priority=priority,
-        model="m",
-        prompt=prompt,
-        params={"max_tokens": max_tokens, "temperature": temperature},
-        timeout=None,
-        stream=False,
-        max_model_len=None,
+def scheduler(
+    policy: BatchPolicy | None = None, rate_limit: RateLimit | None = None, **limits: object
+) -> Scheduler:
+    """Triggers tested on their own: idle dispatch is off unless the policy says so."""
+    policy = policy or BatchPolicy(
+        max_batch_size=4, max_wait=1.0, max_batch_tokens=10_000, send_when_idle=False
     )
-    request = Request(spec, created_at=at, deadline=deadline)
-    request.enqueued_at = at
-    return request
-
-
-def scheduler(policy: BatchPolicy | None = None, **limits: object) -> Scheduler:
-    policy = policy or BatchPolicy(max_batch_size=4, max_wait=1.0, max_batch_tokens=10_000)
-    return Scheduler(policies={p: policy for p in Priority}, limits=Limits(**limits))  # type: ignore[arg-type]
+    return Scheduler(
+        policies={p: policy for p in Priority},
+        limits=Limits(**limits),  # type: ignore[arg-type]
+        rate_limit=rate_limit,
+    )
 
 
 def test_batch_closes_on_size_before_wait() -> None:
@@ -65,7 +51,9 @@ def test_batch_closes_on_max_wait_from_first_item() -> None:
 
 def test_batch_closes_on_token_budget() -> None:
     # Each request: ~2 prompt tokens + 100 max_tokens = 102 estimated tokens.
-    s = scheduler(BatchPolicy(max_batch_size=100, max_wait=10.0, max_batch_tokens=250))
+    s = scheduler(
+        BatchPolicy(max_batch_size=100, max_wait=10.0, max_batch_tokens=250, send_when_idle=False)
+    )
     s.add(make(max_tokens=100))
     s.add(make(max_tokens=100))
     assert s.poll(0.0).batches == []
@@ -172,7 +160,7 @@ def test_realtime_first_when_lower_tiers_are_not_owed() -> None:
 
 def test_deadline_expires_queued_request() -> None:
     s = scheduler()
-    doomed = make(deadline=0.5)
+    doomed = make(timeout=0.5)
     s.add(doomed)
     s.add(make())
     poll = s.poll(0.4)
@@ -197,14 +185,14 @@ def test_remove_takes_a_cancelled_request_out_at_once() -> None:
     assert s.idle
 
 
-def test_full_queue_raises_queue_full() -> None:
+def test_full_queue_raises_queue_full_for_nowait_callers() -> None:
     s = scheduler(max_queued=2)
     s.add(make())
     s.add(make())
-    assert not s.has_room(NORMAL)
     with pytest.raises(QueueFull):
-        s.add(make())
-    assert s.has_room(RT)  # tiers have their own queues
+        s.add(make(), nowait=True)
+    s.add(make(RT), nowait=True)  # tiers have their own queues
+    assert s.queued(NORMAL) == 2
 
 
 def test_flush_sends_everything_regardless_of_triggers() -> None:
@@ -227,3 +215,146 @@ def test_request_too_big_for_the_free_token_room_waits_without_spinning() -> Non
     for request in first.requests:
         s.finish(request)
     assert len(s.poll(0.0, flush=True).batches) == 2
+
+
+def test_idle_tier_sends_at_once_then_batches_while_busy() -> None:
+    """Like Nagle's algorithm: nothing in flight, no reason to wait; while the tier
+    has requests in flight, newcomers wait for company."""
+    s = scheduler(BatchPolicy(max_batch_size=4, max_wait=1.0))
+    first = make()
+    assert s.add(first)
+    (batch,) = s.poll(0.0).batches
+    assert batch.requests == (first,)
+    s.add(make(at=0.1))
+    s.add(make(at=0.2))
+    poll = s.poll(0.2)
+    assert poll.batches == []
+    assert poll.next_wakeup == pytest.approx(1.1)
+    s.finish(first)
+    (together,) = s.poll(0.3).batches  # idle again: the two waiting go at once
+    assert len(together.requests) == 2
+
+
+def test_callers_beyond_the_queue_wait_in_order_and_are_admitted_one_per_place() -> None:
+    s = scheduler(
+        BatchPolicy(max_batch_size=1, max_wait=0.0),
+        max_queued=2,
+        max_in_flight=1,
+        reserved_realtime=0,
+    )
+    requests = [make(at=float(i)) for i in range(6)]
+    for r in requests:
+        s.add(r)
+    assert [r.state for r in requests] == [State.QUEUED] * 2 + [State.WAITING] * 4
+    assert s.queued(NORMAL) == 6
+    sent = []
+    for step in range(6):
+        (batch,) = s.poll(10.0 + step).batches
+        sent.extend(batch.requests)
+        # Exactly one waiting caller was admitted per place freed, oldest first.
+        admitted = [r for r in requests if r.state == State.QUEUED]
+        assert len(admitted) == min(2, 5 - step)
+        s.finish(batch.requests[0])
+    assert sent == requests
+    assert requests[2].enqueued_at == 10.0  # its batch timer started at admission
+
+
+def test_a_caller_that_leaves_the_wait_for_room_gives_up_its_turn() -> None:
+    s = scheduler(
+        BatchPolicy(max_batch_size=1, max_wait=0.0),
+        max_queued=1,
+        max_in_flight=1,
+        reserved_realtime=0,
+    )
+    a, b, c = make(), make(), make()
+    for r in (a, b, c):
+        s.add(r)
+    assert s.remove(b)
+    assert not s.remove(b)
+    assert s.queued(NORMAL) == 2
+    (first,) = s.poll(0.0).batches
+    s.finish(first.requests[0])
+    (second,) = s.poll(0.0).batches
+    assert [first.requests, second.requests] == [(a,), (c,)]
+
+
+def test_deadlines_expire_waiting_and_in_flight_requests_too() -> None:
+    s = scheduler(
+        BatchPolicy(max_batch_size=1, max_wait=0.0),
+        max_queued=1,
+        max_in_flight=1,
+        reserved_realtime=0,
+    )
+    flying, queued, waiting = make(timeout=1.0), make(timeout=2.0), make(timeout=3.0)
+    for r in (flying, queued, waiting):
+        s.add(r)
+    (batch,) = s.poll(0.0).batches
+    assert batch.requests == (flying,)
+    assert s.poll(0.5).next_wakeup == pytest.approx(1.0)
+    assert s.poll(1.0).expired == [flying]  # still flying: the engine cancels it
+    assert s.poll(2.0).expired == [queued]
+    assert s.poll(3.0).expired == [waiting]
+    assert s.queued(NORMAL) == 0
+
+
+def test_requests_per_minute_spaces_batches_in_tier_order() -> None:
+    s = scheduler(
+        BatchPolicy(max_batch_size=1, max_wait=0.0),
+        rate_limit=RateLimit(requests_per_minute=60),  # one a second, burst of one
+        max_in_flight=100,
+    )
+    for tier in (BULK, NORMAL, BULK):
+        s.add(make(tier))
+    first = s.poll(0.0)
+    assert [b.priority for b in first.batches] == [NORMAL]
+    assert first.next_wakeup == pytest.approx(1.0)
+    s.add(make(RT, at=0.5))
+    assert s.poll(0.5).batches == []
+    assert [b.priority for b in s.poll(1.0).batches] == [RT]  # realtime first
+    assert [b.priority for b in s.poll(2.0).batches] == [BULK]
+    assert [b.priority for b in s.poll(3.0).batches] == [BULK]
+
+
+def test_tokens_per_minute_lets_an_oversize_batch_go_and_the_debt_delays_the_next() -> None:
+    s = scheduler(
+        BatchPolicy(max_batch_size=1, max_wait=0.0),
+        rate_limit=RateLimit(tokens_per_minute=600),  # 10 tokens/s, bucket of 10
+        max_in_flight=100,
+    )
+    big, small = make(max_tokens=28), make(max_tokens=8)  # 30 and 10 estimated tokens
+    s.add(big)
+    s.add(small)
+    poll = s.poll(0.0)
+    assert [b.requests for b in poll.batches] == [(big,)]
+    assert poll.next_wakeup == pytest.approx(3.0)  # -20 tokens back to +10
+    assert s.poll(2.9).batches == []
+    assert [b.requests for b in s.poll(3.0).batches] == [(small,)]
+
+
+def test_token_bucket_reserve_returns_the_wait_for_the_debt() -> None:
+    bucket = TokenBucket(rate=2.0, capacity=2.0)
+    assert bucket.reserve(0.0, 1) == 0.0
+    assert bucket.reserve(0.0, 3) == pytest.approx(1.0)  # level -2 → 0 after 1 s
+    assert bucket.wait_time(1.0, 1) == pytest.approx(0.5)
+    assert bucket.wait_time(1.5, 1) == 0.0
+
+
+def test_a_stream_never_shares_a_batch() -> None:
+    s = scheduler(BatchPolicy(max_batch_size=8, max_wait=0.0))
+    for _ in range(3):
+        s.add(make(RT, stream=True))
+    s.add(make(RT))  # same parameters, not streamed: never in a stream's batch
+    batches = s.poll(0.0).batches
+    assert sorted(len(b.requests) for b in batches) == [1, 1, 1, 1]
+    for batch in batches:
+        assert len({r.spec.stream for r in batch.requests}) == 1
+
+
+def test_add_asks_for_a_poll_only_when_something_new_is_due() -> None:
+    s = scheduler(BatchPolicy(max_batch_size=3, max_wait=1.0, send_when_idle=False))
+    assert s.add(make())  # a new group: a new timer
+    s.poll(0.0)
+    assert not s.add(make())  # the group's timer covers it
+    assert s.add(make())  # the batch is full
+    s.poll(0.0)
+    assert s.add(make(timeout=0.5))  # a deadline before the planned wake-up

@@ -24,6 +24,8 @@ def prompts_sent(fake: FakeServer) -> list[str]:
         if "prompt" in body:
             prompt = body["prompt"]
             sent += prompt if isinstance(prompt, list) else [prompt]
+        elif isinstance(body["messages"][0], list):  # the chat batch route
+            sent += [conversation[-1]["content"] for conversation in body["messages"]]
         else:
             sent.append(body["messages"][-1]["content"])
     return sent
@@ -191,7 +193,7 @@ async def test_a_failed_request_gets_an_error_line_and_can_be_retried(tmp_path: 
 
 async def test_retried_requests_are_counted(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "x"), chat_line("b", "y")])
-    fake = FakeServer()
+    fake = FakeServer(chat_batch=False)  # one exchange per conversation: one is retried
     seen: set[str] = set()
 
     def flaky(body: dict[str, Any]) -> MockResponse | None:

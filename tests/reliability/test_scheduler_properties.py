@@ -8,7 +8,8 @@ against it after every step:
 - every submitted request ends exactly once (dispatched, expired or removed);
 - no request is in two batches; batches respect size, token budget, tier and
   compatibility;
-- queue, in-flight and realtime-reservation limits are never exceeded;
+- queue, in-flight and realtime-reservation limits are never exceeded; callers
+  beyond a full queue are admitted in arrival order, one per freed place;
 - tiers go in order, and lower tiers get (no less and not much more than) their
   minimum share while higher tiers keep the scheduler busy;
 - deadlines fire: nothing past its deadline stays queued, nothing expires early,
@@ -21,11 +22,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
+from factories import make_request as build
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmbatch import BatchPolicy, Limits, Priority, QueueFull
-from llmbatch._request import Request, validate
+from llmbatch._request import Request, State
 from llmbatch._scheduler import Poll, Scheduler
 
 RT, NORMAL, BULK = Priority.REALTIME, Priority.NORMAL, Priority.BATCH
@@ -36,6 +38,7 @@ policy_st = st.builds(
     max_batch_size=st.integers(1, 6),
     max_wait=st.sampled_from([0.0, 0.05, 0.5]),
     max_batch_tokens=st.integers(60, 800),
+    send_when_idle=st.booleans(),
 )
 limits_st = st.integers(1, 8).flatmap(
     lambda seqs: st.builds(
@@ -65,31 +68,27 @@ def make_request(
     tier: Priority,
     max_tokens: int = 4,
     temperature: float | None = None,
-    rel_deadline: float | None = None,
+    timeout: float | None = None,
 ) -> Request:
-    """A request created and queued at ``now`` (as the engine stamps it)."""
-    spec = validate(
-        kind="completion",
-        priority=tier,
-        model="m",
+    """A request created at ``now`` (its deadline ``now + timeout``)."""
+    return build(
+        tier,
+        at=now,
         prompt="hello there",
-        params={"max_tokens": max_tokens, "temperature": temperature},
-        timeout=None,
-        stream=False,
-        max_model_len=None,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        timeout=timeout,
     )
-    deadline = None if rel_deadline is None else now + rel_deadline
-    request = Request(spec, created_at=now, deadline=deadline)
-    request.enqueued_at = now
-    return request
 
 
 @dataclass
 class Model:
-    """What the test believes: who is queued, who is in flight, who has ended."""
+    """What the test believes: who waits for room, who is queued, who is in flight,
+    who has ended."""
 
     policies: dict[Priority, BatchPolicy]
     limits: Limits
+    waiting: dict[Priority, list[Request]] = field(default_factory=lambda: {p: [] for p in TIERS})
     queued: dict[Priority, list[Request]] = field(default_factory=lambda: {p: [] for p in TIERS})
     in_flight: list[Request] = field(default_factory=list)
     ended: dict[int, str] = field(default_factory=dict)
@@ -98,18 +97,25 @@ class Model:
 
     def add(self, request: Request) -> None:
         self.added.append(request)
-        self.queued[request.priority].append(request)
+        tier = request.priority
+        if self.waiting[tier] or len(self.queued[tier]) >= self.limits.max_queued:
+            self.waiting[tier].append(request)
+        else:
+            self.queued[tier].append(request)
+
+    def tier_idle(self, tier: Priority) -> bool:
+        return not any(r.priority is tier for r in self.in_flight)
 
     def ready_groups(self, tier: Priority, now: float, flush: bool) -> list[list[Request]]:
         """The tier's compatible groups that have hit a batch trigger, by the
-        documented rules (size, max_wait, token budget, flush)."""
+        documented rules (size, max_wait, token budget, idle tier, flush)."""
         policy = self.policies[tier]
-        groups: dict[tuple[object, ...], list[Request]] = {}
-        for request in self.queued[tier]:
-            groups.setdefault(request.spec.compat_key, []).append(request)
+        groups = _groups(self.queued[tier])
+        if policy.send_when_idle and self.tier_idle(tier):
+            return groups
         return [
             group
-            for group in groups.values()
+            for group in groups
             if flush
             or len(group) >= policy.max_batch_size
             or group[0].enqueued_at + policy.max_wait <= now
@@ -128,11 +134,28 @@ def check_poll(s: Scheduler, model: Model, poll: Poll, now: float, flush: bool) 
     """Every per-poll invariant; updates ``model`` with what the poll did."""
     limits = model.limits
     for request in poll.expired:
-        assert id(request) not in model.ended, "a request ended twice"
         assert request.deadline is not None
         assert request.deadline <= now, "expired early"
-        model.queued[request.priority].remove(request)
+        if request in model.in_flight:
+            # Still flying: the engine fails it and cancels its exchange; its seat is
+            # returned when the exchange ends, as for any in-flight request.
+            assert model.ended[id(request)] == "dispatched"
+            model.ended[id(request)] = "expired in flight"
+            continue
+        assert id(request) not in model.ended, "a request ended twice"
+        tier = request.priority
+        where = model.waiting[tier] if request in model.waiting[tier] else model.queued[tier]
+        where.remove(request)
         model.ended[id(request)] = "expired"
+    for tier in TIERS:
+        # Admission: callers waiting for room enter the queue in arrival order.
+        # (Some may have been dispatched in the same poll.)
+        admitted = [r for r in model.waiting[tier] if r.state in (State.QUEUED, State.IN_FLIGHT)]
+        assert admitted == model.waiting[tier][: len(admitted)], "admitted out of order"
+        del model.waiting[tier][: len(admitted)]
+        model.queued[tier].extend(admitted)
+        for request in admitted:
+            assert request.enqueued_at == now, "an admitted request's timer did not restart"
     for batch in poll.batches:
         policy = model.policies[batch.priority]
         assert 1 <= len(batch.requests) <= policy.max_batch_size
@@ -161,18 +184,26 @@ def check_poll(s: Scheduler, model: Model, poll: Poll, now: float, flush: bool) 
     )
     if sum(r.est_tokens for r in bulk) > max(1, bulk_token_cap):
         assert len(bulk) == 1, "bulk token share exceeded by more than one request"
-    # Queues match the model and respect max_queued.
+    # Queues match the model and respect max_queued; nobody waits while there is room.
     for tier in TIERS:
-        assert s.queued(tier) == len(model.queued[tier]) <= limits.max_queued
-    # Deadlines fire: nothing past its deadline is still queued.
+        assert len(model.queued[tier]) <= limits.max_queued
+        assert s.queued(tier) == len(model.queued[tier]) + len(model.waiting[tier])
+        if model.waiting[tier]:
+            assert len(model.queued[tier]) == limits.max_queued, "a caller waits with room free"
+    # Deadlines fire: nothing past its deadline is still waiting, queued or flying.
     for tier in TIERS:
-        for request in model.queued[tier]:
+        for request in model.queued[tier] + model.waiting[tier]:
             assert request.deadline is None or request.deadline > now, "deadline did not fire"
+    for request in model.in_flight:
+        if model.ended[id(request)] == "dispatched":
+            assert request.deadline is None or request.deadline > now, "in-flight deadline missed"
     # The wake-up time never lets a deadline or a batch timer slip.
     if poll.next_wakeup is not None:
         assert poll.next_wakeup > now
     for tier in TIERS:
-        for request in model.queued[tier]:
+        live = model.queued[tier] + model.waiting[tier]
+        live += [r for r in model.in_flight if model.ended[id(r)] == "dispatched"]
+        for request in live:
             if request.deadline is not None:
                 assert poll.next_wakeup is not None
                 assert poll.next_wakeup <= request.deadline
@@ -215,13 +246,12 @@ def test_every_request_ends_exactly_once_within_limits(
         if op == "add":
             request = make_request(now, *arg)  # type: ignore[misc]
             tier = request.priority
-            if len(model.queued[tier]) >= limits.max_queued:
-                assert not s.has_room(tier)
+            full = model.waiting[tier] or len(model.queued[tier]) >= limits.max_queued
+            if full and request.seq % 2:  # half the callers would rather not wait
                 with pytest.raises(QueueFull):
-                    s.add(request)
+                    s.add(request, nowait=True)
                 continue
-            assert s.has_room(tier)
-            s.add(request)
+            s.add(request, nowait=not full)
             model.add(request)
         elif op == "tick":
             now += arg  # type: ignore[operator]
@@ -229,12 +259,14 @@ def test_every_request_ends_exactly_once_within_limits(
             for _ in range(min(int(arg), len(model.in_flight))):  # type: ignore[call-overload]
                 s.finish(model.in_flight.pop(0))
         else:  # a caller went away: its request leaves the queue at once
-            waiting = [r for tier in TIERS for r in model.queued[tier]]
+            waiting = [r for t in TIERS for r in model.queued[t] + model.waiting[t]]
             if waiting:
                 victim = waiting[int(arg) % len(waiting)]  # type: ignore[call-overload]
                 assert s.remove(victim)
                 assert not s.remove(victim)
-                model.queued[victim.priority].remove(victim)
+                tier = victim.priority
+                where = model.waiting[tier] if victim in model.waiting[tier] else model.queued[tier]
+                where.remove(victim)
                 model.ended[id(victim)] = "removed"
             elif model.in_flight:
                 assert not s.remove(model.in_flight[0])  # dispatched: not in a queue
@@ -282,7 +314,10 @@ def test_tiers_go_in_order_when_no_share_is_owed(
     )
     policies = {
         p: BatchPolicy(
-            max_batch_size=pol.max_batch_size, max_wait=pol.max_wait, max_batch_tokens=10**6
+            max_batch_size=pol.max_batch_size,
+            max_wait=pol.max_wait,
+            max_batch_tokens=10**6,
+            send_when_idle=pol.send_when_idle,
         )
         for p, pol in policies.items()
     }

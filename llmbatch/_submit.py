@@ -1,0 +1,79 @@
+"""Turning a call into a request and waiting for its outcome: the one path that
+``complete``, ``chat``, ``stream`` and ``map`` share.
+
+The client keeps configuration, lifetime and the public methods; the map runner
+keeps its window and results; both build requests and hand them to the engine here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from llmbatch._clock import Clock
+from llmbatch._engine import Engine
+from llmbatch._request import CallSpec, Kind, Request
+from llmbatch._validate import SpecCache, check_messages, check_prompt
+
+__all__ = ["Submitter"]
+
+
+class Submitter:
+    """Validates calls into requests and submits them to one client's engine."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        specs: SpecCache,
+        *,
+        clock: Clock,
+        loop: asyncio.AbstractEventLoop | None,
+    ) -> None:
+        self.engine = engine
+        self.specs = specs
+        self.now = clock
+        self._loop = loop
+
+    def spec(
+        self,
+        kind: Kind,
+        priority: object,
+        max_tokens: object,
+        timeout: object,
+        params: Mapping[str, Any],
+        *,
+        stream: bool = False,
+    ) -> CallSpec:
+        """The validated options of a call (raises :class:`InvalidRequestError`)."""
+        return self.specs.get(kind, priority, max_tokens, timeout, params, stream)
+
+    def request(self, spec: CallSpec, payload: object) -> Request:
+        """One request for a prompt (``spec.kind == "completion"``) or a conversation."""
+        if spec.kind == "completion":
+            est_tokens = check_prompt(payload, spec, self.specs.max_model_len)
+            return Request(spec, payload, None, est_tokens, self.now())  # type: ignore[arg-type]
+        messages, est_tokens = check_messages(payload, spec)
+        return Request(spec, None, messages, est_tokens, self.now())
+
+    async def wait(self, request: Request) -> None:
+        """Return once ``request`` is settled."""
+        await request.wait(self._loop)
+
+    async def call(self, request: Request, *, nowait: bool = False) -> Any:
+        """Submit ``request`` and return its value, or raise its error.
+
+        The request's deadline (its ``timeout``) is kept by the scheduler, not by a
+        timer here; a caller that is cancelled takes its request out of the queue,
+        or out of its HTTP exchange if it was the last one waiting on it.
+        """
+        engine = self.engine
+        engine.submit(request, nowait=nowait)
+        try:
+            await request.wait(self._loop)
+        finally:
+            if not request.done:
+                engine.abandon(request)
+        if request.error is not None:
+            raise request.error
+        return request.value

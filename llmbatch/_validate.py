@@ -1,0 +1,249 @@
+"""Call-site validation: bad input raises here, before anything is queued or sent, and
+touches no other request.
+
+A call's options (tier, sampling parameters, timeout) are checked once per distinct
+set and cached as a :class:`CallSpec`, since a bulk map or a burst of ``complete()``
+calls repeats the same options for every prompt; each prompt or conversation is
+still checked on its own. Wrong types raise :class:`InvalidTypeError` (also a
+``TypeError``), bad values :class:`InvalidRequestError` (also a ``ValueError``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from llmbatch._config import parse_priority
+from llmbatch._exceptions import InvalidRequestError, InvalidTypeError
+from llmbatch._request import CallSpec, Kind
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "SpecCache",
+    "check_messages",
+    "check_prompt",
+    "estimate_tokens",
+    "validate_options",
+]
+
+#: ``max_tokens`` assumed for budgeting when the caller gives none (vLLM's default for
+#: /v1/completions is 16; chat has none, so budget a typical answer).
+DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 512}
+_CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
+#: Set by llmbatch itself; a caller passing them would break batching.
+_RESERVED = ("prompt", "messages", "model", "stream", "stream_options", "priority")
+
+
+def estimate_tokens(text: str) -> int:
+    """A cheap upper-ish estimate of a text's token count (≈4 characters a token)."""
+    return len(text) // 4 + 1
+
+
+def _bad(message: str, name: str) -> InvalidRequestError:
+    return InvalidRequestError(message, field=name)
+
+
+def _wrong_type(name: str, expected: str, value: object) -> InvalidTypeError:
+    shown = repr(value)
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    return InvalidTypeError(
+        f"{name} must be {expected}, got {type(value).__name__} {shown}", field=name
+    )
+
+
+def _positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _wrong_type(name, "a positive int", value)
+    if value < 1:
+        raise _bad(f"{name} must be a positive int, got {value!r}", name)
+    return value
+
+
+def _number(params: Mapping[str, Any], name: str, lo: float, hi: float) -> None:
+    value = params.get(name)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _wrong_type(name, "a number", value)
+    if not math.isfinite(value) or not lo <= value <= hi:
+        raise _bad(f"{name} must be a finite number between {lo} and {hi}, got {value!r}", name)
+
+
+def validate_options(
+    *,
+    kind: Kind,
+    priority: object,
+    model: str,
+    params: Mapping[str, Any],
+    timeout: object,
+    stream: bool,
+    max_model_len: int | None,
+) -> CallSpec:
+    """Check a call's options and build its :class:`CallSpec`, or raise."""
+    tier = parse_priority(priority)
+    checked = {k: v for k, v in params.items() if v is not None}
+    for reserved in _RESERVED:
+        if reserved in checked:
+            raise _bad(
+                f"{reserved!r} is set by llmbatch and cannot be passed as a parameter", reserved
+            )
+    max_tokens_given = checked.get("max_tokens")
+    if max_tokens_given is not None:
+        _positive_int(max_tokens_given, "max_tokens")
+        if max_model_len is not None and max_tokens_given > max_model_len:
+            raise _bad(
+                f"max_tokens={max_tokens_given} exceeds the server's max_model_len of "
+                f"{max_model_len}",
+                "max_tokens",
+            )
+    n = _positive_int(checked.get("n", 1), "n")
+    _number(checked, "temperature", 0.0, 100.0)
+    _number(checked, "top_p", 0.0, 1.0)
+    _number(checked, "presence_penalty", -2.0, 2.0)
+    _number(checked, "frequency_penalty", -2.0, 2.0)
+    stop = checked.get("stop")
+    if stop is not None and not (
+        isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
+        raise _wrong_type("stop", "a str or a list of str", stop)
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise _wrong_type("timeout", "a number of seconds or None", timeout)
+        if not math.isfinite(timeout) or timeout <= 0:
+            raise _bad(f"timeout must be a positive number of seconds, got {timeout!r}", "timeout")
+    try:
+        params_json = json.dumps(checked, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidTypeError(f"parameters must be JSON-serialisable: {exc}") from None
+    return CallSpec(
+        kind=kind,
+        priority=tier,
+        model=model,
+        params=checked,
+        params_json=params_json,
+        max_tokens=int(max_tokens_given or DEFAULT_MAX_TOKENS[kind]),
+        n=n,
+        timeout=None if timeout is None else float(timeout),
+        stream=stream,
+    )
+
+
+class SpecCache:
+    """Validated :class:`CallSpec` objects by the options that made them, for one model.
+
+    Bounded: past ``size`` distinct option sets it starts afresh.
+    """
+
+    def __init__(self, model: str, max_model_len: int | None, *, size: int = 512) -> None:
+        self.model = model
+        self.max_model_len = max_model_len
+        self._size = size
+        self._specs: dict[tuple[object, ...], CallSpec] = {}
+
+    def get(
+        self,
+        kind: Kind,
+        priority: object,
+        max_tokens: object,
+        timeout: object,
+        params: Mapping[str, Any],
+        stream: bool = False,
+    ) -> CallSpec:
+        """The spec for these options (validated on first sight; raises if invalid)."""
+        try:
+            # The value's type is part of the key: True == 1 == 1.0, but not as JSON.
+            key: tuple[object, ...] | None = (
+                kind,
+                priority,
+                type(max_tokens),
+                max_tokens,
+                type(timeout),
+                timeout,
+                stream,
+                tuple([(k, type(v), v) for k, v in params.items()]),
+            )
+            spec = self._specs.get(key)  # type: ignore[arg-type]
+        except TypeError:  # an unhashable value (a list of stop strings): not cached
+            key, spec = None, None
+        if spec is not None:
+            return spec
+        if max_tokens is not None:
+            params = {**params, "max_tokens": max_tokens}
+        spec = validate_options(
+            kind=kind,
+            priority=priority,
+            model=self.model,
+            params=params,
+            timeout=timeout,
+            stream=stream,
+            max_model_len=self.max_model_len,
+        )
+        if key is not None:
+            if len(self._specs) >= self._size:
+                self._specs.clear()
+            self._specs[key] = spec
+        return spec
+
+
+def check_prompt(prompt: object, spec: CallSpec, max_model_len: int | None) -> int:
+    """Check one completion prompt; returns its in-flight token estimate."""
+    if not isinstance(prompt, str):
+        raise _wrong_type("prompt", "a str", prompt)
+    if not prompt:
+        raise _bad("prompt must not be empty", "prompt")
+    size = len(prompt)
+    if not prompt.isascii():
+        try:
+            size = len(prompt.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise _bad(f"prompt is not valid Unicode text ({exc.reason})", "prompt") from None
+    if max_model_len is not None:
+        # A lower bound for any common tokenizer: no token spans more than 16 bytes of
+        # ordinary text, so this never refuses a prompt the server would take.
+        at_least = size // 16
+        if at_least + spec.max_tokens > max_model_len:
+            raise _bad(
+                f"prompt (at least {at_least} tokens) + max_tokens ({spec.max_tokens}) exceeds "
+                f"the server's max_model_len of {max_model_len}",
+                "prompt",
+            )
+    return spec.n * (len(prompt) // 4 + 1 + spec.max_tokens)
+
+
+def _check_text(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise _wrong_type(name, "a str", value)
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _bad(f"{name} is not valid Unicode text ({exc.reason})", name) from None
+    return value
+
+
+def check_messages(messages: object, spec: CallSpec) -> tuple[tuple[Mapping[str, Any], ...], int]:
+    """Check one conversation; returns it as a tuple, and its in-flight token estimate."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise _wrong_type("messages", "a list of {'role': ..., 'content': ...} dicts", messages)
+    if not messages:
+        raise _bad("messages must not be empty", "messages")
+    chars = 0
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise _wrong_type(f"messages[{i}]", "a dict", message)
+        role = message.get("role")
+        if role not in _CHAT_ROLES:
+            raise _bad(f"messages[{i}] has unknown role {role!r}", "messages")
+        content = message.get("content")
+        if isinstance(content, str):
+            _check_text(content, f"messages[{i}].content")
+            chars += len(content)
+        elif content is None and role == "assistant":
+            pass
+        elif not isinstance(content, list):
+            raise _wrong_type(f"messages[{i}].content", "a str or a list of parts", content)
+    prompt_tokens = chars // 4 + 4 * len(messages)
+    return tuple(messages), spec.n * (prompt_tokens + spec.max_tokens)

@@ -1,0 +1,30 @@
+"""Requests built the way the client builds them, for tests of the pure scheduler."""
+
+from __future__ import annotations
+
+from llmbatch import Priority
+from llmbatch._request import Request
+from llmbatch._validate import check_prompt, validate_options
+
+
+def make_request(
+    priority: Priority = Priority.NORMAL,
+    *,
+    at: float = 0.0,
+    prompt: str = "hello",
+    max_tokens: int = 10,
+    timeout: float | None = None,
+    temperature: float | None = None,
+    stream: bool = False,
+) -> Request:
+    """A completion request created at ``at`` (its deadline is ``at + timeout``)."""
+    spec = validate_options(
+        kind="completion",
+        priority=priority,
+        model="m",
+        params={"max_tokens": max_tokens, "temperature": temperature},
+        timeout=timeout,
+        stream=stream,
+        max_model_len=None,
+    )
+    return Request(spec, prompt, None, check_prompt(prompt, spec, None), at)
