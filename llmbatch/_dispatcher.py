@@ -33,7 +33,7 @@ from llmbatch._exceptions import (
     TimeoutException,
     TransportError,
 )
-from llmbatch._models import make_chat_completion, make_completion
+from llmbatch._models import ChatCompletion, Completion, Delivery, make_answer
 from llmbatch._request import Flight, Request
 from llmbatch._scheduler import Batch
 from llmbatch._stats import StatsRecorder
@@ -93,14 +93,20 @@ class Dispatcher:
         flight = Flight(requests)
         for request in requests:
             request.flight = flight
-        with flight.scope:
-            spec = requests[0].spec
-            if spec.stream:
-                await self._stream(requests[0])
-            elif spec.kind == "completion":
-                await self._complete(list(requests))
-            else:
-                await self._chat(list(requests))
+        try:
+            with flight.scope:
+                spec = requests[0].spec
+                if spec.stream:
+                    await self._stream(requests[0])
+                elif spec.kind == "completion":
+                    await self._complete(list(requests))
+                else:
+                    await self._chat(list(requests))
+        finally:
+            # Request -> flight -> requests is a cycle: break it so that answered
+            # requests are freed at once, not by the garbage collector.
+            for request in requests:
+                request.flight = None
 
     # -- completions -------------------------------------------------------------------
 
@@ -339,34 +345,30 @@ class Dispatcher:
     def _deliver(self, requests: Sequence[Request], answers: Answers) -> None:
         now = self._now()
         size = len(requests)
-        make = make_completion if requests[0].spec.kind == "completion" else _make_chat
-        usages = split_usage(answers.usage, requests, answers.choices)
+        first = requests[0]
+        usage = answers.usage
+        delivery = Delivery(
+            answers.id,
+            answers.model,
+            answers.created,
+            batch_size=size,
+            attempts=first.attempts,  # the requests of one exchange share their attempts
+            dispatched_at=first.dispatched_at if first.dispatched_at is not None else now,
+            finished_at=now,
+            estimated=size > 1,
+            total_tokens=usage[2] if size == 1 else None,
+        )
+        kind = Completion if first.spec.kind == "completion" else ChatCompletion
+        prompt_parts, completion_parts = split_usage(usage, requests, answers.choices)
         settle = self._stats.settle_value
-        for request, choices, usage in zip(requests, answers.choices, usages, strict=True):
+        for request, choices, prompt, completion in zip(
+            requests, answers.choices, prompt_parts, completion_parts, strict=True
+        ):
             created = request.created_at
-            dispatched = request.dispatched_at
-            latency = now - created
-            timings = (
-                (dispatched if dispatched is not None else now) - created,
-                latency,
-                size,
-                request.attempts,
-            )
-            value = make(answers.id, answers.model, answers.created, choices, usage, timings)
-            settle(request, value, latency, usage[0], usage[1])
+            value = make_answer(kind, delivery, created, prompt, completion, choices)
+            settle(request, value, now - created, prompt, completion)
 
     def _fail_all(self, requests: Sequence[Request], error: RequestError) -> None:
         settle = self._stats.settle_error
         for request in requests:
             settle(request, error.for_request(request.id, request.attempts))
-
-
-def _make_chat(
-    id: str,
-    model: str,
-    created: int,
-    choices: tuple[Mapping[str, Any], ...],
-    usage: Any,
-    timings: Any,
-) -> Any:
-    return make_chat_completion(id, model, created, choices[0], usage, timings)

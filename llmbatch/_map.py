@@ -77,6 +77,7 @@ class _Run:
         self.ready: deque[_Item] = deque()
         self.specs: dict[Kind, CallSpec] = {}
         """The map's own options validated once, per kind of plain input."""
+        self.on_done = self.finished  # one bound method for every item
         self._room = anyio.Event()
         self._feeder_waiting = False
         self._news = anyio.Event()
@@ -119,8 +120,8 @@ class _Run:
     def finished(self, request: Request) -> None:
         """A submitted item's outcome is in (called by the request itself)."""
         self.outstanding.discard(request)
-        index, metadata = request.tag
-        self.emit(index, make_result(index, request.value, request.error, metadata))
+        index = request.index
+        self.emit(index, make_result(index, request.value, request.error, request.metadata))
 
     def _notify(self) -> None:
         if self._consumer_waiting:
@@ -311,9 +312,10 @@ class MapRunner:
         except LLMBatchError as exc:
             run.emit(index, make_result(index, None, exc, metadata))
             return
-        request.tag = (index, metadata)
+        request.index = index
+        request.metadata = metadata
         run.outstanding.add(request)
-        request.on_done(run.finished)
+        request.on_done(run.on_done)
         try:
             submitter.engine.submit(request)
         except LLMBatchError as exc:  # pragma: no cover - submit only raises with nowait

@@ -23,11 +23,11 @@ __all__ = [
     "ChatMessage",
     "Choice",
     "Completion",
+    "Delivery",
     "Result",
     "Timings",
     "Usage",
-    "make_chat_completion",
-    "make_completion",
+    "make_answer",
     "make_result",
 ]
 
@@ -95,13 +95,6 @@ class ChatMessage:
     content: str | None = None
 
 
-# What the dispatcher stores until a field is read: the server's choice dicts, and
-# plain tuples for usage (prompt, completion, total, estimated) and timings
-# (queued, latency, batch_size, attempts).
-RawUsage = tuple[int, int, int, bool]
-RawTimings = tuple[float, float, int, int]
-
-
 def _text(raw: Mapping[str, Any], key: str = "text") -> str:
     value = raw.get(key)
     return value if isinstance(value, str) else ""
@@ -112,51 +105,122 @@ def _finish(raw: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _usage(value: Usage | RawUsage) -> Usage:
-    if isinstance(value, Usage):
-        return value
-    prompt, completion, total, estimated = value
-    return Usage(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=total, estimated=estimated
+# How the wire module hands over one request's usage: (prompt, completion, total,
+# estimated).
+RawUsage = tuple[int, int, int, bool]
+
+
+class Delivery:
+    """What one HTTP response tells every request it answered: kept once and shared
+    by their results, not copied into each (fewer objects and fields per result)."""
+
+    __slots__ = (
+        "attempts",
+        "batch_size",
+        "created",
+        "dispatched_at",
+        "estimated",
+        "finished_at",
+        "id",
+        "model",
+        "total_tokens",
     )
 
+    def __init__(
+        self,
+        id: str,
+        model: str,
+        created: int,
+        *,
+        batch_size: int,
+        attempts: int,
+        dispatched_at: float,
+        finished_at: float,
+        estimated: bool,
+        total_tokens: int | None,
+    ) -> None:
+        self.id = id
+        self.model = model
+        self.created = created
+        self.batch_size = batch_size
+        self.attempts = attempts
+        self.dispatched_at = dispatched_at
+        self.finished_at = finished_at
+        self.estimated = estimated
+        self.total_tokens = total_tokens
+        """The server's total for a request answered alone (None: prompt + completion)."""
 
-def _timings(value: Timings | RawTimings) -> Timings:
-    if isinstance(value, Timings):
-        return value
-    queued, latency, batch_size, attempts = value
-    return Timings(queued=queued, latency=latency, batch_size=batch_size, attempts=attempts)
+    @classmethod
+    def of(cls, id: str, model: str, created: int, usage: Usage, timings: Timings) -> Delivery:
+        """The delivery implied by explicitly given usage and timings (created at 0)."""
+        return cls(
+            id,
+            model,
+            created,
+            batch_size=timings.batch_size,
+            attempts=timings.attempts,
+            dispatched_at=timings.queued,
+            finished_at=timings.latency,
+            estimated=usage.estimated,
+            total_tokens=usage.total_tokens,
+        )
 
 
 class _Answer(_Immutable):
     """What Completion and ChatCompletion share: ids, usage, timings, value semantics."""
 
-    __slots__ = ("_timings", "_usage", "created", "id", "model")
+    __slots__ = ("_completion_tokens", "_created_at", "_delivery", "_prompt_tokens")
 
-    id: str
-    model: str
-    created: int
-    _usage: Usage | RawUsage
-    _timings: Timings | RawTimings
+    _delivery: Delivery
+    _created_at: float
+    _prompt_tokens: int
+    _completion_tokens: int
     _FIELDS: tuple[str, ...] = ()
+
+    def _store(self, id: str, model: str, created: int, usage: Usage, timings: Timings) -> None:
+        _set(self, "_delivery", Delivery.of(id, model, created, usage, timings))
+        _set(self, "_created_at", 0.0)
+        _set(self, "_prompt_tokens", usage.prompt_tokens)
+        _set(self, "_completion_tokens", usage.completion_tokens)
+
+    @property
+    def id(self) -> str:
+        """The server's response id (shared by the prompts of one batch)."""
+        return self._delivery.id
+
+    @property
+    def model(self) -> str:
+        """The model that answered."""
+        return self._delivery.model
+
+    @property
+    def created(self) -> int:
+        """The server's creation time of the response (Unix seconds; 0 if not sent)."""
+        return self._delivery.created
 
     @property
     def usage(self) -> Usage:
         """Token counts (this prompt's share when it was batched: ``usage.estimated``)."""
-        usage = self._usage
-        if not isinstance(usage, Usage):
-            usage = _usage(usage)
-            _set(self, "_usage", usage)
-        return usage
+        delivery = self._delivery
+        prompt, completion = self._prompt_tokens, self._completion_tokens
+        total = delivery.total_tokens
+        return Usage(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion if total is None else total,
+            estimated=delivery.estimated,
+        )
 
     @property
     def timings(self) -> Timings:
         """Queueing time, latency, batch size and attempts for this request."""
-        timings = self._timings
-        if not isinstance(timings, Timings):
-            timings = _timings(timings)
-            _set(self, "_timings", timings)
-        return timings
+        delivery, created_at = self._delivery, self._created_at
+        return Timings(
+            queued=delivery.dispatched_at - created_at,
+            latency=delivery.finished_at - created_at,
+            batch_size=delivery.batch_size,
+            attempts=delivery.attempts,
+        )
 
     def _values(self) -> tuple[object, ...]:
         return tuple(getattr(self, name) for name in self._FIELDS)
@@ -203,7 +267,9 @@ class Completion(_Answer):
 
     __slots__ = ("_choices",)
     _FIELDS = ("id", "model", "created", "choices", "usage", "timings")
-    _choices: tuple[Choice, ...] | tuple[Mapping[str, Any], ...]
+    # Built Choice objects, or what the server sent: its choice dicts, or the one
+    # dict itself when n=1 (no tuple to keep alive).
+    _choices: tuple[Choice, ...] | tuple[Mapping[str, Any], ...] | Mapping[str, Any]
 
     def __init__(
         self,
@@ -215,17 +281,15 @@ class Completion(_Answer):
         timings: Timings,
         created: int = 0,
     ) -> None:
-        _set(self, "id", id)
-        _set(self, "model", model)
-        _set(self, "created", created)
         _set(self, "_choices", tuple(choices))
-        _set(self, "_usage", usage)
-        _set(self, "_timings", timings)
+        self._store(id, model, created, usage, timings)
 
     @property
     def choices(self) -> tuple[Choice, ...]:
         """``n`` choices (one unless the call passed ``n=``)."""
         choices = self._choices
+        if isinstance(choices, Mapping):
+            choices = (choices,)
         if choices and not isinstance(choices[0], Choice):
             built = tuple(
                 Choice(text=_text(raw), finish_reason=_finish(raw))
@@ -236,16 +300,20 @@ class Completion(_Answer):
             return built
         return choices  # type: ignore[return-value]
 
+    def _first(self) -> Choice | Mapping[str, Any]:
+        choices = self._choices
+        return choices if isinstance(choices, Mapping) else choices[0]
+
     @property
     def text(self) -> str:
         """The first choice's text."""
-        first = self._choices[0]
+        first = self._first()
         return first.text if isinstance(first, Choice) else _text(first)
 
     @property
     def finish_reason(self) -> str | None:
         """The first choice's finish reason (``"stop"``, ``"length"``, ...)."""
-        first = self._choices[0]
+        first = self._first()
         return first.finish_reason if isinstance(first, Choice) else _finish(first)
 
 
@@ -267,12 +335,8 @@ class ChatCompletion(_Answer):
         timings: Timings,
         created: int = 0,
     ) -> None:
-        _set(self, "id", id)
-        _set(self, "model", model)
-        _set(self, "created", created)
         _set(self, "_choice", (message, finish_reason))
-        _set(self, "_usage", usage)
-        _set(self, "_timings", timings)
+        self._store(id, model, created, usage, timings)
 
     def _built(self) -> tuple[ChatMessage, str | None]:
         choice = self._choice
@@ -388,56 +452,39 @@ def _rebuild_result(index: int, value: object, error: LLMBatchError | None, meta
 
 # -- the hot path: build without __init__'s checks (every value comes from llmbatch) --
 
-_completion_slots = tuple(
-    getattr(Completion, name).__set__
-    for name in ("id", "model", "created", "_choices", "_usage", "_timings")
-)
-_chat_slots = tuple(
-    getattr(ChatCompletion, name).__set__
-    for name in ("id", "model", "created", "_choice", "_usage", "_timings")
-)
-_result_slots = tuple(
-    getattr(Result, name).__set__ for name in ("index", "value", "error", "metadata")
-)
+
+def _setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[object, object], None], ...]:
+    return tuple(getattr(cls, name).__set__ for name in names)
 
 
-def make_completion(
-    id: str,
-    model: str,
-    created: int,
+_ANSWER_SLOTS = ("_delivery", "_created_at", "_prompt_tokens", "_completion_tokens")
+_completion_slots = _setters(Completion, (*_ANSWER_SLOTS, "_choices"))
+_chat_slots = _setters(ChatCompletion, (*_ANSWER_SLOTS, "_choice"))
+_result_slots = _setters(Result, ("index", "value", "error", "metadata"))
+
+
+def make_answer(
+    kind: type[Completion] | type[ChatCompletion],
+    delivery: Delivery,
+    created_at: float,
+    prompt_tokens: int,
+    completion_tokens: int,
     choices: tuple[Mapping[str, Any], ...],
-    usage: RawUsage,
-    timings: RawTimings,
-) -> Completion:
-    """A Completion over the server's choice dicts, fields built when first read."""
-    value = _new(Completion)
-    set_id, set_model, set_created, set_choices, set_usage, set_timings = _completion_slots
-    set_id(value, id)
-    set_model(value, model)
-    set_created(value, created)
-    set_choices(value, choices)
-    set_usage(value, usage)
-    set_timings(value, timings)
-    return value
-
-
-def make_chat_completion(
-    id: str,
-    model: str,
-    created: int,
-    choice: Mapping[str, Any],
-    usage: RawUsage,
-    timings: RawTimings,
-) -> ChatCompletion:
-    """A ChatCompletion over the server's choice dict, fields built when first read."""
-    value = _new(ChatCompletion)
-    set_id, set_model, set_created, set_choice, set_usage, set_timings = _chat_slots
-    set_id(value, id)
-    set_model(value, model)
-    set_created(value, created)
-    set_choice(value, choice)
-    set_usage(value, usage)
-    set_timings(value, timings)
+) -> Any:
+    """A Completion (or ChatCompletion) over the server's choice dicts; fields are
+    built when first read. ``created_at`` is when the caller asked (for timings)."""
+    if kind is Completion:
+        s_delivery, s_created_at, s_prompt, s_completion, s_choices = _completion_slots
+        kept: object = choices[0] if len(choices) == 1 else choices
+    else:
+        s_delivery, s_created_at, s_prompt, s_completion, s_choices = _chat_slots
+        kept = choices[0]
+    value = _new(kind)
+    s_delivery(value, delivery)
+    s_created_at(value, created_at)
+    s_prompt(value, prompt_tokens)
+    s_completion(value, completion_tokens)
+    s_choices(value, kept)
     return value
 
 

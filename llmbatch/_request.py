@@ -84,7 +84,9 @@ class CallSpec:
         # Streams never share an HTTP request: each caller reads its own SSE response.
         self.max_batch = 1 if stream else 1024
         # Only requests with the same endpoint, model, parameters and mode share a batch.
-        self.compat_key: tuple[object, ...] = (kind, model, params_json, stream)
+        # One string, not a tuple: a string caches its hash, and the scheduler looks
+        # the key up for every request it queues.
+        self.compat_key = "\x00".join((kind, model, params_json, "stream" if stream else ""))
         self.body_prefix: bytes | None = None
         """The JSON body up to the prompt, made once by the wire module."""
 
@@ -111,14 +113,15 @@ class Request:
         "error",
         "est_tokens",
         "flight",
+        "index",
         "messages",
+        "metadata",
         "priority",
         "prompt",
         "retried",
         "seq",
         "spec",
         "state",
-        "tag",
         "value",
     )
 
@@ -156,8 +159,10 @@ class Request:
         self.abandoned = False
         """The caller stopped waiting (cancelled or deadline); drop its result."""
         self.flight: Flight | None = None
-        self.tag: Any = None
-        """Whatever the submitter needs back in its callback (``map``: index, metadata)."""
+        self.index = 0
+        """A map item's position in the inputs."""
+        self.metadata: object = None
+        """A map item's metadata, handed back in its Result."""
 
     @property
     def id(self) -> str:

@@ -143,7 +143,7 @@ class _Tier:
 
     def __init__(self, policy: BatchPolicy) -> None:
         self.policy = policy
-        self.groups: OrderedDict[tuple[object, ...], _Group] = OrderedDict()
+        self.groups: OrderedDict[str, _Group] = OrderedDict()
         self.size = 0
         self.waiting: deque[Request] = deque()
         self.waiting_live = 0

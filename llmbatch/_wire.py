@@ -205,45 +205,54 @@ def _output_chars(choices: tuple[Mapping[str, Any], ...], *, skip_length: bool) 
 def _input_chars(request: Request) -> int:
     if request.prompt is not None:
         return len(request.prompt)
-    return sum(
-        len(m["content"]) for m in request.messages or () if isinstance(m.get("content"), str)
-    )
+    messages = request.messages or ()
+    return sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
 
 
 def split_usage(
     usage: RawUsage,
     requests: Sequence[Request],
     choices: Sequence[tuple[Mapping[str, Any], ...]],
-) -> list[RawUsage]:
-    """Apportion one response's usage over the requests it answered.
+) -> tuple[list[int], list[int]]:
+    """Apportion one response's usage over the requests it answered: (prompt tokens,
+    completion tokens) per request, summing exactly to the response's counts.
 
     Prompt tokens go by input length. A choice that stopped for ``length`` used
     exactly the ``max_tokens`` it was sent with, so it gets that count; the rest
-    of the completion tokens go by output length. Shares are marked estimated.
+    of the completion tokens go by output length.
     """
     if len(requests) == 1:
-        return [usage]
+        return [usage[0]], [usage[1]]
     prompt_total, completion_total = usage[0], usage[1]
-    prompt_parts = _largest_remainder(prompt_total, [_input_chars(r) for r in requests])
-    known = [
-        r.spec.max_tokens * sum(1 for c in cs if c.get("finish_reason") == "length")
-        if r.spec.max_tokens_given
-        else 0
-        for r, cs in zip(requests, choices, strict=True)
-    ]
-    weights = [
-        _output_chars(cs, skip_length=r.spec.max_tokens_given)
-        for r, cs in zip(requests, choices, strict=True)
-    ]
+    inputs: list[int] = []
+    known: list[int] = []
+    weights: list[int] = []
+    for request, answered in zip(requests, choices, strict=True):
+        inputs.append(_input_chars(request))
+        spec = request.spec
+        if len(answered) == 1:  # the common case, without the generic loops
+            choice = answered[0]
+            stopped_for_length = choice.get("finish_reason") == "length"
+            if spec.max_tokens_given and stopped_for_length:
+                known.append(spec.max_tokens)
+                weights.append(0)
+                continue
+            known.append(0)
+            weights.append(_output_chars(answered, skip_length=False))
+            continue
+        lengths = sum(1 for c in answered if c.get("finish_reason") == "length")
+        known.append(spec.max_tokens * lengths if spec.max_tokens_given else 0)
+        weights.append(_output_chars(answered, skip_length=spec.max_tokens_given))
     rest = completion_total - sum(known)
     if rest < 0:  # the server counted differently; fall back to output length alone
         known = [0] * len(requests)
         weights = [_output_chars(cs, skip_length=False) for cs in choices]
         rest = completion_total
-    output_parts = [
-        k + part for k, part in zip(known, _largest_remainder(rest, weights), strict=True)
-    ]
-    return [(p, c, p + c, True) for p, c in zip(prompt_parts, output_parts, strict=True)]
+    prompt_parts = _largest_remainder(prompt_total, inputs)
+    if rest == 0:
+        return prompt_parts, known
+    output_parts = _largest_remainder(rest, weights)
+    return prompt_parts, [k + part for k, part in zip(known, output_parts, strict=True)]
 
 
 # -- errors --------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 
 import llmbatch
 from llmbatch import ChatCompletion, ChatMessage, Choice, Completion, Result, Timings, Usage
-from llmbatch._models import make_chat_completion, make_completion, make_result
+from llmbatch._models import Delivery, make_answer, make_result
 
 RAW_CHOICES = (
     {"index": 0, "text": "hello", "finish_reason": "stop", "logprobs": None},
@@ -18,10 +18,24 @@ RAW_CHOICES = (
 )
 
 
-def lazy_completion() -> Completion:
-    return make_completion(
-        "cmpl-1", "m", 1700000000, RAW_CHOICES, (3, 9, 12, True), (0.5, 1.5, 8, 2)
+def delivery(*, batch_size: int = 8, attempts: int = 2, estimated: bool = True) -> Delivery:
+    """A response answered at t=11.5, sent at t=10.5; its requests asked at t=10."""
+    return Delivery(
+        "cmpl-1",
+        "m",
+        1700000000,
+        batch_size=batch_size,
+        attempts=attempts,
+        dispatched_at=10.5,
+        finished_at=11.5,
+        estimated=estimated,
+        total_tokens=None,
     )
+
+
+def lazy_completion() -> Completion:
+    value: Completion = make_answer(Completion, delivery(), 10.0, 3, 9, RAW_CHOICES)
+    return value
 
 
 def eager_completion() -> Completion:
@@ -46,6 +60,7 @@ def test_lazy_completion_equals_the_constructed_one() -> None:
     assert hash(lazy) == hash(eager)
     assert lazy.choices[1] == Choice(text="world", finish_reason="length")
     assert lazy.usage.total_tokens == 12
+    assert lazy.timings == Timings(queued=0.5, latency=1.5, batch_size=8, attempts=2)
     assert lazy.timings.attempts == 2
     assert repr(lazy) == repr(eager)
     assert lazy.to_dict() == eager.to_dict() == lazy.model_dump()
@@ -60,14 +75,8 @@ def test_fields_read_before_and_after_building_agree() -> None:
 
 
 def test_a_server_sending_odd_types_yields_safe_values() -> None:
-    value = make_completion(
-        "",
-        "",
-        0,
-        ({"index": 0, "text": None, "finish_reason": 5},),
-        (0, 0, 0, False),
-        (0.0, 0.0, 1, 1),
-    )
+    odd = ({"index": 0, "text": None, "finish_reason": 5},)
+    value = make_answer(Completion, delivery(), 10.0, 0, 0, odd)
     assert value.text == ""
     assert value.finish_reason is None
     assert value.choices == (Choice(text="", finish_reason=None),)
@@ -75,28 +84,40 @@ def test_a_server_sending_odd_types_yields_safe_values() -> None:
 
 def test_chat_completion_lazy_equals_constructed() -> None:
     raw = {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
-    lazy = make_chat_completion("c", "m", 1, raw, (1, 2, 3, False), (0.0, 0.1, 1, 1))
+    alone = delivery(batch_size=1, attempts=1, estimated=False)
+    lazy = make_answer(ChatCompletion, alone, 10.0, 1, 2, (raw,))
     eager = ChatCompletion(
-        id="c",
+        id="cmpl-1",
         model="m",
-        created=1,
+        created=1700000000,
         message=ChatMessage(role="assistant", content="hi"),
         finish_reason="stop",
         usage=Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3),
-        timings=Timings(queued=0.0, latency=0.1, batch_size=1, attempts=1),
+        timings=Timings(queued=0.5, latency=1.5, batch_size=1, attempts=1),
     )
     assert lazy == eager
     assert lazy.text == "hi"
-    no_content = make_chat_completion(
-        "c",
-        "m",
-        1,
-        {"message": {"role": "assistant", "content": None}},
-        (0, 0, 0, False),
-        (0.0, 0.0, 1, 1),
+    no_content = make_answer(
+        ChatCompletion, alone, 10.0, 0, 0, ({"message": {"role": "assistant", "content": None}},)
     )
     assert no_content.text == ""
     assert no_content.finish_reason is None
+
+
+def test_a_lone_request_keeps_the_servers_total() -> None:
+    alone = Delivery(
+        "c",
+        "m",
+        0,
+        batch_size=1,
+        attempts=1,
+        dispatched_at=0.0,
+        finished_at=0.0,
+        estimated=False,
+        total_tokens=15,
+    )
+    value = make_answer(Completion, alone, 0.0, 3, 9, RAW_CHOICES[:1])
+    assert value.usage == Usage(prompt_tokens=3, completion_tokens=9, total_tokens=15)
 
 
 @pytest.mark.parametrize(
