@@ -30,6 +30,16 @@ __all__ = ["Engine"]
 logger = logging.getLogger("llmbatch")
 
 
+class _Sender:
+    """A task that sends batches one after another, idling between them."""
+
+    __slots__ = ("batch", "event")
+
+    def __init__(self) -> None:
+        self.batch: Batch | None = None
+        self.event: anyio.Event | None = None
+
+
 class Engine:
     """Queues requests, forms and dispatches batches, and tracks their lifetime."""
 
@@ -45,8 +55,15 @@ class Engine:
         self._scheduler = scheduler
         self._dispatcher = dispatcher
         self._stats = stats
-        self._wake = anyio.Event()
-        self._progress = anyio.Event()
+        # Events are made only when someone is about to wait on them: a lone request
+        # passes through here several times, and each anyio.Event costs.
+        self._woken = False
+        self._wake_event: anyio.Event | None = None
+        self._progress: anyio.Event | None = None
+        # Idle sender tasks, most recently used last. Spawning a task per batch cost
+        # ~30 µs in anyio, handing a batch to an idle one a few: there is never more
+        # than one sender per batch in flight, and idle ones wait for the next.
+        self._idle: list[_Sender] = []
         self.flushing = False
         self.closed = False
 
@@ -65,7 +82,7 @@ class Engine:
             )
             return
         if self._scheduler.add(request, nowait=nowait):
-            self._wake.set()
+            self._wake()
 
     def abandon(self, request: Request) -> None:
         """The caller stopped waiting: drop the request from the queue or its flight."""
@@ -79,7 +96,7 @@ class Engine:
             ),
         )
         if self._scheduler.remove(request):
-            self._wake.set()  # its place may admit a waiting caller
+            self._wake()  # its place may admit a waiting caller
             self._signal_progress()
         elif request.flight is not None:
             request.flight.cancel_if_abandoned()
@@ -102,7 +119,7 @@ class Engine:
         """Poll the scheduler whenever woken or a trigger is due; runs until cancelled."""
         scheduler, stats = self._scheduler, self._stats
         while True:
-            self._wake = anyio.Event()
+            self._woken = False
             now = self._now()
             poll = scheduler.poll(now, flush=self.flushing)
             for request in poll.expired:
@@ -111,12 +128,43 @@ class Engine:
                 for request in batch.requests:
                     request.dispatched_at = now
                 stats.dispatched(batch, now)
-                tg.start_soon(self._send, batch)
+                self._dispatch(tg, batch)
+            if self._woken:
+                continue  # something changed while polling: poll again at once
+            event = self._wake_event = anyio.Event()
             if poll.next_wakeup is None:
-                await self._wake.wait()
+                await event.wait()
             else:
                 with anyio.move_on_after(poll.next_wakeup - now):
-                    await self._wake.wait()
+                    await event.wait()
+            self._wake_event = None
+
+    def _wake(self) -> None:
+        """Ask the loop to poll again (now, or as soon as it is done polling)."""
+        self._woken = True
+        event = self._wake_event
+        if event is not None:
+            event.set()
+
+    def _dispatch(self, tg: TaskGroup, batch: Batch) -> None:
+        if self._idle:
+            sender = self._idle.pop()
+            sender.batch = batch
+            assert sender.event is not None
+            sender.event.set()
+        else:
+            tg.start_soon(self._sender, batch)
+
+    async def _sender(self, batch: Batch) -> None:
+        sender = _Sender()
+        while True:
+            await self._send(batch)
+            sender.batch = None
+            event = sender.event = anyio.Event()
+            self._idle.append(sender)
+            await event.wait()
+            assert sender.batch is not None
+            batch = sender.batch
 
     async def _send(self, batch: Batch) -> None:
         try:
@@ -134,8 +182,9 @@ class Engine:
                     ),
                 )
         finally:
+            scheduler = self._scheduler
             for request in batch.requests:
-                self._scheduler.finish(request)
+                scheduler.finish(request)
                 if not request.done:
                     # Reached only if the dispatcher was cancelled mid-flight (client
                     # closed with on_close="cancel" or drain timeout): nobody may wait
@@ -148,7 +197,8 @@ class Engine:
                             attempts=request.attempts,
                         ),
                     )
-            self._wake.set()
+            if scheduler.has_queued:
+                self._wake()  # the freed seats may let queued requests go
             self._signal_progress()
 
     # -- shutdown --------------------------------------------------------------------
@@ -156,11 +206,13 @@ class Engine:
     def start_flush(self) -> None:
         """Send everything queued now, whatever the batch triggers say (shutdown)."""
         self.flushing = True
-        self._wake.set()
+        self._wake()
 
     async def wait_idle(self) -> None:
         """Return once nothing is queued or in flight."""
         while not self._scheduler.idle:
+            if self._progress is None:
+                self._progress = anyio.Event()
             await self._progress.wait()
 
     def cancel_queued(self) -> None:
@@ -184,5 +236,6 @@ class Engine:
         )
 
     def _signal_progress(self) -> None:
-        self._progress.set()
-        self._progress = anyio.Event()
+        if self._progress is not None:
+            self._progress.set()
+            self._progress = None

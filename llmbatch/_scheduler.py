@@ -248,9 +248,12 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         """Nothing queued, waiting for room, or in flight."""
-        return self.in_flight == 0 and all(
-            t.size == 0 and t.waiting_live == 0 for t in self._tiers.values()
-        )
+        return self.in_flight == 0 and not self.has_queued
+
+    @property
+    def has_queued(self) -> bool:
+        """Something is queued or waiting for room (a freed seat may let it go)."""
+        return any(t.size or t.waiting_live for t in self._tiers.values())
 
     def add(self, request: Request, *, nowait: bool = False) -> bool:
         """Queue a request, or hold it until its tier has room (in arrival order).
@@ -378,7 +381,7 @@ class Scheduler:
 
     def poll(self, now: float, *, flush: bool = False) -> Poll:
         """Expire, admit, form and pick batches; reserve their in-flight capacity."""
-        expired = self._expire(now)
+        expired = self._expire(now) if self._deadlines else []
         for tier in self._tiers.values():
             if tier.waiting_live:
                 self._admit(tier, now)
@@ -390,7 +393,7 @@ class Scheduler:
         while True:
             candidates: dict[Priority, _Group] = {}
             for p, tier in self._tiers.items():
-                if p in blocked or not tier.groups or self._room(p)[0] <= 0:
+                if not tier.groups or p in blocked or self._room(p)[0] <= 0:
                     continue
                 group = tier.ready_group(now, flush, self.in_flight_by_tier[p] == 0)
                 if group is not None:
@@ -485,13 +488,15 @@ class Scheduler:
         return expired
 
     def _next_wakeup(self, now: float, rate_wakeup: float | None) -> float | None:
-        times = [t for tier in self._tiers.values() if (t := tier.next_trigger()) is not None]
-        times = [t for t in times if t > now]
-        if rate_wakeup is not None:
-            times.append(rate_wakeup)
+        wakeup = rate_wakeup
+        for tier in self._tiers.values():
+            if tier.groups:
+                trigger = tier.next_trigger()
+                if trigger is not None and trigger > now and (wakeup is None or trigger < wakeup):
+                    wakeup = trigger
         deadlines = self._deadlines
         while deadlines and deadlines[0][2].state == _FINISHED:
             heapq.heappop(deadlines)
-        if deadlines:
-            times.append(deadlines[0][0])
-        return min(times, default=None)
+        if deadlines and (wakeup is None or deadlines[0][0] < wakeup):
+            wakeup = deadlines[0][0]
+        return wakeup

@@ -95,7 +95,9 @@ async def test_poisoned_prompt_fails_alone_after_bisection() -> None:
 
 async def test_n_choices_are_demultiplexed_by_index() -> None:
     fake = FakeServer()
-    async with client(fake, batching={"normal": BatchPolicy(max_batch_size=4, max_wait=0.05)}) as c:
+    # (No idle dispatch: trio may run one caller before the others are queued.)
+    together = BatchPolicy(max_batch_size=4, max_wait=0.05, send_when_idle=False)
+    async with client(fake, batching={"normal": together}) as c:
         async with anyio.create_task_group() as tg:
             out: dict[str, Completion] = {}
 
