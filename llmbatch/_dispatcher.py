@@ -26,6 +26,7 @@ from llmbatch._config import RetryPolicy
 from llmbatch._exceptions import (
     APIStatusError,
     BadRequestError,
+    ConnectError,
     NotFoundError,
     RateLimitError,
     RequestError,
@@ -327,7 +328,9 @@ class Dispatcher:
     ) -> bool:
         if all(r.abandoned for r in requests) or (retry_if is not None and not retry_if()):
             return False
-        if isinstance(exc, TimeoutException):
+        if isinstance(exc, TimeoutException) and not isinstance(exc, ConnectError):
+            # The server may be working on it: RetryPolicy.retry_on_timeout decides.
+            # (A connect timeout reached no server, like any connection failure.)
             return self._retry.retry_on_timeout
         return isinstance(exc, RateLimitError | ServerError | TransportError)
 
