@@ -1,0 +1,124 @@
+"""Admission end to end: callers beyond a full queue are served in arrival order and
+all finish; an idle tier sends at once; deadlines need no timer per request.
+
+Timing is checked on trio's MockClock (virtual time that jumps when every task is
+blocked), so nothing here sleeps for real."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+from fake_server import FakeServer
+
+import llmbatch
+from llmbatch import BatchPolicy, Client, DeadlineExceeded, Limits
+from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
+
+pytestmark = pytest.mark.anyio
+
+
+def virtual_trio() -> Any:
+    import trio.testing
+
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    return pytest.param(("trio", {"clock": clock}), id="trio-virtual-time")
+
+
+class SlowServer(FakeServer):
+    """Answers after ``delay`` seconds of (virtual) time; records prompts in order."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+        self.order: list[str] = []
+
+    async def handle(self, request: HTTPRequest) -> MockResponse:
+        if not request.url.endswith("/models"):
+            await anyio.sleep(self.delay)
+        response = self(request)
+        if not request.url.endswith("/models"):
+            prompt = self.bodies[-1]["prompt"]
+            self.order += prompt if isinstance(prompt, list) else [prompt]
+        return response
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", virtual_trio()])
+async def test_callers_beyond_a_full_queue_are_served_in_arrival_order() -> None:
+    server = SlowServer(delay=0.01)
+    one_at_a_time = {"normal": BatchPolicy(max_batch_size=1, max_wait=0)}
+    limits = Limits(max_queued=3, max_in_flight=1, reserved_realtime=0)
+    arrived: list[str] = []
+    async with Client(
+        "http://127.0.0.1:1/v1",
+        transport=MockTransport(server.handle),
+        batching=one_at_a_time,
+        limits=limits,
+    ) as client:
+
+        async def caller(i: int) -> None:
+            arrived.append(f"p{i}")  # the order calls reach the client
+            await client.complete(f"p{i}")
+
+        async with anyio.create_task_group() as tg:
+            for i in range(40):
+                tg.start_soon(caller, i)
+            await anyio.sleep(0.005)
+            stats = client.stats().tiers[llmbatch.Priority.NORMAL]
+            assert (stats.in_flight, stats.queued) == (1, 39)  # 3 queued + 36 waiting
+    assert server.order == arrived
+
+
+@pytest.mark.parametrize("anyio_backend", [virtual_trio()])
+async def test_a_lone_request_does_not_wait_for_company() -> None:
+    fake = FakeServer()
+    patient = {"normal": BatchPolicy(max_batch_size=16, max_wait=10.0)}
+    async with Client(
+        "http://127.0.0.1:1/v1", transport=MockTransport(fake), batching=patient
+    ) as c:
+        start = anyio.current_time()
+        await c.complete("alone")
+        assert anyio.current_time() - start == 0  # not the 10 s max_wait
+
+        # Without idle dispatch it waits for company up to max_wait.
+    waiting = {"normal": BatchPolicy(max_batch_size=16, max_wait=10.0, send_when_idle=False)}
+    async with Client(
+        "http://127.0.0.1:1/v1", transport=MockTransport(fake), batching=waiting
+    ) as c:
+        start = anyio.current_time()
+        await c.complete("alone")
+        assert anyio.current_time() - start == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("anyio_backend", [virtual_trio()])
+async def test_map_item_deadlines_expire_on_time_without_a_task_each() -> None:
+    server = SlowServer(delay=5.0)
+    async with Client("http://127.0.0.1:1/v1", transport=MockTransport(server.handle)) as client:
+        start = anyio.current_time()
+        items: list[Any] = [{"prompt": f"p{i}", "timeout": 1.0 + i % 3} for i in range(300)]
+        results = await client.map(items)
+        elapsed = anyio.current_time() - start
+    assert all(isinstance(r.error, DeadlineExceeded) for r in results)
+    assert elapsed == pytest.approx(3.0)  # the longest deadline, not the 5 s server
+
+
+@pytest.mark.parametrize("anyio_backend", [virtual_trio()])
+async def test_a_stream_past_its_deadline_ends_while_still_queued() -> None:
+    server = SlowServer(delay=100.0)
+    limits = Limits(max_in_flight=1, reserved_realtime=0)
+    async with Client(
+        "http://127.0.0.1:1/v1",
+        transport=MockTransport(server.handle),
+        limits=limits,
+        on_close="cancel",
+    ) as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: client.complete("occupies the only seat", priority="realtime"))
+            await anyio.sleep(0.1)
+            start = anyio.current_time()
+            with pytest.raises(DeadlineExceeded):
+                async for _ in client.stream("never sent", timeout=2.0):
+                    pass
+            assert anyio.current_time() - start == pytest.approx(2.0)
+            tg.cancel_scope.cancel()
