@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from llmbatch._bench.metrics import (
+from llmbatch_bench.metrics import (
     Meter,
     Recorder,
     RunMetrics,
@@ -17,7 +17,7 @@ from llmbatch._bench.metrics import (
     percentile,
     percentiles,
 )
-from llmbatch._bench.scenarios import poisson_arrivals, prompts
+from llmbatch_bench.scenarios import poisson_arrivals, prompts
 
 
 def test_percentile_interpolates_between_closest_ranks() -> None:

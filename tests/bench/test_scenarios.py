@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from fake_server import FakeServer
 
-from llmbatch._bench import scenarios
-from llmbatch._bench.contenders import LlmbatchContender, available
-from llmbatch._bench.scenarios import Job, poisson_arrivals, run_job
-from llmbatch._bench.worker import run_in_worker
 from llmbatch.transports import MockTransport
+from llmbatch_bench import scenarios
+from llmbatch_bench.contenders import LlmbatchContender, available
+from llmbatch_bench.scenarios import Job, poisson_arrivals, run_job
+from llmbatch_bench.worker import run_in_worker
 
 pytestmark = pytest.mark.anyio
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from llmbatch._bench.metrics import Meter, Recorder, RunMetrics
-from llmbatch._bench.plots import write_plots
-from llmbatch._bench.report import render, write_json
-from llmbatch._bench.targets import capacity, evaluate
+from llmbatch_bench.metrics import Meter, Recorder, RunMetrics
+from llmbatch_bench.plots import write_plots
+from llmbatch_bench.report import render, write_json
+from llmbatch_bench.targets import capacity, evaluate
 
 
 def run(

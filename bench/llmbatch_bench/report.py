@@ -1,7 +1,7 @@
 """Turns a bench report (the JSON dict) into tables and a JSON file.
 
 Tables are Markdown pipe tables: readable on a terminal and pasted as they are into
-docs/benchmarks.md. Plots live in :mod:`llmbatch._bench.plots`.
+docs/benchmarks.md. Plots live in :mod:`llmbatch_bench.plots`.
 """
 
 from __future__ import annotations

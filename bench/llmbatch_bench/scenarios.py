@@ -1,5 +1,5 @@
 """The measured workloads. Each :class:`Job` is one contender in one scenario and
-runs in a process of its own (:mod:`llmbatch._bench.worker`).
+runs in a process of its own (:mod:`llmbatch_bench.worker`).
 
 Job kinds:
 
@@ -26,8 +26,8 @@ from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from llmbatch._bench.contenders import Contender, make_contender
-from llmbatch._bench.metrics import Meter, Recorder, RunMetrics, measure
+from llmbatch_bench.contenders import Contender, make_contender
+from llmbatch_bench.metrics import Meter, Recorder, RunMetrics, measure
 
 __all__ = ["Job", "poisson_arrivals", "prompt", "prompts", "run_job"]
 

@@ -1,8 +1,8 @@
-"""``llmbatch bench``: the command line of the benchmark harness.
+"""``llmbatch-bench`` (also ``llmbatch bench``): the benchmark harness's command line.
 
-llmbatch bench                                  # starts the simulator itself
-llmbatch bench --url http://127.0.0.1:8000/v1   # any OpenAI-compatible server
-llmbatch bench --scenario bulk --n 200 --json out.json
+llmbatch-bench                                  # starts the simulator itself
+llmbatch-bench --url http://127.0.0.1:8000/v1   # any OpenAI-compatible server
+llmbatch-bench --scenario bulk --n 200 --json out.json
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from llmbatch._bench.contenders import CONTENDERS
-from llmbatch._bench.harness import DEFAULT_SIM_ARGS, SCENARIOS, BenchConfig
+from llmbatch_bench.contenders import CONTENDERS
+from llmbatch_bench.harness import DEFAULT_SIM_ARGS, SCENARIOS, BenchConfig
 
-__all__ = ["add_parser", "config_from_args", "main", "run"]
+__all__ = ["build_parser", "config_from_args", "main", "run"]
 
 _DEFAULTS = BenchConfig()
 
@@ -34,11 +34,10 @@ def _csv(kind: type, choices: Sequence[str] | None = None) -> Any:
     return parse
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``bench`` on the ``llmbatch`` command's subparsers."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "bench",
-        help="benchmark llmbatch against gather+semaphore baselines on a server",
+def build_parser(prog: str = "llmbatch-bench") -> argparse.ArgumentParser:
+    """The bench's own argument parser (``llmbatch bench`` forwards its arguments here)."""
+    p = argparse.ArgumentParser(
+        prog=prog,
         description=(
             "Run benchmark scenarios against an OpenAI-compatible server (or the bundled "
             "simulator) with llmbatch and the common baselines side by side. Each "
@@ -46,7 +45,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         ),
     )
     _configure(p)
-    p.set_defaults(handler=run)
+    # Error messages name the command the user typed.
+    p.set_defaults(prog=prog)
     return p
 
 
@@ -183,15 +183,15 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def run(args: argparse.Namespace) -> int:
     """The ``bench`` handler: run, print the tables, write JSON and plots."""
-    from llmbatch._bench.harness import run_bench
-    from llmbatch._bench.plots import write_plots
-    from llmbatch._bench.report import render, write_json
-    from llmbatch._bench.worker import WorkerError
+    from llmbatch_bench.harness import run_bench
+    from llmbatch_bench.plots import write_plots
+    from llmbatch_bench.report import render, write_json
+    from llmbatch_bench.worker import WorkerError
 
     try:
         config = config_from_args(args)
     except ValueError as exc:
-        print(f"llmbatch bench: {exc}", file=sys.stderr)
+        print(f"{args.prog}: {exc}", file=sys.stderr)
         return 2
 
     def progress(line: str) -> None:
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = run_bench(config, progress)
     except (WorkerError, RuntimeError, OSError) as exc:
-        print(f"llmbatch bench: {exc}", file=sys.stderr)
+        print(f"{args.prog}: {exc}", file=sys.stderr)
         return 1
     print(render(report))
     if args.json:
@@ -212,15 +212,12 @@ def run(args: argparse.Namespace) -> int:
         progress(
             f"wrote {len(written)} plot(s) into {args.plots}"
             if written
-            else "no plots: install matplotlib (pip install 'llmbatch[plots]')"
+            else "no plots: install matplotlib (pip install matplotlib)"
         )
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m llmbatch._bench``: the same command without the ``llmbatch`` front."""
-    parser = argparse.ArgumentParser(prog="llmbatch bench")
-    sub = parser.add_subparsers(dest="command")
-    add_parser(sub)
-    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.handler(args))
+def main(argv: Sequence[str] | None = None, prog: str = "llmbatch-bench") -> int:
+    """``llmbatch-bench``, ``python -m llmbatch_bench`` and ``llmbatch bench``."""
+    args = build_parser(prog).parse_args(argv)
+    return run(args)

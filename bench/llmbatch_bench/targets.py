@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from llmbatch._bench.metrics import RunMetrics
+from llmbatch_bench.metrics import RunMetrics
 
 __all__ = [
     "BULK_RATIO",

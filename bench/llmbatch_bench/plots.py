@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from llmbatch._bench.report import capacity_run, runs_of
-from llmbatch._bench.targets import BURST_RSS_MB, CPU_US
+from llmbatch_bench.report import capacity_run, runs_of
+from llmbatch_bench.targets import BURST_RSS_MB, CPU_US
 
 __all__ = ["write_plots"]
 

@@ -20,13 +20,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llmbatch._bench.contenders import CONTENDERS, available
-from llmbatch._bench.metrics import RunMetrics
-from llmbatch._bench.scenarios import Job
-from llmbatch._bench.server import MetricsSampler, ServerInfo, discover, simulator, wait_idle
-from llmbatch._bench.targets import capacity, evaluate
-from llmbatch._bench.worker import WorkerError, run_in_process, run_in_worker
-from llmbatch._version import __version__
+from llmbatch import __version__
+from llmbatch_bench.contenders import CONTENDERS, available
+from llmbatch_bench.metrics import RunMetrics
+from llmbatch_bench.scenarios import Job
+from llmbatch_bench.server import MetricsSampler, ServerInfo, discover, simulator, wait_idle
+from llmbatch_bench.targets import capacity, evaluate
+from llmbatch_bench.worker import WorkerError, run_in_process, run_in_worker
 
 __all__ = ["DEFAULT_SIM_ARGS", "SCENARIOS", "SCHEMA", "BenchConfig", "run_bench"]
 
