@@ -15,9 +15,10 @@ import os
 import subprocess
 import sys
 
-from llmbatch_bench import scenarios
+from llmbatch_bench import jobs
+from llmbatch_bench.jobs import Job
 from llmbatch_bench.metrics import RunMetrics
-from llmbatch_bench.scenarios import Job, run_job
+from llmbatch_bench.scenarios import run_job
 
 __all__ = ["WorkerError", "run_in_process", "run_in_worker"]
 
@@ -64,7 +65,7 @@ def _hard_stop(metrics: RunMetrics) -> None:
 
 def main() -> int:
     job = Job.from_json(json.loads(sys.stdin.read()))
-    scenarios.hard_stop = _hard_stop
+    jobs.hard_stop = _hard_stop
     _emit(run_in_process(job))
     return 0
 
