@@ -140,7 +140,9 @@ def _single(rows: Sequence[Summary]) -> str:
     )
     note = (
         f"One call at a time, max_tokens=1; {_rounds(rows)}. "
-        '"added" is over a raw aiohttp request with the same body.'
+        '"added" is over a raw aiohttp request with the same body. '
+        "priority='normal' waits up to its tier's BatchPolicy.max_wait for other prompts "
+        "to share the request."
     )
     return section("Single: one complete() at a time", body, note)
 
