@@ -24,7 +24,7 @@ from llmbatch import __version__
 from llmbatch_bench import hotplan
 from llmbatch_bench.config import HOT_SCENARIOS, HOT_SIM_ARGS, SERVER_SCENARIOS, BenchConfig
 from llmbatch_bench.contenders import available
-from llmbatch_bench.jobs import Job
+from llmbatch_bench.jobs import HARD_STOP_GRACE, Job
 from llmbatch_bench.metrics import RunMetrics
 from llmbatch_bench.server import MetricsSampler, ServerInfo, discover, simulator, wait_idle
 from llmbatch_bench.summary import summarize
@@ -170,7 +170,11 @@ class _Runner:
     def run(self, job: Job) -> RunMetrics | None:
         with MetricsSampler(self.server, self.config.api_key) as sampler:
             try:
-                metrics = run_in_worker(job) if self.config.isolate else run_in_process(job)
+                metrics = (
+                    run_in_worker(job, timeout=_worker_timeout(job))
+                    if self.config.isolate
+                    else run_in_process(job)
+                )
             except WorkerError as exc:
                 # One contender's crash must not cost the other results.
                 self.notes.append(str(exc))
@@ -239,6 +243,14 @@ class _Runner:
         if not rate or not math.isfinite(rate):
             return 50_000
         return max(1_000, math.ceil(rate * (c.realtime_warmup + c.realtime_duration) * 1.5))
+
+
+def _worker_timeout(job: Job) -> float | None:
+    """A job with a time limit gets its hard stop, then a minute for the process
+    to start, warm up and exit, before it is killed; others run as long as they take."""
+    if job.time_limit is None:
+        return None
+    return job.time_limit + HARD_STOP_GRACE + 60.0
 
 
 def _line(m: RunMetrics) -> str:

@@ -19,7 +19,14 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar, cast
 
 import llmbatch
-from llmbatch_bench.jobs import WARMUP_OFFSET, Job, chat_inputs, prompts, watchdog
+from llmbatch_bench.jobs import (
+    WARMUP_OFFSET,
+    Job,
+    chat_inputs,
+    prompts,
+    watchdog,
+    within_limit,
+)
 from llmbatch_bench.metrics import Recorder, RunMetrics, Tally, measure
 
 __all__ = [
@@ -56,19 +63,12 @@ async def steady(
     not answered counts as unfinished.
     """
     rec = Recorder()
-    timed_out = False
     async with opened as target:
         if job.warmup:
             await (warm or workload)(target, _inputs(job, job.warmup, WARMUP_OFFSET), Recorder())
         with measure() as meter, watchdog(job, rec, meter):
             work = workload(target, _inputs(job, job.n, 0), rec)
-            if job.time_limit is None:
-                await work
-            else:
-                try:
-                    await asyncio.wait_for(work, job.time_limit)
-                except TimeoutError:
-                    timed_out = True
+            timed_out = await within_limit(work, job.time_limit)
         extra = dict(describe(target)) if describe is not None else {}
     extra.update(timed_out=timed_out, repeat=job.repeat)
     return rec.finish(
@@ -109,6 +109,8 @@ def make_client(job: Job) -> llmbatch.Client:
         limits=limits,
         transport=cast(Any, job.transport),
         priority_scheduling=job.priority_scheduling,
+        # Closing comes after the measurement; leftovers of a timed-out run are dropped.
+        on_close="cancel",
     )
 
 

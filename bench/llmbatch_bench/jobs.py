@@ -22,11 +22,12 @@ Job kinds (the runner of each is named in parentheses):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -44,6 +45,7 @@ __all__ = [
     "prompt",
     "prompts",
     "watchdog",
+    "within_limit",
 ]
 
 JobKind = Literal["bulk", "mixed", "idle", "llmbatch", "probe", "per_prompt", "raw", "bare"]
@@ -180,3 +182,16 @@ def watchdog(job: Job, rec: Recorder, meter: Meter) -> Iterator[None]:
         yield
     finally:
         timer.cancel()
+
+
+async def within_limit(work: Awaitable[None], time_limit: float | None) -> bool:
+    """Await ``work``, cancelling it after ``time_limit`` seconds; True if it was cut
+    short (what it had not answered then counts as unfinished)."""
+    if time_limit is None:
+        await work
+        return False
+    try:
+        await asyncio.wait_for(work, time_limit)
+    except TimeoutError:
+        return True
+    return False

@@ -18,7 +18,7 @@ from typing import Any
 
 from llmbatch_bench import hotpath, references
 from llmbatch_bench.contenders import Contender, make_contender
-from llmbatch_bench.jobs import Job, poisson_arrivals, prompt, prompts, watchdog
+from llmbatch_bench.jobs import Job, poisson_arrivals, prompt, prompts, watchdog, within_limit
 from llmbatch_bench.metrics import Recorder, RunMetrics, measure
 
 __all__ = ["run_job"]
@@ -60,17 +60,10 @@ def _extra(contender: Contender) -> dict[str, Any]:
 
 async def _bulk(job: Job, contender: Contender) -> RunMetrics:
     rec = Recorder()
-    timed_out = False
     with measure() as meter, watchdog(job, rec, meter):
         async with contender:
             work = contender.bulk(prompts(job.n), job.max_tokens, rec)
-            if job.time_limit is None:
-                await work
-            else:
-                try:
-                    await asyncio.wait_for(work, job.time_limit)
-                except TimeoutError:
-                    timed_out = True
+            timed_out = await within_limit(work, job.time_limit)
             extra = _extra(contender)
     extra["timed_out"] = timed_out
     return rec.finish(

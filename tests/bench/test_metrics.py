@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
 
 import pytest
 
-from llmbatch_bench.jobs import chat_inputs, poisson_arrivals, prompts
+from llmbatch_bench.jobs import chat_inputs, poisson_arrivals, prompts, within_limit
 from llmbatch_bench.metrics import (
     Meter,
     Recorder,
@@ -174,3 +175,17 @@ def test_tallies_fold_into_the_recorder_once() -> None:
     assert m.latency["batch"].n == 1
     again = rec.finish(scenario="s", contender="c", label="c", requested=68, meter=meter)
     assert again.ok == 67  # finishing twice (a hard stop, then the end) counts once
+
+
+def test_within_limit_reports_whether_work_was_cut_short() -> None:
+    async def work(seconds: float, done: list[bool]) -> None:
+        await asyncio.sleep(seconds)
+        done.append(True)
+
+    finished: list[bool] = []
+    assert asyncio.run(within_limit(work(0.0, finished), None)) is False
+    assert asyncio.run(within_limit(work(0.0, finished), 5.0)) is False
+    assert finished == [True, True]
+    cut: list[bool] = []
+    assert asyncio.run(within_limit(work(5.0, cut), 0.01)) is True
+    assert cut == []
