@@ -140,9 +140,8 @@ def _single(rows: Sequence[Summary]) -> str:
     )
     note = (
         f"One call at a time, max_tokens=1; {_rounds(rows)}. "
-        '"added" is over a raw aiohttp request with the same body. '
-        "priority='normal' waits up to its tier's BatchPolicy.max_wait for other prompts "
-        "to share the request."
+        '"added" is over a raw aiohttp request with the same body: a difference of '
+        "medians, so at p99 it carries the server's jitter too."
     )
     return section("Single: one complete() at a time", body, note)
 
@@ -187,7 +186,9 @@ def _burst(runs: Sequence[Mapping[str, Any]]) -> str:
     ]
     note = (
         '"bare gather" is the memory baseline: as many coroutines that only wait, in a '
-        "process that opened and warmed up llmbatch the same way. "
+        "process that opened and warmed up llmbatch the same way; peak RSS is a "
+        "high-water mark, so the KB per call is meaningful only when the burst dominates "
+        "it (100,000 calls). "
         '"unfinished" = not answered when the time limit stopped the run.'
     )
     title = f"Burst: {runs[0]['requested']:,} calls at once, zero-latency server"
