@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
+
+#: Shown when ``llmbatch bench`` runs without the separate benchmark package.
+BENCH_MISSING = (
+    "llmbatch bench: the benchmark harness is a separate package, llmbatch-bench. "
+    "Install it with `pip install llmbatch-bench`, or from a checkout with "
+    "`pip install -e ./bench`."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,18 +22,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     # Subcommands import their own (possibly heavy) modules only when they run.
-    from llmbatch._bench import cli as bench_cli
     from llmbatch._jobs import cli as jobs_cli
 
     jobs_cli.add_parser(sub)
-    bench_cli.add_parser(sub)
+    # The bench lives in its own package; its options are its own, so everything
+    # after `bench` is handed over unparsed (add_help=False: `bench --help` too).
+    bench = sub.add_parser(
+        "bench",
+        add_help=False,
+        help="benchmark llmbatch against common clients (needs llmbatch-bench)",
+    )
+    bench.set_defaults(handler=None)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        return run_bench(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return int(args.handler(args) or 0)
+
+
+def run_bench(argv: Sequence[str]) -> int:
+    """Run ``llmbatch_bench``'s command line, imported only now (it is optional)."""
+    try:
+        importlib.import_module("llmbatch_bench")
+    except ModuleNotFoundError as exc:
+        if exc.name != "llmbatch_bench":
+            raise  # installed but broken: show the real error
+        print(BENCH_MISSING, file=sys.stderr)
+        return 2
+    bench_cli = importlib.import_module("llmbatch_bench.cli")
+    return int(bench_cli.main(list(argv), prog="llmbatch bench"))
 
 
 if __name__ == "__main__":

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
 
 import pytest
 
-from llmbatch._bench.metrics import (
+from llmbatch_bench.jobs import chat_inputs, poisson_arrivals, prompts, within_limit
+from llmbatch_bench.metrics import (
     Meter,
     Recorder,
     RunMetrics,
@@ -17,7 +19,6 @@ from llmbatch._bench.metrics import (
     percentile,
     percentiles,
 )
-from llmbatch._bench.scenarios import poisson_arrivals, prompts
 
 
 def test_percentile_interpolates_between_closest_ranks() -> None:
@@ -152,3 +153,39 @@ def test_prompts_are_distinct_and_lazy() -> None:
     assert len(set(first)) == 3
     endless = prompts(None)
     assert [next(endless) for _ in range(3)] == first
+
+
+def test_chat_inputs_are_the_same_prompts_as_conversations() -> None:
+    assert list(chat_inputs(2, start=5)) == [
+        [{"role": "user", "content": text}] for text in prompts(2, start=5)
+    ]
+
+
+def test_tallies_fold_into_the_recorder_once() -> None:
+    rec = Recorder()
+    counts = rec.tally("batch")
+    counts.ok += 3
+    counts.tokens += 48
+    rec.success_many("batch", 64, 1024, latency=0.2)  # one sample for 64 prompts
+    rec.failure("HTTP 500")
+    meter = _meter(wall=1.0, cpu=0.0067)
+    m = rec.finish(scenario="s", contender="c", label="c", requested=68, meter=meter)
+    assert (m.ok, m.failed, m.output_tokens) == (67, 1, 1072)
+    assert m.cpu_us_per_prompt == pytest.approx(100.0)
+    assert m.latency["batch"].n == 1
+    again = rec.finish(scenario="s", contender="c", label="c", requested=68, meter=meter)
+    assert again.ok == 67  # finishing twice (a hard stop, then the end) counts once
+
+
+def test_within_limit_reports_whether_work_was_cut_short() -> None:
+    async def work(seconds: float, done: list[bool]) -> None:
+        await asyncio.sleep(seconds)
+        done.append(True)
+
+    finished: list[bool] = []
+    assert asyncio.run(within_limit(work(0.0, finished), None)) is False
+    assert asyncio.run(within_limit(work(0.0, finished), 5.0)) is False
+    assert finished == [True, True]
+    cut: list[bool] = []
+    assert asyncio.run(within_limit(work(5.0, cut), 0.01)) is True
+    assert cut == []

@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 from fake_server import FakeServer
 
-from llmbatch._bench import scenarios
-from llmbatch._bench.contenders import LlmbatchContender, available
-from llmbatch._bench.scenarios import Job, poisson_arrivals, run_job
-from llmbatch._bench.worker import run_in_worker
 from llmbatch.transports import MockTransport
+from llmbatch_bench import jobs
+from llmbatch_bench.contenders import LlmbatchContender, available
+from llmbatch_bench.jobs import Job, poisson_arrivals
+from llmbatch_bench.scenarios import run_job
+from llmbatch_bench.worker import run_in_worker
 
 pytestmark = pytest.mark.anyio
 
@@ -63,8 +64,8 @@ async def test_gather_mode_submits_complete_calls() -> None:
 
 
 async def test_failures_are_counted_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = scenarios.prompt
-    monkeypatch.setattr(scenarios, "prompt", lambda i: original(i) + (" POISON" * (i == 3)))
+    original = jobs.prompt
+    monkeypatch.setattr(jobs, "prompt", lambda i: original(i) + (" POISON" * (i == 3)))
     # The poisoned prompt fails alone (llmbatch bisects the 400); the run goes on.
     m = await run_job(job(kind="bulk", n=20), mock_contender(FakeServer()))
     assert (m.ok, m.failed) == (19, 1)
@@ -132,7 +133,8 @@ def test_probe_and_worker_process(zero: Any) -> None:
     )
     assert (m.ok, m.failed) == (100, 0)
     assert m.output_tokens == 300
-    assert m.extra == {"concurrency": 32, "batch": 16}
+    assert m.extra == {"concurrency": 32, "batch": 16, "timed_out": False, "repeat": 0}
+    assert m.latency["batch"].n == 7  # one sample per request of 16 prompts (100 / 16)
     assert (m.peak_rss_mb or 0) > 5
 
 
@@ -164,11 +166,18 @@ def test_cli_smoke_bulk(tmp_path: Path) -> None:
         assert r["cpu_us_per_prompt"] == pytest.approx(r["cpu_s"] / 200 * 1e6)
         assert r["peak_rss_mb"] > 0
         assert set(r["latency"]["batch"]) == {"n", "p50", "p95", "p99", "max"}
+    assert report["hot_server"] is None  # no hot-path scenario asked for
     assert [t["id"] for t in report["targets"]] == [
         "bulk_throughput",
         "realtime_p99_ratio",
-        "cpu_per_prompt",
-        "cpu_vs_openai",
-        "burst",
+        "overhead_cpu",
+        "overhead_vs_probe",
+        "overhead_vs_openai",
+        "burst_complete",
+        "burst_cpu_ratio",
+        "burst_rss",
+        "single_added_p50",
+        "single_added_p99",
+        "chat_cpu_ratio",
     ]
     assert (tmp_path / "bench-cpu.png").exists()

@@ -1,4 +1,4 @@
-"""Targets judged from synthetic runs, and the report's tables, JSON and plots."""
+"""Targets judged from made-up runs, and the report's tables, JSON and plots."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
-from llmbatch._bench.metrics import Meter, Recorder, RunMetrics
-from llmbatch._bench.plots import write_plots
-from llmbatch._bench.report import render, write_json
-from llmbatch._bench.targets import capacity, evaluate
+from llmbatch_bench import hotplan
+from llmbatch_bench.metrics import Meter, Recorder, RunMetrics
+from llmbatch_bench.plots import write_plots
+from llmbatch_bench.report import render, write_json
+from llmbatch_bench.summary import summarize
+from llmbatch_bench.targets import Target, capacity, evaluate, judge
 
 
 def run(
@@ -28,6 +30,7 @@ def run(
     requested: int | None = None,
     rss: float = 50.0,
     contender: str | None = None,
+    repeat: int = 0,
     extra: dict[str, Any] | None = None,
 ) -> RunMetrics:
     rec = Recorder()
@@ -41,27 +44,60 @@ def run(
         label=label,
         requested=requested if requested is not None else ok + failed,
         meter=Meter(wall=wall, cpu=cpu, rss_before_mb=40.0, peak_rss_mb=rss),
-        extra=extra,
+        extra={"repeat": repeat, **(extra or {})},
     )
+
+
+def us(scenario: str, label: str, per_prompt: list[float], ok: int = 1000) -> list[RunMetrics]:
+    """One run per round with the given CPU µs per prompt."""
+    return [
+        run(scenario, label, ok=ok, cpu=v * ok / 1e6, repeat=i) for i, v in enumerate(per_prompt)
+    ]
+
+
+def single(label: str, latencies_us: list[float]) -> list[RunMetrics]:
+    """One round per value, every call of it taking that long."""
+    return [
+        run("single", label, ok=50, latency=v / 1e6, tier="single", repeat=i)
+        for i, v in enumerate(latencies_us)
+    ]
 
 
 def full_set() -> list[RunMetrics]:
     return [
         run("sweep", "probe c=64", ok=800, extra={"concurrency": 64}),
         run("sweep", "probe c=256", ok=1000, extra={"concurrency": 256}),
-        run("bulk", "llmbatch", ok=960, cpu=0.0096),  # 10 µs per prompt
-        run("bulk", "openai", ok=400, cpu=1.2),  # 3000 µs per prompt
+        run("bulk", "llmbatch", ok=960, cpu=0.0096),
+        run("bulk", "openai", ok=400, cpu=1.2),
         run("idle", "llmbatch", tier="realtime", latency=0.010),
         run("mixed", "llmbatch", tier="realtime", latency=0.014),
         run("idle", "aiohttp", tier="realtime", latency=0.010),
         run("mixed", "aiohttp", tier="realtime", latency=2.0),
-        run("burst", "llmbatch", ok=100_000, rss=120.0),
-        run("burst", "aiohttp (unbounded)", ok=90_000, failed=10_000, rss=900.0),
+        # Interleaved rounds; medians 12, 10, 2000 µs; one noisy round each.
+        *us("overhead", hotplan.MAP, [12.0, 30.0, 11.0]),
+        *us("overhead", hotplan.PROBE, [10.0, 9.0, 10.0]),
+        *us("overhead", hotplan.OPENAI, [2000.0, 1900.0, 2500.0], ok=100),
+        run("burst", hotplan.BARE, ok=100_000, cpu=1.0, rss=106.0),
+        run("burst", hotplan.GATHER, ok=100_000, cpu=3.0, rss=250.0),
+        run("burst", hotplan.MAP, ok=100_000, cpu=1.2, rss=90.0),
+        *single(hotplan.RAW, [300.0, 310.0, 290.0]),
+        *single(hotplan.SINGLE_REALTIME, [400.0, 420.0, 380.0]),
+        *us("chat", hotplan.CHAT_COMPLETIONS, [12.0, 12.0, 12.0]),
+        *us("chat", hotplan.CHAT, [15.0, 16.0, 17.0]),
     ]
 
 
-def by_id(runs: list[RunMetrics]) -> dict[str, Any]:
+def by_id(runs: list[RunMetrics]) -> dict[str, Target]:
     return {t.id: t for t in evaluate(runs)}
+
+
+def test_judge_applies_the_comparison_and_skips_the_unmeasured() -> None:
+    assert judge(20.0, "<=", 20.0) is True
+    assert judge(20.0, "<", 20.0) is False
+    assert judge(9.9, ">=", 10.0) is False
+    assert judge(0.0, "==", 0.0) is True
+    assert judge(math.nan, "<=", 1.0) is None
+    assert judge(None, "<=", 1.0) is None
 
 
 def test_capacity_is_the_best_sweep_point() -> None:
@@ -71,68 +107,133 @@ def test_capacity_is_the_best_sweep_point() -> None:
     assert capacity([run("bulk", "llmbatch")]) is None
 
 
-def test_every_target_met() -> None:
+def test_every_target_met_with_medians_of_the_rounds() -> None:
     targets = by_id(full_set())
     assert targets["bulk_throughput"].value == pytest.approx(0.96)
     assert targets["realtime_p99_ratio"].value == pytest.approx(1.4)
-    assert targets["cpu_per_prompt"].value == pytest.approx(10.0)
-    assert targets["cpu_vs_openai"].value == pytest.approx(300.0)
-    assert targets["burst"].value == pytest.approx(120.0)
-    assert all(t.met is True for t in targets.values())
+    # The 30 µs round is noise: the median ignores it.
+    assert targets["overhead_cpu"].value == pytest.approx(12.0)
+    assert targets["overhead_vs_probe"].value == pytest.approx(1.2)
+    assert targets["overhead_vs_openai"].value == pytest.approx(2000.0 / 12.0)
+    assert targets["burst_complete"].value == 0
+    assert targets["burst_cpu_ratio"].value == pytest.approx(2.5)
+    assert targets["burst_rss"].value == pytest.approx(250.0)
+    assert targets["single_added_p50"].value == pytest.approx(100.0)
+    assert targets["single_added_p99"].value == pytest.approx(100.0)
+    assert targets["chat_cpu_ratio"].value == pytest.approx(16.0 / 12.0)
+    assert {t.id: t.met for t in targets.values() if t.met is not True} == {}
     # The baseline's queueing shows up beside ours.
     assert "aiohttp: p99 2000 ms loaded vs 10 ms idle = 200.00x" in (
         targets["realtime_p99_ratio"].detail
     )
+    # llmbatch's own memory per waiting call, over the bare gather: 144 MB / 100k.
+    assert "1.47 KB per call" in targets["burst_rss"].detail
+
+
+def replace(runs: list[RunMetrics], scenario: str, label: str, new: list[RunMetrics]) -> None:
+    runs[:] = [r for r in runs if (r.scenario, r.label) != (scenario, label)] + new
 
 
 def test_misses_are_reported_with_their_values() -> None:
     runs = full_set()
-    runs[2] = run("bulk", "llmbatch", ok=900, cpu=0.09)  # 90% of capacity, 100 µs
-    runs[5] = run("mixed", "llmbatch", tier="realtime", latency=0.05)
-    runs[8] = run("burst", "llmbatch", ok=99_999, failed=1, rss=120.0)
+    replace(runs, "bulk", "llmbatch", [run("bulk", "llmbatch", ok=900)])
+    replace(runs, "overhead", hotplan.MAP, us("overhead", hotplan.MAP, [25.0, 24.0, 26.0]))
+    gather = run("burst", hotplan.GATHER, ok=99_000, failed=10, requested=100_000, rss=400.0)
+    replace(runs, "burst", hotplan.GATHER, [gather])
+    replace(runs, "single", hotplan.SINGLE_REALTIME, single(hotplan.SINGLE_REALTIME, [500.0]))
+    replace(runs, "chat", hotplan.CHAT, us("chat", hotplan.CHAT, [40.0]))
     targets = by_id(runs)
     assert targets["bulk_throughput"].met is False
     assert targets["bulk_throughput"].value == pytest.approx(0.9)
-    assert targets["realtime_p99_ratio"].value == pytest.approx(5.0)
-    assert targets["realtime_p99_ratio"].met is False
-    assert targets["cpu_per_prompt"].met is False
-    assert targets["cpu_vs_openai"].value == pytest.approx(30.0)
-    assert targets["cpu_vs_openai"].met is True
-    assert targets["burst"].met is False
-
-
-def test_burst_memory_bound() -> None:
-    runs = [run("burst", "llmbatch", ok=10, rss=301.0)]
-    assert by_id(runs)["burst"].met is False
+    assert (targets["overhead_cpu"].value, targets["overhead_cpu"].met) == (25.0, False)
+    assert targets["overhead_vs_probe"].value == pytest.approx(2.5)
+    assert targets["overhead_vs_probe"].met is False
+    assert targets["overhead_vs_openai"].value == pytest.approx(80.0)
+    assert targets["overhead_vs_openai"].met is True
+    assert targets["burst_complete"].value == 1000  # 10 failed + 990 unfinished
+    assert targets["burst_complete"].met is False
+    assert "99,000 ok, 10 failed, 990 unfinished of 100,000" in targets["burst_complete"].detail
+    assert targets["burst_rss"].met is False
+    assert targets["single_added_p50"].value == pytest.approx(200.0)
+    assert targets["single_added_p50"].met is False
+    assert targets["chat_cpu_ratio"].met is False
 
 
 def test_unmeasured_targets_are_none() -> None:
     targets = by_id([run("bulk", "llmbatch")])
-    assert targets["bulk_throughput"].met is None
-    assert targets["realtime_p99_ratio"].met is None
-    assert targets["cpu_vs_openai"].met is None
-    assert targets["burst"].met is None
-    assert targets["cpu_per_prompt"].met is True
+    assert {t.id for t in targets.values() if t.met is not None} == set()
+    assert targets["overhead_cpu"].detail == "needs the overhead scenario"
     assert all(math.isfinite(t.threshold) for t in targets.values())
+    # JSON has no NaN: unmeasured values are null.
+    assert all(t.to_json()["value"] is None for t in targets.values())
 
 
 def report(runs: list[RunMetrics]) -> dict[str, Any]:
     return {
         "schema": "llmbatch-bench/1",
         "runs": [r.to_json() for r in runs],
+        "summaries": [s.to_json() for s in summarize(runs)],
         "targets": [t.to_json() for t in evaluate(runs)],
     }
 
 
+def rows_of(text: str, title: str) -> dict[str, list[str]]:
+    """The rows of the table under ``### title``, by first cell."""
+    block = text.split(f"### {title}", 1)[1].split("###", 1)[0]
+    rows = [line for line in block.splitlines() if line.startswith("| ")][1:]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in rows]
+    return {c[0]: c[1:] for c in cells}
+
+
 def test_render_has_a_table_per_scenario_and_the_verdicts() -> None:
     text = render(report(full_set()))
-    for title in ("Capacity sweep", "Bulk", "Mixed", "Burst", "Targets"):
+    for title in ("Capacity sweep", "Bulk", "Mixed", "Overhead", "Chat", "Single", "Burst"):
         assert f"### {title}" in text
     assert "| probe c=256 (best) |" in text
     assert "96.0 %" in text  # llmbatch's share of capacity
-    assert "1.40x" in text  # realtime p99 ratio
-    assert "met" in text
-    assert "Overhead" not in text  # not measured, not shown
+    assert "Transport" not in text  # not measured, not shown
+    assert "Scale" not in text
+
+
+def test_overhead_table_shows_medians_spread_and_ratios() -> None:
+    rows = rows_of(render(report(full_set())), "Overhead")
+    # ok over all rounds, median, range, prompts/s, vs map, vs probe
+    assert rows[hotplan.MAP][:2] == ["3,000/3,000", "12.0"]
+    assert rows[hotplan.MAP][2] == "11.0 to 30.0"
+    assert rows[hotplan.MAP][4:] == ["1.00x", "1.20x"]
+    assert rows[hotplan.OPENAI][4:] == ["166.67x", "200.00x"]
+    assert "median of 3 interleaved rounds" in render(report(full_set()))
+
+
+def test_single_table_shows_added_latency_over_raw() -> None:
+    rows = rows_of(render(report(full_set())), "Single")
+    # p50 µs, p99 µs, added p50, added p99
+    assert rows[hotplan.RAW][1:5] == ["300", "300", "-", "-"]
+    assert rows[hotplan.SINGLE_REALTIME][1:5] == ["400", "400", "100", "100"]
+
+
+def test_burst_table_shows_memory_over_the_bare_baseline() -> None:
+    rows = rows_of(render(report(full_set())), "Burst")
+    # ..., CPU µs/prompt, vs map, peak RSS MB, over bare KB/call
+    assert rows[hotplan.GATHER][4:8] == ["30.0", "2.50x", "250", "1.47"]
+    assert rows[hotplan.BARE][5:8] == ["-", "106", "-"]
+
+
+def test_targets_table_states_value_threshold_and_verdict() -> None:
+    runs = full_set()
+    replace(runs, "chat", hotplan.CHAT, us("chat", hotplan.CHAT, [40.0]))
+    rows = rows_of(render(report(runs)), "Targets")
+    assert rows["overhead_cpu"][:3] == ["12.0 µs", "≤ 20.0 µs", "met"]
+    assert rows["chat_cpu_ratio"][:3] == ["3.33x", "≤ 1.50x", "MISSED"]
+    assert rows["burst_rss"][:3] == ["250 MB", "< 300 MB", "met"]
+    assert rows["burst_complete"][:3] == ["0 calls", "= 0 calls", "met"]
+    assert rows["single_added_p99"][:3] == ["100.0 µs", "< 150.0 µs", "met"]
+
+
+def test_render_without_summaries_computes_them() -> None:
+    data = report(full_set())
+    del data["summaries"]
+    assert rows_of(render(data), "Overhead")[hotplan.MAP][1] == "12.0"
 
 
 def test_json_is_standard_and_plots_are_written(tmp_path: Path) -> None:
@@ -140,7 +241,7 @@ def test_json_is_standard_and_plots_are_written(tmp_path: Path) -> None:
     write_json(data, tmp_path / "out" / "bench.json")
     loaded = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert loaded["runs"][0]["latency"]["batch"]["p99"] == pytest.approx(0.1)
-    pytest.importorskip("matplotlib")
+    assert loaded["summaries"][0]["label"] == "probe c=64"
     written = write_plots(data, tmp_path / "img")
     names = sorted(p.name for p in written)
     assert names == [

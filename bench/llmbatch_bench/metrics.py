@@ -24,6 +24,7 @@ __all__ = [
     "Percentiles",
     "Recorder",
     "RunMetrics",
+    "Tally",
     "measure",
     "peak_rss_mb",
     "percentile",
@@ -190,6 +191,18 @@ def _clean(value: Any) -> Any:
     return value
 
 
+class Tally:
+    """Successes counted by a hot loop: two integer additions per result, so the
+    bench's own bookkeeping stays out of the per-prompt CPU it measures. Made by
+    :meth:`Recorder.tally`, folded into the recorder when it finishes."""
+
+    __slots__ = ("ok", "tokens")
+
+    def __init__(self) -> None:
+        self.ok = 0
+        self.tokens = 0
+
+
 class Recorder:
     """Per-request outcomes of one run, per tier, kept compact."""
 
@@ -202,6 +215,7 @@ class Recorder:
         self.tokens: Counter[str] = Counter()
         self.censored: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
+        self._tallies: list[tuple[str, Tally]] = []
 
     @property
     def output_tokens(self) -> int:
@@ -222,6 +236,24 @@ class Recorder:
         self._latency.setdefault(tier, array("d")).append(latency)
         if ttft is not None:
             self._ttft.setdefault(tier, array("d")).append(ttft)
+
+    def success_many(
+        self, tier: str, count: int, output_tokens: int, latency: float | None = None
+    ) -> None:
+        """``count`` requests answered together (one HTTP request, or a tally kept by a
+        hot loop that must not pay for a sample per prompt); ``latency``, if given, is
+        recorded once for all of them."""
+        self.ok += count
+        self.done[tier] += count
+        self.tokens[tier] += output_tokens
+        if latency is not None:
+            self._latency.setdefault(tier, array("d")).append(latency)
+
+    def tally(self, tier: str) -> Tally:
+        """A :class:`Tally` whose counts join ``tier`` when this recorder finishes."""
+        counts = Tally()
+        self._tallies.append((tier, counts))
+        return counts
 
     def failure(self, error: BaseException | str) -> None:
         """One request failed; errors are counted by type name."""
@@ -258,6 +290,10 @@ class Recorder:
         divides the whole run's CPU by the prompts answered, so setup and teardown are
         charged to the client too.
         """
+        for tier, counts in self._tallies:
+            # Zeroed as they are folded in: finishing twice must not count twice.
+            self.success_many(tier, counts.ok, counts.tokens)
+            counts.ok = counts.tokens = 0
         answered = self.ok if prompts is None else prompts
         produced = self.output_tokens if tokens is None else tokens
         seconds = meter.wall if window is None else window

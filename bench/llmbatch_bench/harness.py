@@ -1,9 +1,10 @@
 """Plans a bench run, runs each job in its own process, and assembles the report.
 
 Order matters: the capacity sweep runs first (the bulk ratio needs it and the mixed
-scenario sizes its bulk work from it), then bulk, mixed (with its idle twin), burst
-and overhead. After every job the harness waits until the server reports nothing
-running, so no job inherits another's leftovers.
+scenario sizes its bulk work from it), then bulk and mixed (with its idle twin) on
+the main server; then the hot-path scenarios (:mod:`.hotplan`) on a zero-latency
+server of their own. After every job the harness waits until the server reports
+nothing running, so no job inherits another's leftovers.
 """
 
 from __future__ import annotations
@@ -17,63 +18,22 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from llmbatch._bench.contenders import CONTENDERS, available
-from llmbatch._bench.metrics import RunMetrics
-from llmbatch._bench.scenarios import Job
-from llmbatch._bench.server import MetricsSampler, ServerInfo, discover, simulator, wait_idle
-from llmbatch._bench.targets import capacity, evaluate
-from llmbatch._bench.worker import WorkerError, run_in_process, run_in_worker
-from llmbatch._version import __version__
+from llmbatch import __version__
+from llmbatch_bench import hotplan
+from llmbatch_bench.config import HOT_SCENARIOS, HOT_SIM_ARGS, SERVER_SCENARIOS, BenchConfig
+from llmbatch_bench.contenders import available
+from llmbatch_bench.jobs import HARD_STOP_GRACE, Job
+from llmbatch_bench.metrics import RunMetrics
+from llmbatch_bench.server import MetricsSampler, ServerInfo, discover, simulator, wait_idle
+from llmbatch_bench.summary import summarize
+from llmbatch_bench.targets import capacity, evaluate
+from llmbatch_bench.worker import WorkerError, run_in_process, run_in_worker
 
-__all__ = ["DEFAULT_SIM_ARGS", "SCENARIOS", "SCHEMA", "BenchConfig", "run_bench"]
+__all__ = ["SCHEMA", "run_bench"]
 
-SCENARIOS = ("sweep", "bulk", "mixed", "burst", "overhead")
-#: The simulator's calibrated default profile, 100x faster so a full run takes minutes.
-DEFAULT_SIM_ARGS = ("--speed", "100")
 SCHEMA = "llmbatch-bench/1"
-
-
-@dataclass(frozen=True, kw_only=True)
-class BenchConfig:
-    """Everything ``llmbatch bench`` was asked to do (recorded in the JSON report)."""
-
-    url: str | None = None
-    sim_args: tuple[str, ...] = DEFAULT_SIM_ARGS
-    api_key: str | None = None
-    model: str | None = None
-    scenarios: tuple[str, ...] = SCENARIOS
-    contenders: tuple[str, ...] = CONTENDERS
-    n: int = 10_000
-    max_tokens: int = 64
-    concurrency: int = 64
-    sweep: tuple[int, ...] = (64, 96, 128, 192, 256, 384, 512)
-    sweep_batch: int = 16
-    realtime_rate: float = 20.0
-    realtime_duration: float = 12.0
-    realtime_warmup: float = 3.0
-    realtime_max_tokens: int = 32
-    realtime_grace: float = 10.0
-    mixed_n: int | None = None
-    burst_n: int = 100_000
-    burst_max_tokens: int = 16
-    burst_modes: tuple[str, ...] = ("map", "gather")
-    burst_baselines: tuple[str, ...] = ("aiohttp",)
-    burst_time_limit: float = 120.0
-    overhead_n: int = 5_000
-    overhead_max_tokens: int = 16
-    overhead_url: str | None = None
-    max_in_flight: int | None = None
-    priority_scheduling: bool | None = None
-    isolate: bool = True
-    seed: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["api_key"] = "***" if self.api_key else None
-        return data
 
 
 def run_bench(
@@ -88,18 +48,25 @@ def run_bench(
         progress(f"skipping {name}: its library is not installed")
     runs: list[RunMetrics] = []
     notes: list[str] = []
-    with _main_server(config) as server:
-        progress(f"server: {server.base_url} model={server.model} sim_args={server.sim_args}")
-        runner = _Runner(config, server, runs, notes, progress)
-        for scenario in SCENARIOS:
-            if scenario not in config.scenarios:
-                continue
-            if scenario == "overhead":
-                with _overhead_server(config, notes) as zero:
-                    if zero is not None:
-                        _Runner(config, zero, runs, notes, progress).overhead(contenders)
-                continue
-            getattr(runner, scenario)(contenders)
+    servers: dict[str, dict[str, Any] | None] = {"server": None, "hot_server": None}
+    main = [s for s in SERVER_SCENARIOS if s in config.scenarios]
+    hot = [s for s in HOT_SCENARIOS if s in config.scenarios]
+    if main:
+        with _main_server(config) as server:
+            progress(f"server: {server.base_url} model={server.model} sim_args={server.sim_args}")
+            servers["server"] = _describe(server, config.url)
+            runner = _Runner(config, server, runs, notes, progress)
+            for scenario in main:
+                getattr(runner, scenario)(contenders)
+    if hot:
+        with _hot_server(config) as zero:
+            progress(f"hot-path server: {zero.base_url} sim_args={zero.sim_args}")
+            servers["hot_server"] = _describe(zero, config.overhead_url)
+            runner = _Runner(config, zero, runs, notes, progress, hot=True)
+            for scenario in hot:
+                for job in hotplan.jobs_for(scenario, config, runner.job):
+                    if job.contender not in skipped:
+                        runner.run(job)
     return {
         "schema": SCHEMA,
         "llmbatch_version": __version__,
@@ -112,16 +79,21 @@ def run_bench(
             "loadavg_before": load_before,
             "loadavg_after": _loadavg(),
         },
-        "server": {
-            "url": server.base_url if config.url else None,
-            "model": server.model,
-            "simulator_args": list(server.sim_args) if server.sim_args is not None else None,
-        },
+        **servers,
         "config": config.to_json(),
         "skipped_contenders": skipped,
         "notes": notes,
         "runs": [r.to_json() for r in runs],
+        "summaries": [s.to_json() for s in summarize(runs)],
         "targets": [t.to_json() for t in evaluate(runs)],
+    }
+
+
+def _describe(server: ServerInfo, url: str | None) -> dict[str, Any]:
+    return {
+        "url": server.base_url if url else None,
+        "model": server.model,
+        "simulator_args": list(server.sim_args) if server.sim_args is not None else None,
     }
 
 
@@ -141,17 +113,13 @@ def _main_server(config: BenchConfig) -> Iterator[ServerInfo]:
 
 
 @contextlib.contextmanager
-def _overhead_server(config: BenchConfig, notes: list[str]) -> Iterator[ServerInfo | None]:
-    """A zero-latency server: ``--overhead-url``, else the simulator if installed."""
+def _hot_server(config: BenchConfig) -> Iterator[ServerInfo]:
+    """A zero-latency server: ``--overhead-url``, else ``llmbatch-server sim --zero-latency``."""
     if config.overhead_url:
         yield discover(config.overhead_url, config.api_key, config.model)
         return
-    try:
-        with simulator((*config.sim_args, "--zero-latency")) as info:
-            yield info
-    except RuntimeError as exc:
-        notes.append(f"overhead scenario skipped: {exc}")
-        yield None
+    with simulator(HOT_SIM_ARGS) as info:
+        yield info
 
 
 class _Runner:
@@ -164,6 +132,8 @@ class _Runner:
         runs: list[RunMetrics],
         notes: list[str],
         progress: Callable[[str], None],
+        *,
+        hot: bool = False,
     ) -> None:
         self.config = config
         self.server = server
@@ -174,6 +144,10 @@ class _Runner:
         self.priority = (
             config.priority_scheduling if config.priority_scheduling is not None else auto
         )
+        if hot:
+            # The hot path compares llmbatch with raw requests of the same body: no
+            # priority field on either side (a zero-latency server queues nothing).
+            self.priority = False
 
     def job(self, **fields: Any) -> Job:
         c = self.config
@@ -196,7 +170,11 @@ class _Runner:
     def run(self, job: Job) -> RunMetrics | None:
         with MetricsSampler(self.server, self.config.api_key) as sampler:
             try:
-                metrics = run_in_worker(job) if self.config.isolate else run_in_process(job)
+                metrics = (
+                    run_in_worker(job, timeout=_worker_timeout(job))
+                    if self.config.isolate
+                    else run_in_process(job)
+                )
             except WorkerError as exc:
                 # One contender's crash must not cost the other results.
                 self.notes.append(str(exc))
@@ -266,44 +244,13 @@ class _Runner:
             return 50_000
         return max(1_000, math.ceil(rate * (c.realtime_warmup + c.realtime_duration) * 1.5))
 
-    def burst(self, contenders: Sequence[str]) -> None:
-        c = self.config
-        common = {
-            "scenario": "burst",
-            "n": c.burst_n,
-            "max_tokens": c.burst_max_tokens,
-            "time_limit": c.burst_time_limit,
-        }
-        if "llmbatch" in contenders:
-            for mode in c.burst_modes:
-                label = "llmbatch" if mode == "map" else f"llmbatch ({mode})"
-                self.run(
-                    self.job(kind="bulk", contender="llmbatch", label=label, mode=mode, **common)
-                )
-        for name in c.burst_baselines:
-            if name in contenders and name != "llmbatch":
-                self.run(
-                    self.job(
-                        kind="bulk",
-                        contender=name,
-                        label=f"{name} (unbounded)",
-                        concurrency=None,
-                        **common,
-                    )
-                )
 
-    def overhead(self, contenders: Sequence[str]) -> None:
-        c = self.config
-        for name in contenders:
-            self.run(
-                self.job(
-                    kind="bulk",
-                    scenario="overhead",
-                    contender=name,
-                    n=c.overhead_n,
-                    max_tokens=c.overhead_max_tokens,
-                )
-            )
+def _worker_timeout(job: Job) -> float | None:
+    """A job with a time limit gets its hard stop, then a minute for the process
+    to start, warm up and exit, before it is killed; others run as long as they take."""
+    if job.time_limit is None:
+        return None
+    return job.time_limit + HARD_STOP_GRACE + 60.0
 
 
 def _line(m: RunMetrics) -> str:

@@ -1,8 +1,10 @@
-"""``llmbatch bench``: the command line of the benchmark harness.
+"""``llmbatch-bench`` (also ``llmbatch bench``): the benchmark harness's command line.
 
-llmbatch bench                                  # starts the simulator itself
-llmbatch bench --url http://127.0.0.1:8000/v1   # any OpenAI-compatible server
-llmbatch bench --scenario bulk --n 200 --json out.json
+llmbatch-bench                                  # starts the simulators itself
+llmbatch-bench --url http://127.0.0.1:8000/v1   # any OpenAI-compatible server
+llmbatch-bench --scenario bulk --n 200 --json out.json
+llmbatch-bench --scenario overhead,single,chat  # the hot-path scenarios only
+llmbatch-bench --scale                          # all, plus 1M prompts through map_unordered
 """
 
 from __future__ import annotations
@@ -15,30 +17,29 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from llmbatch._bench.contenders import CONTENDERS
-from llmbatch._bench.harness import DEFAULT_SIM_ARGS, SCENARIOS, BenchConfig
+from llmbatch_bench.config import DEFAULT_SIM_ARGS, EXTRA_SCENARIOS, SCENARIOS, BenchConfig
+from llmbatch_bench.contenders import CONTENDERS
 
-__all__ = ["add_parser", "config_from_args", "main", "run"]
+__all__ = ["build_parser", "config_from_args", "main", "run"]
 
 _DEFAULTS = BenchConfig()
 
 
-def _csv(kind: type, choices: Sequence[str] | None = None) -> Any:
+def _csv(kind: type, choices: Sequence[str] | None = None, *, allow_empty: bool = False) -> Any:
     def parse(text: str) -> tuple[Any, ...]:
         items = tuple(kind(x.strip()) for x in text.split(",") if x.strip())
         bad = [x for x in items if choices is not None and x not in choices]
-        if bad or not items:
+        if bad or not (items or allow_empty):
             raise argparse.ArgumentTypeError(f"expected a comma list of {choices or kind}")
         return items
 
     return parse
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``bench`` on the ``llmbatch`` command's subparsers."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "bench",
-        help="benchmark llmbatch against gather+semaphore baselines on a server",
+def build_parser(prog: str = "llmbatch-bench") -> argparse.ArgumentParser:
+    """The bench's own argument parser (``llmbatch bench`` forwards its arguments here)."""
+    p = argparse.ArgumentParser(
+        prog=prog,
         description=(
             "Run benchmark scenarios against an OpenAI-compatible server (or the bundled "
             "simulator) with llmbatch and the common baselines side by side. Each "
@@ -46,7 +47,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         ),
     )
     _configure(p)
-    p.set_defaults(handler=run)
+    # Error messages name the command the user typed.
+    p.set_defaults(prog=prog)
     return p
 
 
@@ -71,7 +73,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
         "--scenario",
         action="append",
         type=_csv(str, (*SCENARIOS, "all")),
-        help=f"comma list of {', '.join(SCENARIOS)} or all (default: all; repeatable)",
+        help=f"comma list of {', '.join(SCENARIOS)} or all (default: all, which leaves "
+        f"out {' and '.join(EXTRA_SCENARIOS)}; repeatable)",
     )
     what.add_argument(
         "--clients",
@@ -99,26 +102,66 @@ def _configure(p: argparse.ArgumentParser) -> None:
     mixed.add_argument("--realtime-max-tokens", type=int, default=d.realtime_max_tokens)
     mixed.add_argument("--realtime-grace", type=float, default=d.realtime_grace)
     mixed.add_argument("--mixed-n", type=int, help="bulk prompts (default: from capacity)")
-    burst = p.add_argument_group("burst")
-    burst.add_argument("--burst-n", type=int, default=d.burst_n)
-    burst.add_argument("--burst-max-tokens", type=int, default=d.burst_max_tokens)
-    burst.add_argument(
+    hot = p.add_argument_group(
+        "hot path (overhead, chat, single, burst, transport, scale)",
+        "These run against a zero-latency server and measure llmbatch's own cost.",
+    )
+    hot.add_argument(
+        "--overhead-url",
+        help="a zero-latency server (default: start `llmbatch-server sim --zero-latency`)",
+    )
+    hot.add_argument(
+        "--repeat",
+        type=int,
+        default=d.repeat,
+        help="interleaved rounds of each overhead/chat/single/transport measurement; "
+        "the report shows the median",
+    )
+    hot.add_argument(
+        "--overhead-n", type=int, default=d.overhead_n, help="prompts per batched measurement"
+    )
+    hot.add_argument("--overhead-max-tokens", type=int, default=d.overhead_max_tokens)
+    hot.add_argument(
+        "--overhead-batch",
+        type=int,
+        default=d.overhead_batch,
+        help="prompts per HTTP request, llmbatch and probe alike",
+    )
+    hot.add_argument(
+        "--overhead-in-flight",
+        type=int,
+        default=d.overhead_in_flight,
+        help="prompts in flight, llmbatch and probe alike",
+    )
+    hot.add_argument("--chat-n", type=int, default=d.chat_n, help="prompts per chat measurement")
+    hot.add_argument(
+        "--single-n", type=int, default=d.single_n, help="sequential calls per single measurement"
+    )
+    hot.add_argument("--burst-n", type=int, default=d.burst_n)
+    hot.add_argument("--burst-max-tokens", type=int, default=d.burst_max_tokens)
+    hot.add_argument(
         "--burst-modes",
         type=_csv(str, ("map", "gather")),
         default=d.burst_modes,
-        help="llmbatch's ways in: map, gather (of complete calls)",
+        help="llmbatch's ways in: map, gather (of complete calls, with its bare baseline)",
     )
-    burst.add_argument(
+    hot.add_argument(
         "--burst-baselines",
-        type=_csv(str, CONTENDERS[1:]),
+        type=_csv(str, CONTENDERS[1:], allow_empty=True),
         default=d.burst_baselines,
-        help="unbounded gather baselines",
+        help="unbounded gather baselines ('' for none)",
     )
-    burst.add_argument("--burst-time-limit", type=float, default=d.burst_time_limit)
-    over = p.add_argument_group("overhead")
-    over.add_argument("--overhead-n", type=int, default=d.overhead_n)
-    over.add_argument("--overhead-max-tokens", type=int, default=d.overhead_max_tokens)
-    over.add_argument("--overhead-url", help="a zero-latency server (default: simulator)")
+    hot.add_argument("--burst-time-limit", type=float, default=d.burst_time_limit)
+    hot.add_argument(
+        "--scale",
+        type=int,
+        nargs="?",
+        const=d.scale_n,
+        metavar="N",
+        help=f"also run the scale scenario: N prompts (default {d.scale_n:,}) through "
+        "map_unordered (takes minutes)",
+    )
+    hot.add_argument("--scale-time-limit", type=float, default=d.scale_time_limit)
     client = p.add_argument_group("llmbatch settings")
     client.add_argument("--max-in-flight", type=int, help="llmbatch Limits.max_in_flight")
     client.add_argument(
@@ -141,11 +184,32 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The :class:`BenchConfig` that ``args`` describe."""
     if args.url and args.sim is not None:
         raise ValueError("--url and --sim exclude each other")
-    chosen = [s for group in (args.scenario or [("all",)]) for s in group]
-    scenarios = SCENARIOS if "all" in chosen else tuple(s for s in SCENARIOS if s in chosen)
-    for name in ("n", "max_tokens", "concurrency", "burst_n", "overhead_n", "sweep_batch"):
+    chosen = {s for group in (args.scenario or [("all",)]) for s in group}
+    if "all" in chosen:
+        chosen |= {s for s in SCENARIOS if s not in EXTRA_SCENARIOS}
+    if args.scale is not None:
+        chosen.add("scale")
+    scenarios = tuple(s for s in SCENARIOS if s in chosen)
+    for name in (
+        "n",
+        "max_tokens",
+        "concurrency",
+        "sweep_batch",
+        "repeat",
+        "overhead_n",
+        "overhead_max_tokens",
+        "overhead_batch",
+        "overhead_in_flight",
+        "chat_n",
+        "single_n",
+        "burst_n",
+    ):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.overhead_batch > 1024:
+        raise ValueError("--overhead-batch must be <= 1024 (vLLM's list-prompt limit)")
+    if args.scale is not None and args.scale < 1:
+        raise ValueError("--scale must be >= 1")
     return BenchConfig(
         url=args.url,
         sim_args=tuple(shlex.split(args.sim)) if args.sim is not None else DEFAULT_SIM_ARGS,
@@ -166,6 +230,13 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         realtime_max_tokens=args.realtime_max_tokens,
         realtime_grace=args.realtime_grace,
         mixed_n=args.mixed_n,
+        repeat=args.repeat,
+        overhead_batch=args.overhead_batch,
+        overhead_in_flight=args.overhead_in_flight,
+        chat_n=args.chat_n,
+        single_n=args.single_n,
+        scale_n=args.scale if args.scale is not None else _DEFAULTS.scale_n,
+        scale_time_limit=args.scale_time_limit,
         burst_n=args.burst_n,
         burst_max_tokens=args.burst_max_tokens,
         burst_modes=tuple(args.burst_modes),
@@ -183,15 +254,15 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def run(args: argparse.Namespace) -> int:
     """The ``bench`` handler: run, print the tables, write JSON and plots."""
-    from llmbatch._bench.harness import run_bench
-    from llmbatch._bench.plots import write_plots
-    from llmbatch._bench.report import render, write_json
-    from llmbatch._bench.worker import WorkerError
+    from llmbatch_bench.harness import run_bench
+    from llmbatch_bench.plots import write_plots
+    from llmbatch_bench.report import render, write_json
+    from llmbatch_bench.worker import WorkerError
 
     try:
         config = config_from_args(args)
     except ValueError as exc:
-        print(f"llmbatch bench: {exc}", file=sys.stderr)
+        print(f"{args.prog}: {exc}", file=sys.stderr)
         return 2
 
     def progress(line: str) -> None:
@@ -201,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = run_bench(config, progress)
     except (WorkerError, RuntimeError, OSError) as exc:
-        print(f"llmbatch bench: {exc}", file=sys.stderr)
+        print(f"{args.prog}: {exc}", file=sys.stderr)
         return 1
     print(render(report))
     if args.json:
@@ -212,15 +283,12 @@ def run(args: argparse.Namespace) -> int:
         progress(
             f"wrote {len(written)} plot(s) into {args.plots}"
             if written
-            else "no plots: install matplotlib (pip install 'llmbatch[plots]')"
+            else "no plots: install matplotlib (pip install matplotlib)"
         )
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m llmbatch._bench``: the same command without the ``llmbatch`` front."""
-    parser = argparse.ArgumentParser(prog="llmbatch bench")
-    sub = parser.add_subparsers(dest="command")
-    add_parser(sub)
-    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.handler(args))
+def main(argv: Sequence[str] | None = None, prog: str = "llmbatch-bench") -> int:
+    """``llmbatch-bench``, ``python -m llmbatch_bench`` and ``llmbatch bench``."""
+    args = build_parser(prog).parse_args(argv)
+    return run(args)

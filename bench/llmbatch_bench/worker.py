@@ -1,6 +1,6 @@
-"""One measurement per process: ``python -m llmbatch._bench.worker`` runs the
-:class:`~llmbatch._bench.scenarios.Job` read as JSON on stdin and prints its
-:class:`~llmbatch._bench.metrics.RunMetrics` as JSON on stdout.
+"""One measurement per process: ``python -m llmbatch_bench.worker`` runs the
+:class:`~llmbatch_bench.scenarios.Job` read as JSON on stdin and prints its
+:class:`~llmbatch_bench.metrics.RunMetrics` as JSON on stdout.
 
 A process of its own is what makes the numbers belong to one client: its CPU time
 and peak RSS include nothing of the harness, the server or the other contenders.
@@ -15,9 +15,10 @@ import os
 import subprocess
 import sys
 
-from llmbatch._bench import scenarios
-from llmbatch._bench.metrics import RunMetrics
-from llmbatch._bench.scenarios import Job, run_job
+from llmbatch_bench import jobs
+from llmbatch_bench.jobs import Job
+from llmbatch_bench.metrics import RunMetrics
+from llmbatch_bench.scenarios import run_job
 
 __all__ = ["WorkerError", "run_in_process", "run_in_worker"]
 
@@ -30,7 +31,7 @@ def run_in_worker(job: Job, timeout: float | None = None) -> RunMetrics:
     """Run ``job`` in a fresh Python process and return its metrics."""
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "llmbatch._bench.worker"],
+            [sys.executable, "-m", "llmbatch_bench.worker"],
             input=json.dumps(job.to_json()).encode(),
             capture_output=True,
             timeout=timeout,
@@ -64,7 +65,7 @@ def _hard_stop(metrics: RunMetrics) -> None:
 
 def main() -> int:
     job = Job.from_json(json.loads(sys.stdin.read()))
-    scenarios.hard_stop = _hard_stop
+    jobs.hard_stop = _hard_stop
     _emit(run_in_process(job))
     return 0
 

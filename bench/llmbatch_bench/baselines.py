@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterable
 from types import TracebackType
 from typing import Any
 
-from llmbatch._bench.metrics import Recorder, record_stream
+from llmbatch_bench.metrics import Recorder, record_stream
 
 __all__ = ["BASELINES", "AiohttpBaseline", "GatherBaseline", "HttpxBaseline", "OpenAIBaseline"]
 

@@ -1,4 +1,4 @@
-"""PNG plots of a bench report (needs matplotlib, the ``plots`` extra)."""
+"""PNG plots of a bench report (matplotlib)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from llmbatch._bench.report import capacity_run, runs_of
-from llmbatch._bench.targets import BURST_RSS_MB, CPU_US
+from llmbatch_bench.report import capacity_run, runs_of
+from llmbatch_bench.report_hot import summaries_of
+from llmbatch_bench.targets import BURST_RSS_MB, CPU_US
 
 __all__ = ["write_plots"]
 
@@ -131,20 +132,34 @@ def _plot_realtime(figure: Any, report: Mapping[str, Any]) -> bool:
 
 
 def _plot_cpu(figure: Any, report: Mapping[str, Any]) -> bool:
-    bulk, overhead = runs_of(report, "bulk"), runs_of(report, "overhead")
+    bulk = runs_of(report, "bulk")
+    overhead = [s for s in summaries_of(report) if s.scenario == "overhead"]
     if not bulk and not overhead:
         return False
-    axes = figure.subplots(1, 2)
-    for ax, runs, title in ((axes[0], bulk, "bulk"), (axes[1], overhead, "zero-latency server")):
-        if runs:
-            _bars(ax, [r["label"] for r in runs], [_value(r["cpu_us_per_prompt"]) for r in runs])
+    left, right = figure.subplots(1, 2)
+    panels: tuple[tuple[Any, list[str], list[float], str], ...] = (
+        (
+            left,
+            [r["label"] for r in bulk],
+            [_value(r["cpu_us_per_prompt"]) for r in bulk],
+            "bulk",
+        ),
+        (
+            right,
+            [s.label for s in overhead],
+            [s.cpu_us_per_prompt for s in overhead],
+            "zero-latency server (median)",
+        ),
+    )
+    for ax, labels, values, title in panels:
+        if labels:
+            _bars(ax, labels, values, "{:,.1f}")
             ax.set_yscale("log")
             ax.set_ylabel("client CPU µs per prompt (log)")
             ax.set_title(f"Client CPU: {title}")
-    if bulk:
-        axes[0].axhline(CPU_US, color="#c0392b", linestyle="--", linewidth=1, label="20 µs target")
-        axes[0].set_ylim(bottom=CPU_US / 2)
-        axes[0].legend(fontsize=8)
+    if overhead:
+        right.axhline(CPU_US, color="#c0392b", linestyle="--", linewidth=1, label="20 µs target")
+        right.legend(fontsize=8)
     return True
 
 

@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Iterable
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
-from llmbatch._bench.baselines import BASELINES
-from llmbatch._bench.metrics import Recorder, record_stream
+from llmbatch_bench.baselines import BASELINES
+from llmbatch_bench.metrics import Recorder, record_stream
 
 __all__ = ["CONTENDERS", "Contender", "LlmbatchContender", "available", "make_contender"]
 

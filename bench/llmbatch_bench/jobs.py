@@ -1,0 +1,197 @@
+"""What one measurement is: the :class:`Job` a worker process runs, the prompts it
+sends, and the time limit that stops it.
+
+Job kinds (the runner of each is named in parentheses):
+
+- ``bulk``: ``n`` prompts through a contender's bulk path (:mod:`.scenarios`);
+- ``mixed``: a saturating bulk workload plus streamed realtime requests arriving as
+  a Poisson process, measured over a window after a warm-up (:mod:`.scenarios`);
+- ``idle``: the same realtime arrivals on an otherwise idle server (:mod:`.scenarios`);
+- ``llmbatch``: one of llmbatch's public calls, named by ``api``, measured in steady
+  state after a warm-up (:mod:`.hotpath`);
+- ``probe``: the lean client: raw aiohttp, ``batch`` prompts per
+  ``/v1/completions`` request, ``concurrency`` prompts in flight (:mod:`.references`);
+- ``per_prompt``: a baseline (``AsyncOpenAI`` in the overhead scenario), one request
+  per prompt under ``asyncio.gather`` and a semaphore, in steady state
+  (:mod:`.references`);
+- ``raw``: one raw aiohttp request at a time, the reference for ``single``
+  (:mod:`.references`);
+- ``bare``: ``asyncio.gather`` of ``n`` coroutines that only wait, the memory
+  baseline of the burst (:mod:`.references`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import random
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from llmbatch_bench.metrics import Meter, Recorder, RunMetrics
+
+__all__ = [
+    "HARD_STOP_GRACE",
+    "WARMUP_OFFSET",
+    "Api",
+    "Job",
+    "JobKind",
+    "Tier",
+    "chat_inputs",
+    "poisson_arrivals",
+    "prompt",
+    "prompts",
+    "watchdog",
+    "within_limit",
+]
+
+JobKind = Literal["bulk", "mixed", "idle", "llmbatch", "probe", "per_prompt", "raw", "bare"]
+Tier = Literal["realtime", "normal", "batch"]
+#: llmbatch's public calls a ``llmbatch`` job can measure.
+Api = Literal["map", "map_unordered", "imap", "gather", "single"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """Everything a worker needs to run one measurement (JSON-serialisable)."""
+
+    kind: JobKind
+    scenario: str
+    contender: str
+    label: str = ""
+    base_url: str
+    model: str
+    api_key: str | None = None
+    n: int = 1000
+    max_tokens: int = 64
+    #: Extra body fields for every request (``ignore_eos`` makes lengths exact).
+    params: dict[str, Any] = field(default_factory=lambda: {"ignore_eos": True})
+    #: Baselines' semaphore; None = unbounded. For ``probe``: prompts in flight.
+    concurrency: int | None = 64
+    mode: Literal["map", "gather"] = "map"
+    #: llmbatch ``Limits.max_in_flight`` (None: the library's default).
+    max_in_flight: int | None = None
+    priority_scheduling: bool = False
+    #: Prompts per request for ``probe``; ``BatchPolicy.max_batch_size`` for ``llmbatch``.
+    batch: int = 16
+    #: What a ``llmbatch`` job calls, at which tier, over which transport.
+    api: Api = "map"
+    priority: Tier = "batch"
+    transport: str | None = None
+    #: ``chat`` sends each prompt as a one-message conversation.
+    inputs: Literal["prompt", "chat"] = "prompt"
+    #: Prompts sent through the same path before measuring (steady-state kinds).
+    warmup: int = 0
+    realtime_rate: float = 20.0
+    realtime_duration: float = 12.0
+    realtime_warmup: float = 3.0
+    realtime_max_tokens: int = 32
+    #: After the window, realtime calls still running get this long, then count as
+    #: unfinished (a shared semaphore can hold them behind the whole bulk backlog).
+    realtime_grace: float = 10.0
+    #: Stop the workload after this many seconds; what is left counts as unfinished.
+    time_limit: float | None = None
+    #: Which round of an interleaved, repeated measurement this is.
+    repeat: int = 0
+    seed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Job:
+        return cls(**data)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.contender
+
+
+_FILLER = (
+    "Summarise the following note in one sentence for a colleague who has not read it: "
+    "the quarterly review moved to Thursday and the budget draft needs two more figures."
+)
+#: Warm-up prompts are numbered from here, so they never repeat measured ones.
+WARMUP_OFFSET = 50_000_000
+
+
+def prompt(i: int) -> str:
+    """The ``i``-th benchmark prompt: distinct, about 40 tokens."""
+    return f"Request {i}. {_FILLER}"
+
+
+def prompts(n: int | None, start: int = 0) -> Iterator[str]:
+    """``n`` prompts lazily (forever when ``n`` is None)."""
+    indices = itertools.count(start) if n is None else range(start, start + n)
+    return (prompt(i) for i in indices)
+
+
+def chat_inputs(n: int, start: int = 0) -> Iterator[list[dict[str, str]]]:
+    """The same ``n`` prompts as one-message chat conversations, lazily."""
+    return ([{"role": "user", "content": text}] for text in prompts(n, start))
+
+
+def poisson_arrivals(rate: float, duration: float, seed: int) -> list[float]:
+    """Arrival offsets (seconds) of a Poisson process of ``rate``/s within ``duration``."""
+    if rate <= 0 or duration <= 0:
+        return []
+    rng = random.Random(seed)
+    out: list[float] = []
+    t = rng.expovariate(rate)
+    while t < duration:
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+#: Set by the worker process: hands over partial metrics and ends the process. Used
+#: when a timed-out job cannot even be cancelled in time (httpx's connection pool with
+#: 100,000 waiting requests spends minutes on the cancellations alone).
+hard_stop: Callable[[RunMetrics], None] | None = None
+#: How long cancellation after ``time_limit`` may take before ``hard_stop``.
+HARD_STOP_GRACE = 30.0
+
+
+@contextlib.contextmanager
+def watchdog(job: Job, rec: Recorder, meter: Meter) -> Iterator[None]:
+    """Past ``time_limit + HARD_STOP_GRACE``, report what was done and stop (worker only)."""
+    stop = hard_stop
+    if job.time_limit is None or stop is None:
+        yield
+        return
+
+    def give_up() -> None:
+        stop(
+            rec.finish(
+                scenario=job.scenario,
+                contender=job.contender,
+                label=job.name,
+                requested=job.n,
+                meter=meter.stop(),
+                extra={"timed_out": True, "hard_stopped": True, "repeat": job.repeat},
+            )
+        )
+
+    timer = threading.Timer(job.time_limit + HARD_STOP_GRACE, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+async def within_limit(work: Awaitable[None], time_limit: float | None) -> bool:
+    """Await ``work``, cancelling it after ``time_limit`` seconds; True if it was cut
+    short (what it had not answered then counts as unfinished)."""
+    if time_limit is None:
+        await work
+        return False
+    try:
+        await asyncio.wait_for(work, time_limit)
+    except TimeoutError:
+        return True
+    return False

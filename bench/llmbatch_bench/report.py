@@ -1,0 +1,172 @@
+"""Turns a bench report (the JSON dict) into tables and a JSON file.
+
+Sections for the server scenarios (sweep, bulk, mixed) and the targets are here;
+the hot-path scenarios' sections are in :mod:`.report_hot`, plots in :mod:`.plots`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from llmbatch_bench import report_hot
+from llmbatch_bench.tables import num, section, table
+
+__all__ = ["capacity_run", "render", "runs_of", "write_json"]
+
+Run = Mapping[str, Any]
+
+
+def write_json(report: Mapping[str, Any], path: Path) -> None:
+    """The report as indented JSON (``nan`` already mapped to ``null``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+
+
+def runs_of(report: Mapping[str, Any], scenario: str) -> list[Run]:
+    return [r for r in report["runs"] if r["scenario"] == scenario]
+
+
+def _ms(run: Run | None, tier: str, key: str, which: str = "latency") -> str:
+    if run is None:
+        return "-"
+    p = run[which].get(tier)
+    return num(p[key] if p else None, 1, 1e3)
+
+
+def capacity_run(report: Mapping[str, Any]) -> Run | None:
+    sweep = [r for r in runs_of(report, "sweep") if r["ok"]]
+    return max(sweep, key=lambda r: r["prompts_per_s"] or 0.0, default=None)
+
+
+def render(report: Mapping[str, Any]) -> str:
+    """Every scenario's table, then the targets."""
+    sections = [
+        _sweep(report),
+        _bulk(report),
+        _mixed(report),
+        *report_hot.sections(report),
+        _targets(report),
+    ]
+    return "\n\n".join(s for s in sections if s)
+
+
+def _sweep(report: Mapping[str, Any]) -> str:
+    runs = runs_of(report, "sweep")
+    if not runs:
+        return ""
+    best = capacity_run(report)
+    rows = [
+        [
+            r["label"] + (" (best)" if r is best else ""),
+            num(r["prompts_per_s"]),
+            num(r["output_tokens_per_s"]),
+            num(r["extra"].get("server_running_mean"), 1),
+            num(r["latency"].get("batch", {}).get("p50"), 0, 1e3),
+            str(r["failed"]),
+        ]
+        for r in runs
+    ]
+    headers = ["probe", "prompts/s", "tokens/s", "server running", "p50 ms", "failed"]
+    return section("Capacity sweep (lean probe client)", table(headers, rows))
+
+
+def _bulk(report: Mapping[str, Any]) -> str:
+    runs = runs_of(report, "bulk")
+    if not runs:
+        return ""
+    best = capacity_run(report)
+    cap = best["prompts_per_s"] if best else None
+    rows = [
+        [
+            r["label"],
+            f"{r['ok']}/{r['requested']}",
+            num(r["prompts_per_s"]),
+            num(r["output_tokens_per_s"]),
+            num(r["prompts_per_s"] / cap * 100, 1) + " %" if cap else "-",
+            num(r["cpu_us_per_prompt"], 1),
+            _ms(r, "batch", "p50"),
+            _ms(r, "batch", "p99"),
+            num(r["peak_rss_mb"]),
+            num(r["extra"].get("server_running_mean"), 1),
+        ]
+        for r in runs
+    ]
+    headers = [
+        "client",
+        "ok",
+        "prompts/s",
+        "tokens/s",
+        "of capacity",
+        "CPU µs/prompt",
+        "p50 ms",
+        "p99 ms",
+        "peak RSS MB",
+        "server running",
+    ]
+    return section("Bulk", table(headers, rows))
+
+
+def _mixed(report: Mapping[str, Any]) -> str:
+    runs = runs_of(report, "mixed")
+    if not runs:
+        return ""
+    idle = {r["label"]: r for r in runs_of(report, "idle")}
+    rows = []
+    for r in runs:
+        base = idle.get(r["label"])
+        loaded_p99 = r["latency"].get("realtime", {}).get("p99")
+        idle_p99 = base["latency"].get("realtime", {}).get("p99") if base else None
+        ratio = loaded_p99 / idle_p99 if loaded_p99 and idle_p99 else None
+        censored = r["extra"].get("censored", {}).get("realtime", 0)
+        rows.append(
+            [
+                r["label"],
+                num(r["prompts_per_s"]),
+                _ms(r, "realtime", "p50"),
+                _ms(r, "realtime", "p95"),
+                ("≥ " if censored else "") + _ms(r, "realtime", "p99"),
+                _ms(base, "realtime", "p99"),
+                ("≥ " if censored else "") + num(ratio, 2) + "x",
+                _ms(r, "realtime", "p99", "ttft"),
+                _ms(base, "realtime", "p99", "ttft"),
+                f"{censored}/{r['requested']}",
+            ]
+        )
+    headers = [
+        "client",
+        "bulk prompts/s",
+        "rt p50 ms",
+        "rt p95 ms",
+        "rt p99 ms",
+        "idle p99 ms",
+        "p99 ratio",
+        "TTFT p99 ms",
+        "idle TTFT p99 ms",
+        "unfinished",
+    ]
+    return section("Mixed: realtime streams under saturating bulk", table(headers, rows))
+
+
+def _targets(report: Mapping[str, Any]) -> str:
+    marks = {True: "met", False: "MISSED", None: "not measured"}
+    ops = {"<=": "≤", ">=": "≥", "<": "<", "==": "="}
+    rows = []
+    for t in report["targets"]:
+        unit = t.get("unit", "")
+        suffix = unit if unit == "x" else f" {unit}"
+        digits = 0 if unit in ("calls", "MB") else (1 if unit == "µs" else 2)
+        op = ops.get(t.get("op", ""), t.get("op", ""))
+        rows.append(
+            [
+                t["id"],
+                num(t["value"], digits, suffix=suffix),
+                f"{op} {num(t['threshold'], digits)}{suffix}",
+                marks[t["met"]],
+                t["detail"],
+            ]
+        )
+    headers = ["target", "this run", "threshold", "verdict", "detail"]
+    return section("Targets", table(headers, rows))

@@ -1,0 +1,181 @@
+"""The contender workloads: each client under test driven the way its users drive it.
+
+``bulk`` sends ``n`` prompts through a contender's bulk path (the bulk scenario, and
+the burst's unbounded baselines with ``concurrency=None``); ``mixed`` adds streamed
+realtime requests arriving as a Poisson process to saturating bulk work and measures
+a window after a warm-up; ``idle`` sends the same arrivals to an idle server.
+:func:`run_job` also dispatches the steady-state kinds of :mod:`.hotpath` and
+:mod:`.references`, so a worker runs any :class:`~llmbatch_bench.jobs.Job`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from llmbatch_bench import hotpath, references
+from llmbatch_bench.contenders import Contender, make_contender
+from llmbatch_bench.jobs import Job, poisson_arrivals, prompt, prompts, watchdog, within_limit
+from llmbatch_bench.metrics import Recorder, RunMetrics, measure
+
+__all__ = ["run_job"]
+
+
+async def run_job(job: Job, contender: Contender | None = None) -> RunMetrics:
+    """Run ``job`` in this process; ``contender`` overrides the one a ``bulk``,
+    ``mixed`` or ``idle`` job names (tests pass one over a mock transport)."""
+    steady = {
+        "llmbatch": hotpath.run_llmbatch,
+        "probe": references.run_probe,
+        "per_prompt": references.run_per_prompt,
+        "raw": references.run_raw,
+        "bare": references.run_bare,
+    }.get(job.kind)
+    if steady is not None:
+        return await steady(job)
+    if contender is None:
+        contender = make_contender(
+            job.contender,
+            job.base_url,
+            model=job.model,
+            api_key=job.api_key,
+            params=job.params,
+            concurrency=job.concurrency,
+            mode=job.mode,
+            max_in_flight=job.max_in_flight,
+            priority_scheduling=job.priority_scheduling,
+        )
+    runner = {"bulk": _bulk, "mixed": _mixed, "idle": _idle}[job.kind]
+    return await runner(job, contender)
+
+
+def _extra(contender: Contender) -> dict[str, Any]:
+    """llmbatch's own view of the run (baselines have none)."""
+    stats = getattr(contender, "stats", None)
+    return hotpath.stats_extra(stats()) if stats is not None else {}
+
+
+async def _bulk(job: Job, contender: Contender) -> RunMetrics:
+    rec = Recorder()
+    with measure() as meter, watchdog(job, rec, meter):
+        async with contender:
+            work = contender.bulk(prompts(job.n), job.max_tokens, rec)
+            timed_out = await within_limit(work, job.time_limit)
+            extra = _extra(contender)
+    extra["timed_out"] = timed_out
+    return rec.finish(
+        scenario=job.scenario,
+        contender=job.contender,
+        label=job.name,
+        requested=job.n,
+        meter=meter,
+        extra=extra,
+    )
+
+
+async def _arrivals(
+    job: Job,
+    realtime: Callable[[int], Coroutine[Any, Any, None]],
+    at_end: Callable[[], None] = lambda: None,
+) -> tuple[float, float, int]:
+    """Start ``realtime(i)`` at Poisson arrival times; wait for all of them.
+
+    Returns (window start, window end, arrivals): the window spans the arrivals, and
+    ``at_end`` runs when it closes (before the last calls finish). Calls still running
+    ``realtime_grace`` seconds later are cancelled.
+    """
+    offsets = poisson_arrivals(job.realtime_rate, job.realtime_duration, job.seed)
+    start = time.perf_counter()
+    async with asyncio.TaskGroup() as tg:
+        tasks: list[asyncio.Task[None]] = []
+        for i, offset in enumerate(offsets):
+            delay = start + offset - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(tg.create_task(realtime(i)))
+        end = max(time.perf_counter(), start + job.realtime_duration)
+        if end > time.perf_counter():
+            await asyncio.sleep(end - time.perf_counter())
+        at_end()
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=job.realtime_grace)
+            for task in late:
+                task.cancel()
+    return start, end, len(offsets)
+
+
+def _realtime(
+    job: Job, contender: Contender, rec: Recorder
+) -> Callable[[int], Coroutine[Any, Any, None]]:
+    async def one(i: int) -> None:
+        start = time.perf_counter()
+        try:
+            # Realtime prompts never repeat bulk ones (no accidental prefix sharing).
+            await contender.realtime(prompt(10_000_000 + i), job.realtime_max_tokens, rec)
+        except asyncio.CancelledError:
+            rec.unfinished("realtime", time.perf_counter() - start)
+            raise
+
+    return one
+
+
+async def _mixed(job: Job, contender: Contender) -> RunMetrics:
+    rec = Recorder()
+    with measure() as meter:
+        async with contender:
+            bulk = asyncio.ensure_future(contender.bulk(prompts(job.n), job.max_tokens, rec))
+            await asyncio.sleep(job.realtime_warmup)
+            # Bulk completions are counted only while realtime traffic arrives.
+            before = (rec.count("batch"), rec.tokens["batch"])
+            window: dict[str, Any] = {}
+
+            def close_window() -> None:
+                window["prompts"] = rec.count("batch") - before[0]
+                window["tokens"] = rec.tokens["batch"] - before[1]
+                # Bulk work that ran out early did not saturate the whole window.
+                window["exhausted"] = bulk.done()
+
+            start, end, arrivals = await _arrivals(
+                job, _realtime(job, contender, rec), close_window
+            )
+            bulk.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await bulk
+            extra = _extra(contender)
+    extra.update(
+        realtime_requests=arrivals,
+        realtime_ok=rec.count("realtime"),
+        window_s=end - start,
+        bulk_exhausted=window["exhausted"],
+    )
+    return rec.finish(
+        scenario=job.scenario,
+        contender=job.contender,
+        label=job.name,
+        requested=arrivals,
+        meter=meter,
+        prompts=window["prompts"],
+        tokens=window["tokens"],
+        window=end - start,
+        extra=extra,
+    )
+
+
+async def _idle(job: Job, contender: Contender) -> RunMetrics:
+    rec = Recorder()
+    with measure() as meter:
+        async with contender:
+            start, end, arrivals = await _arrivals(job, _realtime(job, contender, rec))
+            extra = _extra(contender)
+    return rec.finish(
+        scenario=job.scenario,
+        contender=job.contender,
+        label=job.name,
+        requested=arrivals,
+        meter=meter,
+        window=end - start,
+        extra=extra,
+    )

@@ -1,0 +1,310 @@
+"""The targets llmbatch is held to, judged from one bench run.
+
+These thresholds belong to the benchmark, not to the library: the report states
+each target, the value this run measured and whether it was met. Every value is a
+bound or a ratio of runs made on the same machine in the same bench run (medians
+over rounds for the hot-path scenarios, :mod:`.summary`); a target whose inputs
+were not measured is reported with ``met=None``.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from llmbatch_bench import hotplan
+from llmbatch_bench.metrics import RunMetrics
+from llmbatch_bench.summary import Summary, find_summary, ratio, summarize
+
+__all__ = [
+    "BULK_RATIO",
+    "BURST_CPU_RATIO",
+    "BURST_RSS_MB",
+    "CHAT_RATIO",
+    "CPU_RATIO",
+    "CPU_US",
+    "PROBE_RATIO",
+    "REALTIME_RATIO",
+    "SINGLE_ADDED_US",
+    "Target",
+    "capacity",
+    "evaluate",
+    "find",
+]
+
+BULK_RATIO = 0.95
+REALTIME_RATIO = 1.5
+#: Client CPU per prompt of ``map`` at 64 prompts per request (µs).
+CPU_US = 20.0
+#: ``map`` / the lean probe sending the same batches.
+PROBE_RATIO = 1.5
+#: ``AsyncOpenAI`` / ``map``, CPU per prompt.
+CPU_RATIO = 10.0
+#: A gather of ``complete()`` calls / ``map`` over the same prompts, CPU per prompt.
+BURST_CPU_RATIO = 3.0
+BURST_RSS_MB = 300.0
+#: Latency one ``complete()`` adds over a raw aiohttp request (µs, p50 and p99).
+SINGLE_ADDED_US = 150.0
+#: ``map`` over chat conversations / ``map`` over the same prompts, CPU per prompt.
+CHAT_RATIO = 1.5
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le,
+    "<": operator.lt,
+    ">=": operator.ge,
+    "==": operator.eq,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One target's verdict: ``value op threshold`` (e.g. ``12.5 <= 20``)."""
+
+    id: str
+    description: str
+    value: float | None
+    op: str
+    threshold: float
+    unit: str
+    met: bool | None
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.value is not None and not math.isfinite(self.value):
+            data["value"] = None
+        return data
+
+
+def judge(value: float | None, op: str, threshold: float) -> bool | None:
+    """Whether ``value op threshold`` holds; None when ``value`` was not measured."""
+    if value is None or not math.isfinite(value):
+        return None
+    return _OPS[op](value, threshold)
+
+
+def _target(
+    id: str, description: str, value: float | None, op: str, threshold: float, unit: str,
+    detail: str,
+) -> Target:  # fmt: skip
+    return Target(id, description, value, op, threshold, unit, judge(value, op, threshold), detail)
+
+
+def find(runs: Sequence[RunMetrics], scenario: str, label: str) -> RunMetrics | None:
+    """The (first) run of ``label`` in ``scenario``, if there is one."""
+    return next((r for r in runs if r.scenario == scenario and r.label == label), None)
+
+
+def capacity(runs: Sequence[RunMetrics]) -> RunMetrics | None:
+    """The sweep run with the best prompts/s: the server's saturated capacity."""
+    sweep = [r for r in runs if r.scenario == "sweep" and r.ok]
+    return max(sweep, key=lambda r: r.prompts_per_s, default=None)
+
+
+def evaluate(runs: Sequence[RunMetrics]) -> list[Target]:
+    """Judge every target from ``runs`` (all of one bench run)."""
+    summaries = summarize(runs)
+    return [
+        _bulk(runs),
+        _realtime(runs),
+        *_overhead(summaries),
+        *_burst(summaries),
+        *_single(summaries),
+        _chat(summaries),
+    ]
+
+
+def _p99(run: RunMetrics | None, which: str = "latency") -> float:
+    if run is None:
+        return math.nan
+    tiers = run.latency if which == "latency" else run.ttft
+    p = tiers.get("realtime")
+    return p.p99 if p is not None else math.nan
+
+
+def _bulk(runs: Sequence[RunMetrics]) -> Target:
+    best = capacity(runs)
+    ours = find(runs, "bulk", "llmbatch")
+    value = ratio(ours.prompts_per_s if ours else math.nan, best.prompts_per_s if best else 0)
+    detail = (
+        f"llmbatch {ours.prompts_per_s:.0f} prompts/s vs capacity {best.prompts_per_s:.0f} "
+        f"prompts/s ({best.label})"
+        if ours and best
+        else "needs the bulk and sweep scenarios"
+    )
+    description = "bulk throughput / server's saturated capacity (best of the sweep)"
+    return _target("bulk_throughput", description, value, ">=", BULK_RATIO, "x", detail)
+
+
+def _realtime(runs: Sequence[RunMetrics]) -> Target:
+    loaded, idle = find(runs, "mixed", "llmbatch"), find(runs, "idle", "llmbatch")
+    value = ratio(_p99(loaded), _p99(idle))
+    parts = []
+    for run in runs:
+        if run.scenario == "mixed":
+            base = find(runs, "idle", run.label)
+            loaded_ratio = ratio(_p99(run), _p99(base))
+            ttft = ratio(_p99(run, "ttft"), _p99(base, "ttft"))
+            censored = "≥ " if run.extra.get("censored") else ""
+            ttft_text = f"{ttft:.2f}x" if math.isfinite(ttft) else "n/a"
+            parts.append(
+                f"{run.label}: p99 {censored}{_p99(run) * 1e3:.0f} ms loaded vs "
+                f"{_p99(base) * 1e3:.0f} ms idle = {censored}{loaded_ratio:.2f}x "
+                f"(TTFT p99 {ttft_text})"
+            )
+    description = "realtime p99 under saturating bulk / realtime p99 on an idle server"
+    detail = "; ".join(parts) or "needs the mixed scenario"
+    return _target("realtime_p99_ratio", description, value, "<=", REALTIME_RATIO, "x", detail)
+
+
+def _cpu(s: Summary | None) -> float:
+    return s.cpu_us_per_prompt if s is not None else math.nan
+
+
+def _overhead(summaries: Sequence[Summary]) -> list[Target]:
+    ours = find_summary(summaries, "overhead", hotplan.MAP)
+    probe = find_summary(summaries, "overhead", hotplan.PROBE)
+    openai = find_summary(summaries, "overhead", hotplan.OPENAI)
+    us, floor, theirs = _cpu(ours), _cpu(probe), _cpu(openai)
+    missing = "needs the overhead scenario"
+    return [
+        _target(
+            "overhead_cpu",
+            "client CPU per prompt of map, 64 prompts per request (zero-latency server)",
+            us,
+            "<=",
+            CPU_US,
+            "µs",
+            f"map {us:.1f} µs/prompt, median of {ours.rounds}" if ours else missing,
+        ),
+        _target(
+            "overhead_vs_probe",
+            "map CPU per prompt / lean aiohttp probe sending the same batches",
+            ratio(us, floor),
+            "<=",
+            PROBE_RATIO,
+            "x",
+            f"map {us:.1f} µs vs probe {floor:.1f} µs per prompt" if ours and probe else missing,
+        ),
+        _target(
+            "overhead_vs_openai",
+            "AsyncOpenAI CPU per prompt (one request each) / map CPU per prompt",
+            ratio(theirs, us),
+            ">=",
+            CPU_RATIO,
+            "x",
+            f"openai {theirs:.0f} µs vs map {us:.1f} µs per prompt"
+            if ours and openai
+            else "needs the overhead scenario with the openai client",
+        ),
+    ]
+
+
+def _burst(summaries: Sequence[Summary]) -> list[Target]:
+    gather = find_summary(summaries, "burst", hotplan.GATHER)
+    mapped = find_summary(summaries, "burst", hotplan.MAP)
+    bare = find_summary(summaries, "burst", hotplan.BARE)
+    if gather is None:
+        lost: float | None = None
+        lost_detail = rss_detail = "needs the burst scenario"
+    else:
+        lost = float(gather.failed + gather.unfinished)
+        lost_detail = (
+            f"{gather.ok:,} ok, {gather.failed:,} failed, {gather.unfinished:,} unfinished "
+            f"of {gather.ok + gather.failed + gather.unfinished:,}"
+        )
+        rss_detail = _rss_detail(gather, bare)
+    n = f"{gather.ok + gather.failed + gather.unfinished:,} " if gather else ""
+    cpu_ratio = ratio(_cpu(gather), _cpu(mapped))
+    return [
+        _target(
+            "burst_complete",
+            f"burst: {n}complete() calls under one gather, failed + unfinished",
+            lost,
+            "==",
+            0,
+            "calls",
+            lost_detail,
+        ),
+        _target(
+            "burst_cpu_ratio",
+            "burst: CPU per prompt of the gather / of map over the same prompts",
+            cpu_ratio,
+            "<=",
+            BURST_CPU_RATIO,
+            "x",
+            f"gather {_cpu(gather):.1f} µs vs map {_cpu(mapped):.1f} µs per prompt"
+            if gather and mapped
+            else "needs the burst scenario with both modes",
+        ),
+        _target(
+            "burst_rss",
+            "burst: peak RSS of the gather of complete() calls",
+            gather.peak_rss_mb if gather else None,
+            "<",
+            BURST_RSS_MB,
+            "MB",
+            rss_detail,
+        ),
+    ]
+
+
+def _rss_detail(gather: Summary, bare: Summary | None) -> str:
+    peak = gather.peak_rss_mb
+    if peak is None:
+        return "peak RSS not measured"
+    if bare is None or bare.peak_rss_mb is None:
+        return f"{peak:.0f} MB (no bare baseline)"
+    calls = gather.ok + gather.failed + gather.unfinished
+    share = (peak - bare.peak_rss_mb) * 1024 / calls if calls else math.nan
+    return (
+        f"{peak:.0f} MB vs {bare.peak_rss_mb:.0f} MB for a bare gather of as many waiting "
+        f"coroutines: llmbatch's own share {share:.2f} KB per call"
+    )
+
+
+def _single(summaries: Sequence[Summary]) -> list[Target]:
+    raw = find_summary(summaries, "single", hotplan.RAW)
+    ours = find_summary(summaries, "single", hotplan.SINGLE_REALTIME)
+    out = []
+    for q, theirs_s, ours_s in (
+        ("p50", raw.p50_s if raw else math.nan, ours.p50_s if ours else math.nan),
+        ("p99", raw.p99_s if raw else math.nan, ours.p99_s if ours else math.nan),
+    ):
+        detail = (
+            f"complete(priority='realtime') {ours_s * 1e6:.0f} µs vs raw aiohttp "
+            f"{theirs_s * 1e6:.0f} µs, medians of {ours.rounds}"
+            if ours and raw
+            else "needs the single scenario"
+        )
+        out.append(
+            _target(
+                f"single_added_{q}",
+                f"one realtime complete() at a time: {q} latency added over raw aiohttp",
+                (ours_s - theirs_s) * 1e6,
+                "<",
+                SINGLE_ADDED_US,
+                "µs",
+                detail,
+            )
+        )
+    return out
+
+
+def _chat(summaries: Sequence[Summary]) -> Target:
+    chat = find_summary(summaries, "chat", hotplan.CHAT)
+    plain = find_summary(summaries, "chat", hotplan.CHAT_COMPLETIONS)
+    return _target(
+        "chat_cpu_ratio",
+        "map over chat conversations / map over the same prompts, CPU per prompt",
+        ratio(_cpu(chat), _cpu(plain)),
+        "<=",
+        CHAT_RATIO,
+        "x",
+        f"chat {_cpu(chat):.1f} µs vs completions {_cpu(plain):.1f} µs per prompt"
+        if chat and plain
+        else "needs the chat scenario",
+    )

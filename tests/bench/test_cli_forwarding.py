@@ -1,0 +1,49 @@
+"""``llmbatch bench`` hands its arguments to the separate ``llmbatch_bench`` package,
+and says how to install it when it is missing."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from llmbatch import _cli
+
+
+def test_bench_arguments_reach_the_bench_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _cli.main(["bench", "--scenario", "nope"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    # The bench's own parser rejected it, under the name the user typed.
+    assert err.startswith("usage: llmbatch bench")
+    assert "--scenario: expected a comma list" in err
+
+
+def test_bench_help_is_the_bench_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _cli.main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    assert "--overhead-n" in capsys.readouterr().out
+
+
+def test_missing_bench_package_gives_install_hint(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # None in sys.modules makes `import llmbatch_bench` fail as if not installed.
+    for name in [m for m in sys.modules if m.split(".")[0] == "llmbatch_bench"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "llmbatch_bench", None)
+    assert _cli.main(["bench", "--n", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install llmbatch-bench" in err
+    assert "pip install -e ./bench" in err
+
+
+def test_other_subcommands_still_reject_unknown_arguments(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _cli.main(["run", "in.jsonl", "-o", "out.jsonl", "--no-such-flag"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err

@@ -1,0 +1,95 @@
+"""The hot-path scenarios, short, against a real zero-latency simulator on 127.0.0.1:
+every job kind runs, every label reports, every target gets a value."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmbatch_bench import hotplan
+
+pytest.importorskip("llmbatch_server.testing")
+
+
+def bench(tmp_path: Path, *argv: str) -> tuple[dict[str, Any], str]:
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "llmbatch_bench", "--quiet", "--json", str(out), *argv],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report, done.stdout
+
+
+def test_overhead_chat_single_burst_in_worker_processes(tmp_path: Path) -> None:
+    report, text = bench(
+        tmp_path,
+        "--scenario", "overhead,chat,single,burst",
+        "--repeat", "1", "--overhead-n", "300", "--chat-n", "200", "--single-n", "40",
+        "--burst-n", "500", "--burst-baselines", "", "--burst-time-limit", "60",
+    )  # fmt: skip
+    assert report["server"] is None  # no server scenario asked for
+    assert report["hot_server"]["simulator_args"] == ["--zero-latency"]
+    assert report["notes"] == []
+    summaries = {(s["scenario"], s["label"]): s for s in report["summaries"]}
+    expected = {
+        ("overhead", hotplan.MAP): 300,
+        ("overhead", hotplan.MAP_UNORDERED): 300,
+        ("overhead", hotplan.IMAP): 300,
+        ("overhead", hotplan.PROBE): 300,
+        ("overhead", hotplan.OPENAI): 100,
+        ("chat", hotplan.CHAT_COMPLETIONS): 200,
+        ("chat", hotplan.CHAT): 200,
+        ("single", hotplan.RAW): 40,
+        ("single", hotplan.SINGLE_REALTIME): 40,
+        ("single", hotplan.SINGLE_NORMAL): 40,
+        ("burst", hotplan.BARE): 500,
+        ("burst", hotplan.GATHER): 500,
+        ("burst", hotplan.MAP): 500,
+    }
+    assert {k: (s["ok"], s["failed"]) for k, s in summaries.items()} == {
+        k: (n, 0) for k, n in expected.items()
+    }
+    for s in summaries.values():
+        assert s["rounds"] == 1
+        assert s["cpu_us_per_prompt"] > 0
+        assert s["peak_rss_mb"] > 5
+    for label in (hotplan.RAW, hotplan.SINGLE_REALTIME):
+        single = summaries[("single", label)]
+        assert 0 < single["p50_s"] <= single["p99_s"] < 1
+    # llmbatch really sent 64-prompt batches in the overhead runs.
+    ours = [r for r in report["runs"] if r["label"] == hotplan.MAP]
+    assert all(r["extra"]["max_batch_size"] == 64 for r in ours)
+    # Every target has a value from this run and a verdict (met or not).
+    hot_targets = [t for t in report["targets"] if not t["id"].startswith(("bulk", "realtime"))]
+    assert len(hot_targets) == 9
+    assert all(t["value"] is not None and t["met"] is not None for t in hot_targets)
+    for title in ("Overhead", "Chat", "Single", "Burst", "Targets"):
+        assert f"### {title}" in text
+
+
+def test_transport_and_scale_in_process(tmp_path: Path) -> None:
+    report, text = bench(
+        tmp_path, "--in-process", "--scenario", "transport", "--scale", "1000",
+        "--repeat", "1", "--overhead-n", "200",
+    )  # fmt: skip
+    runs = {(r["scenario"], r["label"]): r for r in report["runs"]}
+    assert {k: r["ok"] for k, r in runs.items()} == {
+        ("transport", "aiohttp, 1/request"): 100,
+        ("transport", "aiohttp, 64/request"): 200,
+        ("transport", "httpx, 1/request"): 100,
+        ("transport", "httpx, 64/request"): 200,
+        ("scale", hotplan.MAP_UNORDERED): 1000,
+    }
+    assert runs[("transport", "httpx, 1/request")]["extra"]["max_batch_size"] == 1
+    assert "### Transport" in text
+    assert "### Scale: 1,000 prompts through map_unordered" in text

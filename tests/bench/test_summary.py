@@ -1,0 +1,93 @@
+"""Medians over interleaved rounds and the ratios built from them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from llmbatch_bench.metrics import Meter, Recorder, RunMetrics
+from llmbatch_bench.summary import Summary, find_summary, median, ratio, summarize
+
+
+def test_median_ignores_unmeasured_values() -> None:
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0]) == 2.5
+    assert median([5.0, math.nan, None, 1.0, 3.0]) == 3.0
+    assert math.isnan(median([]))
+    assert math.isnan(median([math.nan, None]))
+
+
+def test_ratio_is_nan_unless_both_sides_were_measured() -> None:
+    assert ratio(3.0, 2.0) == 1.5
+    assert math.isnan(ratio(1.0, 0.0))
+    assert math.isnan(ratio(math.nan, 2.0))
+    assert math.isnan(ratio(2.0, math.inf))
+
+
+def round_of(label: str, cpu_us: float, *, repeat: int, failed: int = 0, rss: float = 50.0,
+             latency: float = 0.001, scenario: str = "overhead") -> RunMetrics:  # fmt: skip
+    rec = Recorder()
+    for _ in range(100):
+        rec.success("single", latency, 1)
+    for _ in range(failed):
+        rec.failure("HTTP 500")
+    meter = Meter(wall=2.0, cpu=cpu_us * 100 / 1e6, peak_rss_mb=rss)
+    return rec.finish(
+        scenario=scenario,
+        contender="x",
+        label=label,
+        requested=100 + failed,
+        meter=meter,
+        extra={"repeat": repeat},
+    )
+
+
+def test_summarize_groups_interleaved_rounds_by_label_in_first_seen_order() -> None:
+    runs = [
+        round_of("a", 10.0, repeat=0, latency=0.002),
+        round_of("b", 50.0, repeat=0),
+        round_of("a", 90.0, repeat=1, rss=70.0, latency=0.001),
+        round_of("b", 40.0, repeat=1, failed=2),
+        round_of("a", 12.0, repeat=2, latency=0.003),
+        round_of("a", 1.0, repeat=0, scenario="chat"),
+    ]
+    summaries = summarize(runs)
+    assert [(s.scenario, s.label, s.rounds) for s in summaries] == [
+        ("overhead", "a", 3),
+        ("overhead", "b", 2),
+        ("chat", "a", 1),
+    ]
+    a = find_summary(summaries, "overhead", "a")
+    assert a is not None
+    assert a.cpu_us_per_prompt == pytest.approx(12.0)  # 90 is an outlier round
+    assert (a.cpu_us_min, a.cpu_us_max) == pytest.approx((10.0, 90.0))
+    assert a.p50_s == pytest.approx(0.002)
+    assert a.peak_rss_mb == 70.0  # memory: the worst round
+    assert a.ok == 300
+    b = find_summary(summaries, "overhead", "b")
+    assert b is not None
+    assert (b.ok, b.failed) == (200, 2)
+    assert b.cpu_us_per_prompt == pytest.approx(45.0)
+    assert find_summary(summaries, "single", "a") is None
+
+
+def test_latency_of_a_run_with_several_tiers_is_not_guessed() -> None:
+    rec = Recorder()
+    rec.success("batch", 1.0, 1)
+    rec.success("realtime", 0.1, 1)
+    run = rec.finish(scenario="s", contender="c", label="l", requested=2, meter=Meter(wall=1.0))
+    (summary,) = summarize([run])
+    assert math.isnan(summary.p50_s)
+
+
+def test_summary_json_round_trip_maps_nan_to_null() -> None:
+    rec = Recorder()
+    rec.failure("boom")
+    run = rec.finish(scenario="s", contender="c", label="l", requested=1, meter=Meter(wall=1.0))
+    (summary,) = summarize([run])
+    data = summary.to_json()
+    assert data["cpu_us_per_prompt"] is None
+    back = Summary.from_json(data)
+    assert math.isnan(back.cpu_us_per_prompt)
+    assert back.to_json() == data
