@@ -30,6 +30,7 @@ __all__ = [
     "Limits",
     "Priority",
     "PriorityLike",
+    "SLO",
     "RateLimit",
     "RetryPolicy",
     "Timeout",
@@ -285,4 +286,30 @@ class Timeout:
 
 
 DEFAULT_TIMEOUT = Timeout()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SLO:
+    """The latency the realtime tier must keep, in seconds (None: no target).
+
+    - ``ttft``: time to first token of a realtime request.
+    - ``tpot``: time per output token after the first (the server's step time).
+
+    With an SLO set (``Client(slo=SLO(tpot=0.05))``) the client keeps realtime within
+    it by limiting how much lower-tier work it has in flight on the server: the
+    server's step time grows with its running batch, and vLLM never preempts a
+    running sequence for a higher priority. Bulk throughput is then capped at what
+    the target allows, even while no realtime request is running, so that one
+    arriving finds the server fast. Without an SLO the client keeps the server full
+    and its own waiting queue near empty.
+    """
+
+    ttft: float | None = None
+    tpot: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_number("SLO", "ttft", self.ttft, optional=True)
+        _check_number("SLO", "tpot", self.tpot, optional=True)
+
+
 """``Timeout()``: connect 10 s, read 600 s, write 60 s, pool 600 s."""

@@ -1,0 +1,246 @@
+"""How much lower-tier work one server may have in flight: a controller fed what the
+server reports, pure and driven by the time passed in.
+
+vLLM runs every admitted sequence in each engine step, and a step takes longer the
+more sequences run (on the simulator's calibrated model, 22 ms + 1.07 ms per
+sequence; on real GPUs the same shape). It never preempts a running sequence for a
+higher priority. So the only lever a client has on realtime latency is how much
+bulk work it lets in, and the only lever on throughput is the same number. The
+controller sets it, in sequences, from three signals:
+
+- **step time**: the server's per-output-token time, from the change of vLLM's
+  ``vllm:time_per_output_token_seconds`` histogram between two reads of
+  ``/metrics``, from streamed answers, or from a response's latency per token;
+- **time to first token**, from streamed answers (and vLLM's TTFT histogram);
+- **load**: vLLM's waiting queue and KV-cache use, from the ``endpoint-load-metrics``
+  header on each response or from ``/metrics``; and 429/503 answers.
+
+The rule (documented in docs/concepts.md#closed-loop-admission):
+
+- with an SLO, move the limit in proportion to ``target / observed`` for step time
+  and TTFT (the tighter of the two), at most 25 % up and 40 % down per update,
+  aiming at 90 % of the target; it starts small and grows while the target holds;
+- without one, keep the server full and its own queue short: grow while the limit
+  is what holds work back and the server queues little, shrink toward what it is
+  running when its queue grows or its KV cache fills;
+- either way, halve on 429/503 and grow only while work is waiting for the limit.
+
+Updates are at least ``interval`` apart, so the effect of one change is measured
+before the next. This is a gradient controller in the sense of Netflix's
+concurrency-limits (limit × target/observed) with a Vegas-style queue estimate from
+the server's own gauges; it is deterministic and tested with made-up series.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from llmbatch._config import SLO
+
+__all__ = ["AdmissionController", "ControllerState"]
+
+#: Seconds between two changes of the limit.
+DEFAULT_INTERVAL = 0.5
+#: Aim below the SLO by this factor: the estimate lags and traffic is bursty.
+SLO_HEADROOM = 0.9
+#: The largest change one update may make.
+MAX_GROWTH = 1.25
+MAX_SHRINK = 0.6
+#: Weight of a new sample in the moving averages.
+EWMA_WEIGHT = 0.3
+#: Without an SLO, how many requests may wait in the server's own queue: enough
+#: that a freed slot is refilled at once, not so many that realtime waits behind them.
+QUEUE_ALLOWANCE = 0.05
+#: KV-cache use at which vLLM starts preempting sequences.
+KV_FULL = 0.97
+#: Starting limit with an SLO, grown while the target holds (slow start).
+SLO_START = 8
+#: A realtime request must find a seat at once: bulk leaves at least this many,
+#: and more while realtime has recently used more (up to Limits.reserved_realtime).
+MIN_RESERVE = 1
+RESERVE_MEMORY = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerState:
+    """A snapshot for ``stats()``."""
+
+    limit: int
+    """The in-flight sequences normal and batch work may have on the server now."""
+    ceiling: int
+    """``Limits.max_in_flight``: the limit never exceeds it."""
+    realtime_reserve: int
+    """Seats kept free for realtime now."""
+    step_time: float | None
+    """The server's observed time per output token (seconds), if measured."""
+    ttft: float | None
+    """Observed realtime time to first token (seconds), if measured."""
+    server_waiting: int | None
+    """Requests in the server's own queue at the last report."""
+    server_running: int | None
+    kv_cache_usage: float | None
+    slo_met: int
+    """Realtime requests whose latency met the SLO."""
+    slo_missed: int
+
+
+def _ewma(old: float | None, sample: float) -> float:
+    return sample if old is None else old + EWMA_WEIGHT * (sample - old)
+
+
+class AdmissionController:
+    """The bulk in-flight limit of one server. Not thread-safe; one loop owns it."""
+
+    def __init__(
+        self,
+        *,
+        ceiling: int,
+        max_reserve: int,
+        slo: SLO | None = None,
+        interval: float = DEFAULT_INTERVAL,
+    ) -> None:
+        self.ceiling = ceiling
+        self.slo = slo if slo is not None and (slo.ttft or slo.tpot) else None
+        self._max_reserve = max(MIN_RESERVE, max_reserve)
+        self.interval = interval
+        self._limit = float(min(ceiling, SLO_START) if self.slo else ceiling)
+        self._slow_start = self.slo is not None
+        self._last_change: float | None = None
+        self.step_time: float | None = None
+        self.ttft: float | None = None
+        self.waiting: int | None = None
+        self.running: int | None = None
+        self.kv_usage: float | None = None
+        self._overloaded = False
+        self._blocked = False
+        self._realtime_peak = 0
+        self._realtime_seen: float | None = None
+        self.slo_met = 0
+        self.slo_missed = 0
+
+    # -- samples ---------------------------------------------------------------------
+
+    def on_step_time(self, seconds: float) -> None:
+        """The server's time per output token, measured over a recent span."""
+        if math.isfinite(seconds) and seconds > 0:
+            self.step_time = _ewma(self.step_time, seconds)
+
+    def on_ttft(self, seconds: float) -> None:
+        """A realtime request's time to first token."""
+        if math.isfinite(seconds) and seconds >= 0:
+            self.ttft = _ewma(self.ttft, seconds)
+
+    def on_realtime_answer(self, ttft: float | None, tpot: float | None) -> None:
+        """Count a realtime answer against the SLO (what it measured, None if unknown)."""
+        slo = self.slo
+        if slo is None:
+            return
+        missed = (slo.ttft is not None and ttft is not None and ttft > slo.ttft) or (
+            slo.tpot is not None and tpot is not None and tpot > slo.tpot
+        )
+        if missed:
+            self.slo_missed += 1
+        else:
+            self.slo_met += 1
+
+    def on_load(self, *, waiting: int | None, running: int | None, kv_usage: float | None) -> None:
+        """The server's own gauges (load header or /metrics)."""
+        if waiting is not None:
+            self.waiting = waiting
+        if running is not None:
+            self.running = running
+        if kv_usage is not None:
+            self.kv_usage = kv_usage
+
+    def on_overload(self) -> None:
+        """A 429 or 503: the server is past what it can take."""
+        self._overloaded = True
+
+    def on_blocked(self) -> None:
+        """Bulk work waited because of the limit (evidence that more would be used)."""
+        self._blocked = True
+
+    def on_realtime_in_flight(self, now: float, count: int) -> None:
+        """Realtime sequences in flight now: the reserve follows their recent peak."""
+        if count >= self._realtime_peak or self._realtime_seen is None:
+            self._realtime_peak = count
+            self._realtime_seen = now
+        elif now - self._realtime_seen > RESERVE_MEMORY:
+            self._realtime_peak = count
+            self._realtime_seen = now
+
+    # -- output ----------------------------------------------------------------------
+
+    @property
+    def limit(self) -> int:
+        """Bulk sequences allowed in flight (realtime's reserve already left out)."""
+        return max(1, min(int(self._limit), self.ceiling - self.reserve))
+
+    @property
+    def reserve(self) -> int:
+        """Seats kept for realtime: one, or its recent peak plus one, up to the cap."""
+        return min(self._max_reserve, self.ceiling - 1, max(MIN_RESERVE, self._realtime_peak + 1))
+
+    def update(self, now: float) -> bool:
+        """Recompute the limit if ``interval`` has passed since the last change;
+        returns whether it changed."""
+        if self._last_change is not None and now - self._last_change < self.interval:
+            return False
+        before = self._limit
+        if self._overloaded:
+            self._limit *= 0.5
+            self._slow_start = False
+        elif self.slo is not None:
+            self._follow_slo()
+        else:
+            self._follow_queue()
+        self._limit = min(float(self.ceiling), max(1.0, self._limit))
+        self._overloaded = self._blocked = False
+        if int(self._limit) != int(before):
+            self._last_change = now
+            return True
+        return False
+
+    def _follow_slo(self) -> None:
+        assert self.slo is not None
+        ratios = []
+        if self.slo.tpot is not None and self.step_time is not None:
+            ratios.append(self.slo.tpot * SLO_HEADROOM / self.step_time)
+        if self.slo.ttft is not None and self.ttft is not None:
+            ratios.append(self.slo.ttft * SLO_HEADROOM / self.ttft)
+        if self.waiting:
+            # The server queues: past its capacity, whatever the latencies say yet.
+            ratios.append(MAX_SHRINK)
+        if not ratios:
+            return
+        ratio = min(ratios)
+        if ratio < 1.0:
+            self._limit *= max(MAX_SHRINK, ratio)
+            self._slow_start = False
+        elif self._blocked:
+            growth = 1.5 if self._slow_start else min(MAX_GROWTH, ratio)
+            self._limit = max(self._limit + 1, self._limit * growth)
+
+    def _follow_queue(self) -> None:
+        allowance = max(4.0, QUEUE_ALLOWANCE * self._limit)
+        full = self.kv_usage is not None and self.kv_usage >= KV_FULL
+        if self.waiting is not None and (self.waiting > allowance or full):
+            excess = max(self.waiting - allowance, 0.05 * self._limit)
+            self._limit = max(self._limit * MAX_SHRINK, self._limit - excess)
+        elif self._blocked:
+            self._limit = max(self._limit + 1, self._limit * 1.1)
+
+    def state(self) -> ControllerState:
+        return ControllerState(
+            limit=self.limit,
+            ceiling=self.ceiling,
+            realtime_reserve=self.reserve,
+            step_time=self.step_time,
+            ttft=self.ttft,
+            server_waiting=self.waiting,
+            server_running=self.running,
+            kv_cache_usage=self.kv_usage,
+            slo_met=self.slo_met,
+            slo_missed=self.slo_missed,
+        )

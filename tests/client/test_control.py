@@ -1,0 +1,200 @@
+"""The admission controller and the circuit breaker, fed made-up series on made-up
+time: they are pure, so every rule is checked exactly."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmbatch import SLO
+from llmbatch._breaker import Breaker, BreakerState
+from llmbatch._control import AdmissionController
+
+#: The simulator's calibrated step model: 22.25 ms + 1.065 ms per running sequence.
+BASE, PER_SEQ = 0.02225, 0.001065
+
+
+def step_time(running: int) -> float:
+    return BASE + PER_SEQ * running
+
+
+def drive(
+    controller: AdmissionController,
+    *,
+    seconds: float,
+    capacity: int = 256,
+    tick: float = 0.5,
+    start: float = 0.0,
+) -> list[int]:
+    """A server that runs up to ``capacity`` of what is in flight (the rest waits)
+    and always has more bulk work than the limit lets through."""
+    limits = []
+    now = start
+    while now < start + seconds:
+        in_flight = controller.limit
+        running = min(in_flight, capacity)
+        controller.on_step_time(step_time(running))
+        controller.on_load(waiting=max(0, in_flight - capacity), running=running, kv_usage=0.5)
+        controller.on_blocked()
+        controller.update(now)
+        limits.append(controller.limit)
+        now += tick
+    return limits
+
+
+def test_with_a_tpot_slo_the_limit_settles_where_the_step_time_meets_it() -> None:
+    slo = SLO(tpot=3 * step_time(1))  # 70 ms
+    controller = AdmissionController(ceiling=256, max_reserve=16, slo=slo)
+    limits = drive(controller, seconds=30)
+    settled = limits[-10:]
+    # 0.9 x 70 ms = 63 ms allows (63 - 22.25) / 1.065 = 38.5 running sequences.
+    assert all(30 <= n <= 45 for n in settled), settled
+    assert all(step_time(n) <= slo.tpot for n in settled)  # type: ignore[operator]
+    assert limits[0] < 16  # it starts small and grows while the target holds
+
+
+def test_without_an_slo_the_limit_keeps_the_server_full_with_a_short_queue() -> None:
+    controller = AdmissionController(ceiling=1024, max_reserve=16)
+    limits = drive(controller, seconds=60, capacity=256)
+    settled = limits[-10:]
+    assert all(250 <= n <= 256 + max(4, 0.05 * n) + 30 for n in settled), settled
+
+
+def test_overload_halves_the_limit_once_per_interval() -> None:
+    controller = AdmissionController(ceiling=256, max_reserve=1)
+    assert controller.limit == 255
+    controller.on_overload()
+    assert controller.update(0.0)
+    assert controller.limit == 128
+    controller.on_overload()
+    assert not controller.update(0.2)  # within the interval: no second cut yet
+    assert controller.update(0.6)
+    assert controller.limit == 64
+
+
+def test_the_limit_grows_only_while_work_waits_for_it() -> None:
+    controller = AdmissionController(ceiling=256, max_reserve=1, slo=SLO(tpot=1.0))
+    start = controller.limit
+    for t in range(20):
+        controller.on_step_time(0.05)  # far below the target
+        controller.update(float(t))
+    assert controller.limit == start  # no demand: no evidence that more would help
+
+
+def test_the_realtime_reserve_follows_recent_realtime_use() -> None:
+    controller = AdmissionController(ceiling=64, max_reserve=8)
+    assert (controller.reserve, controller.limit) == (1, 63)
+    controller.on_realtime_in_flight(0.0, 5)
+    assert (controller.reserve, controller.limit) == (6, 58)
+    controller.on_realtime_in_flight(5.0, 0)  # still remembered
+    assert controller.reserve == 6
+    controller.on_realtime_in_flight(20.0, 0)  # forgotten after a quiet spell
+    assert controller.reserve == 1
+    controller.on_realtime_in_flight(21.0, 50)
+    assert controller.reserve == 8  # capped by Limits.reserved_realtime
+
+
+def test_slo_attainment_is_counted() -> None:
+    controller = AdmissionController(ceiling=8, max_reserve=1, slo=SLO(ttft=0.5, tpot=0.1))
+    controller.on_realtime_answer(ttft=0.4, tpot=0.09)
+    controller.on_realtime_answer(ttft=0.6, tpot=0.09)
+    controller.on_realtime_answer(ttft=None, tpot=0.2)
+    state = controller.state()
+    assert (state.slo_met, state.slo_missed) == (1, 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ceiling=st.integers(1, 512),
+    reserve=st.integers(0, 64),
+    slo=st.sampled_from([None, SLO(tpot=0.05), SLO(ttft=0.3), SLO(ttft=0.3, tpot=0.05)]),
+    events=st.lists(
+        st.tuples(
+            st.sampled_from(["step", "ttft", "load", "overload", "blocked", "realtime"]),
+            st.floats(0.0, 5.0, allow_nan=False),
+            st.integers(0, 600),
+        ),
+        max_size=200,
+    ),
+)
+def test_the_limit_always_stays_within_one_and_the_ceiling(
+    ceiling: int, reserve: int, slo: SLO | None, events: list[tuple[str, float, int]]
+) -> None:
+    controller = AdmissionController(ceiling=ceiling, max_reserve=reserve, slo=slo)
+    now = 0.0
+    for kind, value, count in events:
+        if kind == "step":
+            controller.on_step_time(value)
+        elif kind == "ttft":
+            controller.on_ttft(value)
+        elif kind == "load":
+            controller.on_load(waiting=count, running=count, kv_usage=min(1.0, value / 5))
+        elif kind == "overload":
+            controller.on_overload()
+        elif kind == "blocked":
+            controller.on_blocked()
+        else:
+            controller.on_realtime_in_flight(now, count)
+        now += value / 4
+        controller.update(now)
+        assert 1 <= controller.limit <= max(1, ceiling - controller.reserve)
+        assert 0 <= controller.reserve < max(ceiling, 2)
+
+
+# -- the breaker -----------------------------------------------------------------------
+
+
+def test_consecutive_failures_open_the_breaker_and_a_success_resets_the_count() -> None:
+    breaker = Breaker(failure_threshold=3, probe_interval=1.0)
+    breaker.on_success()
+    assert not breaker.on_failure(0.0, "refused")
+    assert not breaker.on_failure(0.1, "refused")
+    breaker.on_success()
+    assert not breaker.on_failure(0.2, "refused")
+    assert not breaker.on_failure(0.3, "refused")
+    assert breaker.on_failure(0.4, "refused")
+    assert breaker.state is BreakerState.OPEN
+    assert not breaker.allows()
+
+
+def test_an_open_breaker_probes_then_sends_one_trial_batch_then_closes() -> None:
+    breaker = Breaker(failure_threshold=1, probe_interval=1.0)
+    breaker.on_success()
+    breaker.on_failure(10.0, "503")
+    assert breaker.next_probe() == 11.0
+    assert not breaker.probe_due(10.5)
+    assert breaker.probe_due(11.0)
+    breaker.on_probe(11.0, healthy=False)
+    assert breaker.next_probe() == 12.0
+    breaker.on_probe(12.0, healthy=True)
+    assert breaker.state is BreakerState.HALF_OPEN
+    assert breaker.allows()
+    breaker.trial_sent()
+    assert not breaker.allows()  # exactly one trial
+    breaker.on_success()
+    assert breaker.state is BreakerState.CLOSED
+    assert breaker.allows()
+
+
+def test_a_failed_trial_reopens_without_restarting_the_outage_clock() -> None:
+    breaker = Breaker(failure_threshold=1, probe_interval=1.0, outage_tolerance=5.0)
+    breaker.on_success()
+    breaker.on_failure(0.0, "refused")
+    breaker.on_probe(1.0, healthy=True)
+    breaker.trial_sent()
+    breaker.on_failure(1.5, "503")
+    assert breaker.state is BreakerState.OPEN
+    assert breaker.opened_at == 0.0
+    assert not breaker.outage_over_tolerance(5.0)
+    assert breaker.outage_over_tolerance(5.1)
+    assert breaker.opened == 1
+
+
+@pytest.mark.parametrize("threshold", [1, 3])
+def test_the_outage_clock_starts_when_the_breaker_opens(threshold: int) -> None:
+    breaker = Breaker(failure_threshold=threshold, outage_tolerance=120.0)
+    breaker.on_success()
+    for i in range(threshold):
+        breaker.on_failure(float(i), "refused")
+    assert breaker.outage_seconds(100.0) == pytest.approx(100.0 - (threshold - 1))
