@@ -26,11 +26,11 @@ __all__ = [
     "DEFAULT_LIMITS",
     "DEFAULT_RETRY_POLICY",
     "DEFAULT_TIMEOUT",
+    "SLO",
     "BatchPolicy",
     "Limits",
     "Priority",
     "PriorityLike",
-    "SLO",
     "RateLimit",
     "RetryPolicy",
     "Timeout",
@@ -288,6 +288,9 @@ class Timeout:
 DEFAULT_TIMEOUT = Timeout()
 
 
+"""``Timeout()``: connect 10 s, read 600 s, write 60 s, pool 600 s."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SLO:
     """The latency the realtime tier must keep, in seconds (None: no target).
@@ -310,6 +313,3 @@ class SLO:
     def __post_init__(self) -> None:
         _check_number("SLO", "ttft", self.ttft, optional=True)
         _check_number("SLO", "tpot", self.tpot, optional=True)
-
-
-"""``Timeout()``: connect 10 s, read 600 s, write 60 s, pool 600 s."""

@@ -27,7 +27,7 @@ The rule (documented in docs/concepts.md#closed-loop-admission):
 
 Updates are at least ``interval`` apart, so the effect of one change is measured
 before the next. This is a gradient controller in the sense of Netflix's
-concurrency-limits (limit × target/observed) with a Vegas-style queue estimate from
+concurrency-limits (limit * target / observed) with a Vegas-style queue estimate from
 the server's own gauges; it is deterministic and tested with made-up series.
 """
 
@@ -163,10 +163,8 @@ class AdmissionController:
 
     def on_realtime_in_flight(self, now: float, count: int) -> None:
         """Realtime sequences in flight now: the reserve follows their recent peak."""
-        if count >= self._realtime_peak or self._realtime_seen is None:
-            self._realtime_peak = count
-            self._realtime_seen = now
-        elif now - self._realtime_seen > RESERVE_MEMORY:
+        seen = self._realtime_seen
+        if count >= self._realtime_peak or seen is None or now - seen > RESERVE_MEMORY:
             self._realtime_peak = count
             self._realtime_seen = now
 
