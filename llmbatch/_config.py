@@ -286,8 +286,6 @@ class Timeout:
 
 
 DEFAULT_TIMEOUT = Timeout()
-
-
 """``Timeout()``: connect 10 s, read 600 s, write 60 s, pool 600 s."""
 
 
