@@ -30,6 +30,7 @@ from llmbatch._config import (
     DEFAULT_LIMITS,
     DEFAULT_RETRY_POLICY,
     DEFAULT_TIMEOUT,
+    SLO,
     BatchPolicy,
     Limits,
     PriorityLike,
@@ -39,6 +40,7 @@ from llmbatch._config import (
     parse_priority,
 )
 from llmbatch._dispatcher import Dispatcher
+from llmbatch._endpoint import Endpoint
 from llmbatch._engine import Engine
 from llmbatch._exceptions import (
     ClientClosedError,
@@ -51,7 +53,7 @@ from llmbatch._exceptions import (
 from llmbatch._map import MapInput, MapRunner, check_inputs
 from llmbatch._models import ChatCompletion, Completion, Result
 from llmbatch._progress import ProgressLike, make_tracker
-from llmbatch._request import Kind
+from llmbatch._request import Kind, Request
 from llmbatch._scheduler import Scheduler
 from llmbatch._stats import Stats, StatsRecorder
 from llmbatch._submit import Submitter
@@ -130,8 +132,11 @@ class Client:
 
     ``transport`` is ``"aiohttp"`` (default on asyncio: lowest client CPU),
     ``"httpx"`` (default on trio), or any :class:`llmbatch.transports.Transport`.
-    ``priority_scheduling=True`` sends each tier as vLLM's ``priority`` field
-    (0, 1, 2), which vLLM honours only under ``--scheduling-policy priority``.
+    ``slo=SLO(ttft=..., tpot=...)`` is the latency realtime must keep: the client
+    limits lower-tier work in flight to hold it (docs/concepts.md). Each tier is sent
+    as vLLM's ``priority`` field (0, 1, 2) when the server is vLLM
+    (``priority_scheduling=None``, the default; vLLM honours it under
+    ``--scheduling-policy priority``); ``False`` never sends it, ``True`` always.
     On exit, ``on_close="drain"`` (default) finishes queued and in-flight work for up
     to ``drain_timeout`` seconds, then cancels the rest; ``"cancel"`` cancels at once.
     Cancelled requests fail with :class:`RequestCancelled`; no caller waits forever.
@@ -150,8 +155,9 @@ class Client:
         retry: RetryPolicy = DEFAULT_RETRY_POLICY,
         rate_limit: RateLimit | None = None,
         timeout: Timeout = DEFAULT_TIMEOUT,
+        slo: SLO | None = None,
         transport: Literal["aiohttp", "httpx"] | Transport | None = None,
-        priority_scheduling: bool = False,
+        priority_scheduling: bool | None = None,
         verify: bool = True,
         on_close: Literal["drain", "cancel"] = "drain",
         drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
@@ -181,6 +187,12 @@ class Client:
                 raise ConfigTypeError(f"{name} must be a {kind.__name__}", field=name)
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
             raise ConfigTypeError("rate_limit must be a RateLimit or None", field="rate_limit")
+        if slo is not None and not isinstance(slo, SLO):
+            raise ConfigTypeError("slo must be an SLO or None", field="slo")
+        if priority_scheduling is not None and not isinstance(priority_scheduling, bool):
+            raise ConfigTypeError(
+                "priority_scheduling must be True, False or None", field="priority_scheduling"
+            )
         if on_close not in ("drain", "cancel"):
             raise ConfigError("on_close must be 'drain' or 'cancel'", field="on_close")
         if transport not in (None, "aiohttp", "httpx") and not isinstance(transport, Transport):
@@ -201,14 +213,16 @@ class Client:
         self._retry = retry
         self._rate_limit = rate_limit
         self._timeout = timeout
+        self._slo = slo
         self._transport_choice = transport
-        self._priority_scheduling = bool(priority_scheduling)
+        self._priority_scheduling = priority_scheduling
         self._verify = bool(verify)
         self._on_close = on_close
         self._drain_timeout = float(drain_timeout)
         self._state = _State.UNOPENED
         self._exit_stack: AsyncExitStack | None = None
         self._engine: Engine | None = None
+        self._endpoint: Endpoint | None = None
         self._submitter: Submitter | None = None
         self._map: MapRunner | None = None
         self._transport: Transport | None = None
@@ -232,6 +246,14 @@ class Client:
             transport = self._make_transport()
             stack.push_async_callback(transport.aclose)
             self._transport = transport
+            endpoint = self._endpoint = Endpoint(
+                base_url=self.base_url,
+                headers=self._headers(),
+                transport=transport,
+                limits=self.limits,
+                retry=self._retry,
+                slo=self._slo,
+            )
             await self._learn_server()
             assert self.model is not None
             now = loop_clock()
@@ -240,16 +262,15 @@ class Client:
                 policies=self._policies, limits=self.limits, rate_limit=self._rate_limit
             )
             dispatcher = Dispatcher(
-                transport=transport,
-                base_url=self.base_url,
-                headers=self._headers(),
+                endpoint=endpoint,
                 retry=self._retry,
                 stats=stats,
+                requeue=self._requeue,
                 reserve_resend=scheduler.reserve_resend if self._rate_limit else None,
                 priority_scheduling=self._priority_scheduling,
                 clock=now,
             )
-            engine = Engine(scheduler, dispatcher, stats, clock=now)
+            engine = Engine(scheduler, dispatcher, stats, endpoint, clock=now)
             loop = (
                 asyncio.get_running_loop() if sniffio.current_async_library() == "asyncio" else None
             )
@@ -291,6 +312,11 @@ class Client:
             self._state = _State.CLOSED
             await stack.aclose()
 
+    def _requeue(self, requests: Sequence[Request]) -> None:
+        # The dispatcher hands back a batch that met an outage; the engine queues it.
+        assert self._engine is not None
+        self._engine.requeue(requests)
+
     def _make_transport(self) -> Transport:
         choice = self._transport_choice
         if choice is not None and not isinstance(choice, str):
@@ -326,6 +352,8 @@ class Client:
                 content = await response.read()
             finally:
                 await response.aclose()
+            assert self._endpoint is not None
+            self._endpoint.on_response(response.status, response.headers)
             if response.status >= 400:
                 raise error_from_response(response.status, response.headers, content)
             models = json.loads(content)["data"]
@@ -335,6 +363,8 @@ class Client:
                 self.model = str(entry["id"])
             if entry is not None and isinstance(entry.get("max_model_len"), int):
                 self.max_model_len = entry["max_model_len"]
+            if entry is not None and entry.get("owned_by") == "vllm":
+                self._endpoint.is_vllm = True
         except (RequestError, ValueError, KeyError, IndexError, TypeError) as exc:
             if self.model is None:
                 raise ServerInfoError(

@@ -222,16 +222,22 @@ class RetryPolicy:
     Exponential backoff with full jitter: attempt *k* waits a random time in
     ``[0, min(max_backoff, initial_backoff * 2**k)]``, or the server's ``Retry-After``
     if that is longer (capped at ``max_backoff``). ``attempts`` counts the first try.
+
+    ``outage_tolerance``: when a server that was answering refuses connections or
+    answers 503 to everything (a restart, an outage), requests wait for it instead
+    of failing, for up to this many seconds; waiting uses none of their attempts
+    (docs/concepts.md#outages-and-restarts). ``0`` turns the patience off.
     """
 
     attempts: int = 5
     initial_backoff: float = 0.25
     max_backoff: float = 30.0
     retry_on_timeout: bool = True
+    outage_tolerance: float = 120.0
 
     def __post_init__(self) -> None:
         _check_int("RetryPolicy", "attempts", self.attempts, 1)
-        for name in ("initial_backoff", "max_backoff"):
+        for name in ("initial_backoff", "max_backoff", "outage_tolerance"):
             _check_number("RetryPolicy", name, getattr(self, name), strict=False)
         if not isinstance(self.retry_on_timeout, bool):
             raise ConfigTypeError(
@@ -240,7 +246,8 @@ class RetryPolicy:
 
 
 DEFAULT_RETRY_POLICY = RetryPolicy()
-"""``RetryPolicy()``: 5 attempts, backoff from 0.25 s up to 30 s."""
+"""``RetryPolicy()``: 5 attempts, backoff from 0.25 s up to 30 s, outages of up to 120 s
+waited out."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

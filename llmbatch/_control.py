@@ -102,7 +102,7 @@ class AdmissionController:
     ) -> None:
         self.ceiling = ceiling
         self.slo = slo if slo is not None and (slo.ttft or slo.tpot) else None
-        self._max_reserve = max(MIN_RESERVE, max_reserve)
+        self._max_reserve = max_reserve
         self.interval = interval
         self._limit = float(min(ceiling, SLO_START) if self.slo else ceiling)
         self._slow_start = self.slo is not None
@@ -177,8 +177,10 @@ class AdmissionController:
 
     @property
     def reserve(self) -> int:
-        """Seats kept for realtime: one, or its recent peak plus one, up to the cap."""
-        return min(self._max_reserve, self.ceiling - 1, max(MIN_RESERVE, self._realtime_peak + 1))
+        """Seats kept for realtime: one, or its recent peak plus one, up to the cap
+        (``Limits.reserved_realtime``; 0 keeps none)."""
+        wanted = max(MIN_RESERVE, self._realtime_peak + 1)
+        return max(0, min(self._max_reserve, self.ceiling - 1, wanted))
 
     def update(self, now: float) -> bool:
         """Recompute the limit if ``interval`` has passed since the last change;
@@ -203,9 +205,9 @@ class AdmissionController:
     def _follow_slo(self) -> None:
         assert self.slo is not None
         ratios = []
-        if self.slo.tpot is not None and self.step_time is not None:
+        if self.slo.tpot is not None and self.step_time:
             ratios.append(self.slo.tpot * SLO_HEADROOM / self.step_time)
-        if self.slo.ttft is not None and self.ttft is not None:
+        if self.slo.ttft is not None and self.ttft:  # (a TTFT of 0 says nothing)
             ratios.append(self.slo.ttft * SLO_HEADROOM / self.ttft)
         if self.waiting:
             # The server queues: past its capacity, whatever the latencies say yet.

@@ -3,8 +3,14 @@ its own answer or its own error.
 
 Fault isolation lives here: a batch's failure is resolved per request. A 400 on a
 list of prompts or conversations (vLLM fails the whole list for one bad item and
-does not say which) is split in halves until the offending items fail alone and
-every other one is answered.
+does not say which) is split until the offending items fail alone and every other
+one is answered; a too-long prompt is found from the token count in vLLM's message
+rather than by blind halving.
+
+Everything the server shows about itself goes to its :class:`Endpoint`: load
+headers, latencies (for the admission controller), and failures (for the circuit
+breaker). When the endpoint says the server is down and worth waiting for, the
+batch goes back to the queue instead of spending its retries on the outage.
 
 Retries are a plain loop rather than a retry library: the first attempt must cost
 nothing extra (setting up tenacity took ~33 µs per call, a fifth of the
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
@@ -22,23 +29,25 @@ from typing import Any, TypeVar
 import anyio
 
 from llmbatch._clock import Clock
-from llmbatch._config import RetryPolicy
+from llmbatch._config import Priority, RetryPolicy
+from llmbatch._endpoint import Endpoint
 from llmbatch._exceptions import (
     APIStatusError,
     BadRequestError,
     ConnectError,
     NotFoundError,
     RateLimitError,
+    RemoteProtocolError,
     RequestError,
     ServerError,
+    ServiceUnavailableError,
     TimeoutException,
     TransportError,
 )
 from llmbatch._models import ChatCompletion, Completion, Delivery, make_answer
 from llmbatch._request import Flight, Request
-from llmbatch._scheduler import Batch
 from llmbatch._stats import StatsRecorder
-from llmbatch._transports.base import HTTPRequest, HTTPResponse, Transport
+from llmbatch._transports.base import HTTPRequest, HTTPResponse
 from llmbatch._wire import (
     Answers,
     StreamDecoder,
@@ -52,7 +61,7 @@ from llmbatch._wire import (
     split_usage,
 )
 
-__all__ = ["Dispatcher"]
+__all__ = ["Dispatcher", "input_bytes"]
 
 logger = logging.getLogger("llmbatch")
 
@@ -60,6 +69,33 @@ T = TypeVar("T")
 
 #: Parameters the chat batch route does not take (vLLM: no tools, no streaming, n=1).
 _CHAT_BATCH_UNSUPPORTED = frozenset({"tools", "tool_choice", "functions", "function_call"})
+#: vLLM's too-long message: "This model's maximum context length is 4096 tokens. However,
+#: you requested 4200 tokens (4100 in the messages, 100 in the completion)", or
+#: "... your request has 5000 input tokens ...".
+_TOO_LONG = re.compile(r"maximum context length is (\d+)")
+_INPUT_TOKENS = re.compile(r"(\d+) in the messages|has (\d+) input tokens")
+#: Tokens a tokenizer may add beyond one per byte (BOS, chat template markers).
+TOKEN_OVERHEAD = 16
+#: A generation shorter than this says little about the server's step time.
+_MIN_TOKENS_FOR_STEP_SAMPLE = 4
+
+
+class _Unavailable(Exception):
+    """The server is down and worth waiting for: the requests go back to the queue."""
+
+
+def input_bytes(request: Request) -> int:
+    """A prompt's or conversation's size in UTF-8 bytes: no tokenizer makes more
+    tokens than bytes (plus a few special tokens)."""
+    if request.prompt is not None:
+        prompt = request.prompt
+        return len(prompt) if prompt.isascii() else len(prompt.encode("utf-8"))
+    total = 0
+    for message in request.messages or ():
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content.encode("utf-8")) + 8  # per-message template markers
+    return total
 
 
 class Dispatcher:
@@ -68,46 +104,35 @@ class Dispatcher:
     def __init__(
         self,
         *,
-        transport: Transport,
-        base_url: str,
-        headers: Mapping[str, str],
+        endpoint: Endpoint,
         retry: RetryPolicy,
         stats: StatsRecorder,
+        requeue: Callable[[Sequence[Request]], None],
         reserve_resend: Callable[[float, int], float] | None = None,
-        priority_scheduling: bool = False,
+        priority_scheduling: bool | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
         self._now = clock
-        self._transport = transport
-        self._base_url = base_url.rstrip("/")
-        self._headers = dict(headers)
+        self.endpoint = endpoint
         self._retry = retry
         self._stats = stats
+        self._requeue = requeue
         self._reserve_resend = reserve_resend
         self._priority_scheduling = priority_scheduling
         self.chat_batch: bool | None = None
         """Whether the server has /chat/completions/batch: None until the first try."""
 
-    async def send(self, batch: Batch) -> None:
-        """Answer every request of ``batch``; never raises for a request's failure."""
-        requests = batch.requests
-        flight = Flight(requests)
-        for request in requests:
-            request.flight = flight
-        try:
-            with flight.scope:
-                spec = requests[0].spec
-                if spec.stream:
-                    await self._stream(requests[0])
-                elif spec.kind == "completion":
-                    await self._complete(list(requests))
-                else:
-                    await self._chat(list(requests))
-        finally:
-            # Request -> flight -> requests is a cycle: break it so that answered
-            # requests are freed at once, not by the garbage collector.
-            for request in requests:
-                request.flight = None
+    async def send(self, requests: Sequence[Request], flight: Flight) -> None:
+        """Answer every request of a batch (or put it back in the queue if the server
+        is down); never raises for a request's failure."""
+        with flight.scope:
+            spec = requests[0].spec
+            if spec.stream:
+                await self._stream(requests[0])
+            elif spec.kind == "completion":
+                await self._complete(list(requests))
+            else:
+                await self._chat(list(requests))
 
     # -- completions -------------------------------------------------------------------
 
@@ -119,39 +144,55 @@ class Dispatcher:
         try:
             content = await self._with_retries(live, lambda: self._post("/completions", live, body))
             answers = parse_completions(content, live)
+        except _Unavailable:
+            self._requeue(live)
+            return
         except BadRequestError as exc:
-            await self._bisect(live, exc, self._complete)
+            await self._split(live, exc, self._complete)
             return
         except RequestError as exc:
             self._fail_all(live, exc)
             return
         self._deliver(live, answers)
 
-    async def _bisect(
+    async def _split(
         self,
         requests: list[Request],
         error: BadRequestError,
         again: Callable[[list[Request]], Coroutine[Any, Any, None]],
     ) -> None:
-        """Split a batch the server refused whole until the bad items fail alone."""
+        """Resend a batch the server refused whole, in parts, until the bad items fail
+        alone. A too-long prompt is found from vLLM's message: only prompts with at
+        least that many bytes can have that many tokens, so they are sent one by one
+        and the rest together; otherwise the batch is halved, longest prompts first."""
+        too_long = _TOO_LONG.search(error.message) is not None
+        if too_long:
+            self.endpoint.length_risk = True
         if len(requests) == 1:
             self._fail_all(requests, error)
             return
-        # vLLM fails the whole list for one bad item without naming it.
-        logger.info("400 on a batch of %d, bisecting: %s", len(requests), error.message)
         self._stats.bisections += 1
-        middle = len(requests) // 2
+        parts = _suspect_parts(requests, error.message) if too_long else None
+        if parts is None:
+            ordered = sorted(requests, key=input_bytes, reverse=True)
+            middle = len(ordered) // 2
+            parts = [ordered[:middle], ordered[middle:]]
+        logger.info(
+            "400 on a batch of %d, resending in %d parts: %s",
+            len(requests),
+            len(parts),
+            error.message,
+        )
         if self._reserve_resend is not None:
-            # Two new HTTP requests: they count against the rate limits.
+            # New HTTP requests: they count against the rate limits.
             now = self._now()
             delay = max(
-                self._reserve_resend(now, sum(r.est_tokens for r in half))
-                for half in (requests[:middle], requests[middle:])
+                self._reserve_resend(now, sum(r.est_tokens for r in part)) for part in parts
             )
             await anyio.sleep(delay)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(again, requests[:middle])
-            tg.start_soon(again, requests[middle:])
+            for part in parts:
+                tg.start_soon(again, part)
 
     # -- chat ------------------------------------------------------------------------
 
@@ -180,6 +221,9 @@ class Dispatcher:
                 requests, lambda: self._post("/chat/completions/batch", requests, body)
             )
             answers = parse_chat_batch(content, requests)
+        except _Unavailable:
+            self._requeue(requests)
+            return
         except NotFoundError as exc:
             # A server without the route answers 404 without an OpenAI error object;
             # either way the single-conversation route gives each request its answer.
@@ -192,7 +236,7 @@ class Dispatcher:
                     tg.start_soon(self._chat_one, request)
             return
         except BadRequestError as exc:
-            await self._bisect(requests, exc, self._chat)
+            await self._split(requests, exc, self._chat)
             return
         except RequestError as exc:
             self._fail_all(requests, exc)
@@ -209,6 +253,12 @@ class Dispatcher:
                 [request], lambda: self._post("/chat/completions", [request], body)
             )
             answers = parse_chat(content)
+        except _Unavailable:
+            self._requeue([request])
+            return
+        except BadRequestError as exc:
+            await self._split([request], exc, self._chat)
+            return
         except RequestError as exc:
             self._fail_all([request], exc)
             return
@@ -261,10 +311,15 @@ class Dispatcher:
     # -- HTTP and retries ------------------------------------------------------------
 
     def _rank(self, requests: Sequence[Request]) -> int | None:
-        return requests[0].priority.rank if self._priority_scheduling else None
+        """vLLM's ``priority`` for the batch's tier (lower runs first), when sent."""
+        send = self._priority_scheduling
+        if send is None:
+            send = self.endpoint.is_vllm
+        return requests[0].priority.rank if send else None
 
     async def _open(self, path: str, requests: Sequence[Request], body: bytes) -> HTTPResponse:
         self._stats.batch_sent(len(requests))
+        endpoint = self.endpoint
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "POST %s: %d prompt(s), tier %s, attempt %d",
@@ -273,9 +328,11 @@ class Dispatcher:
                 requests[0].priority.value,
                 requests[0].attempts,
             )
-        return await self._transport.send(
-            HTTPRequest("POST", self._base_url + path, self._headers, body)
+        response = await endpoint.transport.send(
+            HTTPRequest("POST", endpoint.base_url + path, endpoint.headers, body)
         )
+        endpoint.on_response(response.status, response.headers)
+        return response
 
     async def _post(self, path: str, requests: Sequence[Request], body: bytes) -> bytes:
         response = await self._open(path, requests, body)
@@ -293,7 +350,8 @@ class Dispatcher:
         call: Callable[[], Awaitable[T]],
         retry_if: Callable[[], bool] | None = None,
     ) -> T:
-        """``call()``, retried with backoff on 429, 5xx and network errors."""
+        """``call()``, retried with backoff on 429, 5xx and network errors; raises
+        :class:`_Unavailable` when the server is down and worth waiting for."""
         attempts = self._retry.attempts
         attempt = 1
         while True:
@@ -305,7 +363,11 @@ class Dispatcher:
             try:
                 return await call()
             except RequestError as error:
-                if attempt >= attempts or not self._retryable(error, requests, retry_if):
+                can_retry = retry_if is None or retry_if()
+                unavailable = _is_unavailable(error) and can_retry
+                if unavailable and self.endpoint.on_unavailable(self._now(), error):
+                    raise _Unavailable from error
+                if attempt >= attempts or not self._retryable(error, requests, can_retry):
                     raise
                 delay = self._backoff(attempt, error)
                 exc = error
@@ -323,10 +385,8 @@ class Dispatcher:
             await anyio.sleep(delay)
             attempt += 1
 
-    def _retryable(
-        self, exc: RequestError, requests: Sequence[Request], retry_if: Callable[[], bool] | None
-    ) -> bool:
-        if all(r.abandoned for r in requests) or (retry_if is not None and not retry_if()):
+    def _retryable(self, exc: RequestError, requests: Sequence[Request], can_retry: bool) -> bool:
+        if not can_retry or all(r.abandoned for r in requests):
             return False
         if isinstance(exc, TimeoutException) and not isinstance(exc, ConnectError):
             # The server may be working on it: RetryPolicy.retry_on_timeout decides.
@@ -345,18 +405,24 @@ class Dispatcher:
 
     # -- outcomes --------------------------------------------------------------------
 
-    def _deliver(self, requests: Sequence[Request], answers: Answers) -> None:
+    def _deliver(
+        self,
+        requests: Sequence[Request],
+        answers: Answers,
+        *,
+        first_token_at: float | None = None,
+    ) -> None:
         now = self._now()
         size = len(requests)
         first = requests[0]
         usage = answers.usage
+        sent_at = first.dispatched_at if first.dispatched_at is not None else now
         delivery = Delivery(
             answers.id,
             answers.model,
             answers.created,
             batch_size=size,
-            attempts=first.attempts,  # the requests of one exchange share their attempts
-            dispatched_at=first.dispatched_at if first.dispatched_at is not None else now,
+            dispatched_at=sent_at,
             finished_at=now,
             estimated=size > 1,
             total_tokens=usage[2] if size == 1 else None,
@@ -368,10 +434,59 @@ class Dispatcher:
             requests, answers.choices, prompt_parts, completion_parts, strict=True
         ):
             created = request.created_at
-            value = make_answer(kind, delivery, created, prompt, completion, choices)
+            value = make_answer(
+                kind, delivery, created, prompt, completion, request.attempts, choices
+            )
             settle(request, value, now - created, prompt, completion)
+        self._observe(first.priority, now - sent_at, max(completion_parts), now, first_token_at)
+
+    def _observe(
+        self,
+        tier: Priority,
+        latency: float,
+        tokens: int,
+        now: float,
+        first_token_at: float | None,
+    ) -> None:
+        """What one exchange shows of the server's speed, for the controller."""
+        controller = self.endpoint.controller
+        ttft = tpot = None
+        if first_token_at is not None:
+            ttft = first_token_at - (now - latency)
+            if tokens > 1:
+                tpot = (now - first_token_at) / (tokens - 1)
+        elif tokens >= _MIN_TOKENS_FOR_STEP_SAMPLE:
+            tpot = latency / tokens  # an upper bound: it includes the prefill
+        if tier is Priority.REALTIME:
+            if ttft is not None:
+                controller.on_ttft(ttft)
+            controller.on_realtime_answer(ttft, tpot)
+        if tpot is not None and not self.endpoint.has_metrics:
+            # vLLM's /metrics measures the step time better; this is the fallback.
+            controller.on_step_time(tpot)
 
     def _fail_all(self, requests: Sequence[Request], error: RequestError) -> None:
         settle = self._stats.settle_error
         for request in requests:
             settle(request, error.for_request(request.id, request.attempts))
+
+
+def _is_unavailable(error: RequestError) -> bool:
+    """A failure that says the server is down or restarting, not that the request is
+    wrong: no connection, a connection dropped mid-answer, or 503."""
+    return isinstance(error, ConnectError | RemoteProtocolError | ServiceUnavailableError)
+
+
+def _suspect_parts(requests: list[Request], message: str) -> list[list[Request]] | None:
+    """Split a batch refused for a too-long prompt: prompts that could have the token
+    count the server names go alone, the rest together. None if the message gives no
+    count or nothing can be ruled out."""
+    match = _INPUT_TOKENS.search(message)
+    if match is None:
+        return None
+    tokens = int(match.group(1) or match.group(2))
+    suspects = [r for r in requests if input_bytes(r) + TOKEN_OVERHEAD >= tokens]
+    if not suspects or len(suspects) == len(requests):
+        return None
+    rest = [r for r in requests if input_bytes(r) + TOKEN_OVERHEAD < tokens]
+    return [rest, *([s] for s in suspects)]

@@ -13,15 +13,23 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 import anyio
 from anyio.abc import TaskGroup
 
+from llmbatch._breaker import BreakerState
 from llmbatch._clock import Clock
 from llmbatch._config import Priority
 from llmbatch._dispatcher import Dispatcher
-from llmbatch._exceptions import DeadlineExceeded, RequestCancelled, RequestError
-from llmbatch._request import Request
+from llmbatch._endpoint import METRICS_INTERVAL, Endpoint
+from llmbatch._exceptions import (
+    DeadlineExceeded,
+    RequestCancelled,
+    RequestError,
+    ServerOutageError,
+)
+from llmbatch._request import Flight, Request
 from llmbatch._scheduler import Batch, Scheduler
 from llmbatch._stats import Stats, StatsRecorder
 
@@ -48,6 +56,7 @@ class Engine:
         scheduler: Scheduler,
         dispatcher: Dispatcher,
         stats: StatsRecorder,
+        endpoint: Endpoint,
         *,
         clock: Clock = time.monotonic,
     ) -> None:
@@ -55,6 +64,9 @@ class Engine:
         self._scheduler = scheduler
         self._dispatcher = dispatcher
         self._stats = stats
+        self.endpoint = endpoint
+        scheduler.set_bulk_limit(endpoint.controller.limit)
+        self._probing = False
         # Events are made only when someone is about to wait on them: a lone request
         # passes through here several times, and each anyio.Event costs.
         self._woken = False
@@ -80,6 +92,11 @@ class Engine:
                     "the client closed before the request was sent", request_id=request.id
                 ),
             )
+            return
+        if self.endpoint.breaker.outage_over_tolerance(self._now()):
+            # Past the outage tolerance new requests fail at once until a probe
+            # finds the server back.
+            self._stats.settle_error(request, self._outage_error(request))
             return
         if self._scheduler.add(request, nowait=nowait):
             self._wake()
@@ -118,10 +135,27 @@ class Engine:
     async def run(self, tg: TaskGroup) -> None:
         """Poll the scheduler whenever woken or a trigger is due; runs until cancelled."""
         scheduler, stats = self._scheduler, self._stats
+        endpoint = self.endpoint
+        breaker, controller = endpoint.breaker, endpoint.controller
+        tg.start_soon(self._watch_metrics)
         while True:
             self._woken = False
             now = self._now()
-            poll = scheduler.poll(now, flush=self.flushing)
+            if breaker.state is not BreakerState.CLOSED:
+                if breaker.outage_over_tolerance(now) and scheduler.has_queued:
+                    self._give_up()
+                if breaker.probe_due(now) and not self._probing:
+                    self._probing = True
+                    tg.start_soon(self._probe)
+            trial = breaker.state is BreakerState.HALF_OPEN
+            poll = scheduler.poll(
+                now,
+                flush=self.flushing,
+                paused=not breaker.allows(),
+                max_batches=1 if trial else None,
+            )
+            if trial and poll.batches:
+                breaker.trial_sent()
             for request in poll.expired:
                 self.expire(request)
             for batch in poll.batches:
@@ -129,15 +163,72 @@ class Engine:
                     request.dispatched_at = now
                 stats.dispatched(batch, now)
                 self._dispatch(tg, batch)
+            if poll.blocked:
+                controller.on_blocked()
+            controller.on_realtime_in_flight(now, scheduler.in_flight_by_tier[Priority.REALTIME])
+            if controller.update(now):
+                grew = controller.limit > scheduler.bulk_limit
+                scheduler.set_bulk_limit(controller.limit)
+                if grew:
+                    continue  # room for more: poll again at once
             if self._woken:
                 continue  # something changed while polling: poll again at once
+            wakeup = poll.next_wakeup
+            probe = breaker.next_probe()
+            if probe is not None and (wakeup is None or probe < wakeup):
+                wakeup = probe
             event = self._wake_event = anyio.Event()
-            if poll.next_wakeup is None:
+            if wakeup is None:
                 await event.wait()
             else:
-                with anyio.move_on_after(poll.next_wakeup - now):
+                with anyio.move_on_after(max(0.0, wakeup - now)):
                     await event.wait()
             self._wake_event = None
+
+    def requeue(self, requests: Sequence[Request]) -> None:
+        """In-flight requests that met an outage wait in the queue for the server."""
+        for request in requests:
+            request.flight = None
+        self._scheduler.requeue(list(requests))
+        self._wake()
+
+    async def _probe(self) -> None:
+        """One /health probe of an unavailable server."""
+        try:
+            healthy = await self.endpoint.probe_health()
+            self.endpoint.breaker.on_probe(self._now(), healthy)
+            if healthy:
+                logger.warning("%s answers /health again; resuming", self.endpoint.base_url)
+        finally:
+            self._probing = False
+            self._wake()
+
+    async def _watch_metrics(self) -> None:
+        """Read the server's /metrics while it has work, for the controller."""
+        endpoint = self.endpoint
+        while endpoint.has_metrics is not False:
+            await anyio.sleep(METRICS_INTERVAL)
+            if self._scheduler.in_flight and endpoint.breaker.state is BreakerState.CLOSED:
+                await endpoint.read_metrics(self._now())
+                self._wake()
+
+    def _give_up(self) -> None:
+        """The outage outlasted the tolerance: fail what waits for the server."""
+        for request in list(self._scheduler.queued_requests()):
+            self._scheduler.remove(request)
+            self._stats.settle_error(request, self._outage_error(request))
+        self._signal_progress()
+
+    def _outage_error(self, request: Request) -> ServerOutageError:
+        breaker = self.endpoint.breaker
+        return ServerOutageError(
+            f"{self.endpoint.base_url} has been unavailable for "
+            f"{breaker.outage_seconds(self._now()):.0f}s, longer than the outage tolerance of "
+            f"{breaker.outage_tolerance:.0f}s (RetryPolicy.outage_tolerance); last error: "
+            f"{breaker.last_error}",
+            request_id=request.id,
+            attempts=request.attempts,
+        )
 
     def _wake(self) -> None:
         """Ask the loop to poll again (now, or as soon as it is done polling)."""
@@ -167,12 +258,17 @@ class Engine:
             batch = sender.batch
 
     async def _send(self, batch: Batch) -> None:
+        flight = Flight(batch.requests)
+        for request in batch.requests:
+            request.flight = flight
         try:
-            await self._dispatcher.send(batch)
+            await self._dispatcher.send(batch.requests, flight)
         except Exception as exc:
             # A bug must cost this batch, not the client's task group and every caller.
             logger.exception("internal error while sending a batch of %d", len(batch.requests))
             for request in batch.requests:
+                if request.flight is not flight:
+                    continue
                 self._stats.settle_error(
                     request,
                     RequestError(
@@ -184,6 +280,11 @@ class Engine:
         finally:
             scheduler = self._scheduler
             for request in batch.requests:
+                if request.flight is not flight:
+                    continue  # requeued (the server was down): it is not this batch's
+                # Request -> flight -> requests is a cycle: break it so that answered
+                # requests are freed at once, not by the garbage collector.
+                request.flight = None
                 scheduler.finish(request)
                 if not request.done:
                     # Reached only if the dispatcher was cancelled mid-flight (client

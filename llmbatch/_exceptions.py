@@ -20,7 +20,8 @@ The tree::
         │   │   ├── ReadTimeout    the server accepted but did not answer in time
         │   │   ├── WriteTimeout   the request body could not be sent in time
         │   │   └── PoolTimeout    no free connection in the client's own pool in time
-        │   └── RemoteProtocolError the connection dropped mid-response or the body was garbage
+        │   ├── RemoteProtocolError the connection dropped mid-response or the body was garbage
+    │   └── ServerOutageError  the server was unavailable for longer than outage_tolerance
         └── APIStatusError         the server answered with an error status
             ├── BadRequestError         400 (after bisection: this prompt alone is at fault)
             ├── AuthenticationError     401
@@ -67,6 +68,7 @@ __all__ = [
     "RequestError",
     "ServerError",
     "ServerInfoError",
+    "ServerOutageError",
     "ServiceUnavailableError",
     "TimeoutException",
     "TransportError",
@@ -176,6 +178,12 @@ class PoolTimeout(TimeoutException):
 
 class RemoteProtocolError(TransportError):
     """The connection dropped mid-response, or the response could not be parsed."""
+
+
+class ServerOutageError(TransportError):
+    """The server stopped answering (connections refused or dropped, or 503 to
+    everything) and did not come back within ``RetryPolicy.outage_tolerance``; the
+    message says since when and the last error seen."""
 
 
 class APIStatusError(RequestError):

@@ -115,7 +115,6 @@ class Delivery:
     by their results, not copied into each (fewer objects and fields per result)."""
 
     __slots__ = (
-        "attempts",
         "batch_size",
         "created",
         "dispatched_at",
@@ -133,7 +132,6 @@ class Delivery:
         created: int,
         *,
         batch_size: int,
-        attempts: int,
         dispatched_at: float,
         finished_at: float,
         estimated: bool,
@@ -143,7 +141,6 @@ class Delivery:
         self.model = model
         self.created = created
         self.batch_size = batch_size
-        self.attempts = attempts
         self.dispatched_at = dispatched_at
         self.finished_at = finished_at
         self.estimated = estimated
@@ -158,7 +155,6 @@ class Delivery:
             model,
             created,
             batch_size=timings.batch_size,
-            attempts=timings.attempts,
             dispatched_at=timings.queued,
             finished_at=timings.latency,
             estimated=usage.estimated,
@@ -169,12 +165,13 @@ class Delivery:
 class _Answer(_Immutable):
     """What Completion and ChatCompletion share: ids, usage, timings, value semantics."""
 
-    __slots__ = ("_completion_tokens", "_created_at", "_delivery", "_prompt_tokens")
+    __slots__ = ("_attempts", "_completion_tokens", "_created_at", "_delivery", "_prompt_tokens")
 
     _delivery: Delivery
     _created_at: float
     _prompt_tokens: int
     _completion_tokens: int
+    _attempts: int
     _FIELDS: tuple[str, ...] = ()
 
     def _store(self, id: str, model: str, created: int, usage: Usage, timings: Timings) -> None:
@@ -182,6 +179,7 @@ class _Answer(_Immutable):
         _set(self, "_created_at", 0.0)
         _set(self, "_prompt_tokens", usage.prompt_tokens)
         _set(self, "_completion_tokens", usage.completion_tokens)
+        _set(self, "_attempts", timings.attempts)
 
     @property
     def id(self) -> str:
@@ -219,7 +217,7 @@ class _Answer(_Immutable):
             queued=delivery.dispatched_at - created_at,
             latency=delivery.finished_at - created_at,
             batch_size=delivery.batch_size,
-            attempts=delivery.attempts,
+            attempts=self._attempts,
         )
 
     def _values(self) -> tuple[object, ...]:
@@ -457,7 +455,7 @@ def _setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[object, objec
     return tuple(getattr(cls, name).__set__ for name in names)
 
 
-_ANSWER_SLOTS = ("_delivery", "_created_at", "_prompt_tokens", "_completion_tokens")
+_ANSWER_SLOTS = ("_delivery", "_created_at", "_prompt_tokens", "_completion_tokens", "_attempts")
 _completion_slots = _setters(Completion, (*_ANSWER_SLOTS, "_choices"))
 _chat_slots = _setters(ChatCompletion, (*_ANSWER_SLOTS, "_choice"))
 _result_slots = _setters(Result, ("index", "value", "error", "metadata"))
@@ -469,21 +467,23 @@ def make_answer(
     created_at: float,
     prompt_tokens: int,
     completion_tokens: int,
+    attempts: int,
     choices: tuple[Mapping[str, Any], ...],
 ) -> Any:
     """A Completion (or ChatCompletion) over the server's choice dicts; fields are
     built when first read. ``created_at`` is when the caller asked (for timings)."""
     if kind is Completion:
-        s_delivery, s_created_at, s_prompt, s_completion, s_choices = _completion_slots
+        s_delivery, s_created_at, s_prompt, s_completion, s_attempts, s_choices = _completion_slots
         kept: object = choices[0] if len(choices) == 1 else choices
     else:
-        s_delivery, s_created_at, s_prompt, s_completion, s_choices = _chat_slots
+        s_delivery, s_created_at, s_prompt, s_completion, s_attempts, s_choices = _chat_slots
         kept = choices[0]
     value = _new(kind)
     s_delivery(value, delivery)
     s_created_at(value, created_at)
     s_prompt(value, prompt_tokens)
     s_completion(value, completion_tokens)
+    s_attempts(value, attempts)
     s_choices(value, kept)
     return value
 

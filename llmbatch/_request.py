@@ -113,6 +113,7 @@ class Request:
         "error",
         "est_tokens",
         "flight",
+        "group_key",
         "index",
         "messages",
         "metadata",
@@ -135,6 +136,9 @@ class Request:
     ) -> None:
         self.spec = spec
         self.priority = spec.priority
+        self.group_key = spec.compat_key
+        """Which queue group it joins: its spec's compatibility key, or a key of its own
+        when it must travel alone (a prompt that may be too long for the server)."""
         self.prompt = prompt
         self.messages = messages
         self.est_tokens = est_tokens

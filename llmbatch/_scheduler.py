@@ -22,11 +22,16 @@ Rules, in order of precedence:
    flight (``send_when_idle``), or when the scheduler is flushing (shutdown drain).
 5. Tiers go in order realtime > normal > batch, except that a lower tier owed its
    ``min_share`` of dispatched sequences goes first, so nothing starves.
-6. A batch is sent only within the in-flight limits (sequences and estimated tokens);
-   ``reserved_realtime`` sequences (and the same fraction of tokens) are usable by
-   realtime alone. A batch that does not fit whole is trimmed to what fits.
+6. A batch is sent only within the in-flight limits (sequences and estimated tokens).
+   Realtime may use every seat up to ``Limits.max_in_flight``; normal and batch
+   work together only up to the *bulk limit* (``set_bulk_limit``: the admission
+   controller's output, which leaves seats for realtime), and the same fraction of
+   tokens. A batch that does not fit whole is trimmed to what fits.
 7. A batch is sent only when the rate limits allow it; when they do not, nothing
    else is sent either, so the budget goes to the tiers in order.
+8. While the server is unavailable (``paused``) nothing is sent; deadlines still
+   fire. A batch that met the outage comes back (``requeue``) at the head of its
+   group, in its original order.
 """
 
 from __future__ import annotations
@@ -73,6 +78,8 @@ class Poll:
     expired: list[Request] = field(default_factory=list)
     """Requests past their deadline: out of the queues; in-flight ones still flying."""
     next_wakeup: float | None = None
+    blocked: bool = False
+    """Lower-tier work was ready and only the bulk limit held it back."""
 
 
 class TokenBucket:
@@ -150,7 +157,7 @@ class _Tier:
         self.credit = 0.0
 
     def enqueue(self, request: Request, now: float) -> _Group:
-        key = request.spec.compat_key
+        key = request.group_key
         group = self.groups.get(key)
         if group is None:
             group = self.groups[key] = _Group()
@@ -162,9 +169,24 @@ class _Tier:
         request.enqueued_at = now
         return group
 
+    def requeue(self, requests: tuple[Request, ...] | list[Request]) -> None:
+        """Put requests back at the head of their group, in their order; their batch
+        timers keep running from when they first arrived."""
+        for request in reversed(requests):
+            key = request.group_key
+            group = self.groups.get(key)
+            if group is None:
+                group = self.groups[key] = _Group()
+                self.groups.move_to_end(key, last=False)
+            group.items.appendleft(request)
+            group.live += 1
+            group.tokens += request.est_tokens
+            self.size += 1
+            request.state = _QUEUED
+
     def unqueue(self, request: Request) -> None:
         """Take a queued request out (lazily: its group skips it later)."""
-        key = request.spec.compat_key
+        key = request.group_key
         group = self.groups[key]
         group.live -= 1
         group.tokens -= request.est_tokens
@@ -180,7 +202,7 @@ class _Tier:
         group.tokens -= request.est_tokens
         self.size -= 1
         if group.live == 0:
-            del self.groups[request.spec.compat_key]
+            del self.groups[request.group_key]
         return request
 
     def ready_group(self, now: float, flush: bool, idle: bool) -> _Group | None:
@@ -219,9 +241,9 @@ class Scheduler:
         self.in_flight_by_tier = dict.fromkeys(TIERS, 0)
         self._bulk_in_flight = 0
         self._bulk_in_flight_tokens = 0
-        bulk_fraction = (limits.max_in_flight - limits.reserved_realtime) / limits.max_in_flight
-        self._bulk_seq_cap = limits.max_in_flight - limits.reserved_realtime
-        self._bulk_token_cap = max(1, int(limits.max_in_flight_tokens * bulk_fraction))
+        self._bulk_seq_cap = 0
+        self._bulk_token_cap = 0
+        self.set_bulk_limit(limits.max_in_flight - limits.reserved_realtime)
         # (deadline, seq, request) for every request with a deadline that has not left
         # the scheduler; entries of finished requests are dropped lazily.
         self._deadlines: list[tuple[float, int, Request]] = []
@@ -343,6 +365,32 @@ class Scheduler:
             self._bulk_in_flight -= 1
             self._bulk_in_flight_tokens -= request.est_tokens
 
+    @property
+    def bulk_limit(self) -> int:
+        """Sequences normal and batch work together may have in flight."""
+        return self._bulk_seq_cap
+
+    def set_bulk_limit(self, sequences: int) -> None:
+        """Cap normal and batch work at ``sequences`` in flight (and the same share of
+        the token limit); realtime keeps every seat up to ``Limits.max_in_flight``."""
+        limits = self.limits
+        sequences = max(1, min(sequences, limits.max_in_flight))
+        self._bulk_seq_cap = sequences
+        share = sequences / limits.max_in_flight
+        self._bulk_token_cap = max(1, int(limits.max_in_flight_tokens * share))
+
+    def requeue(self, requests: tuple[Request, ...] | list[Request]) -> None:
+        """In-flight requests whose exchange met an outage go back to the head of
+        their queues, to be sent when the server is back (nothing is lost)."""
+        live = [r for r in requests if r.state == _IN_FLIGHT and not r.done]
+        for request in requests:
+            self.finish(request)
+        by_tier: dict[Priority, list[Request]] = {}
+        for request in live:
+            by_tier.setdefault(request.priority, []).append(request)
+        for priority, group in by_tier.items():
+            self._tiers[priority].requeue(group)
+
     def _room(self, priority: Priority) -> tuple[int, int]:
         seqs = self.limits.max_in_flight - self.in_flight
         tokens = self.limits.max_in_flight_tokens - self.in_flight_tokens
@@ -379,21 +427,36 @@ class Scheduler:
 
     # -- dispatch --------------------------------------------------------------------
 
-    def poll(self, now: float, *, flush: bool = False) -> Poll:
-        """Expire, admit, form and pick batches; reserve their in-flight capacity."""
+    def poll(
+        self,
+        now: float,
+        *,
+        flush: bool = False,
+        paused: bool = False,
+        max_batches: int | None = None,
+    ) -> Poll:
+        """Expire, admit, form and pick batches; reserve their in-flight capacity.
+
+        ``paused``: send nothing (the server is unavailable); ``max_batches``: send at
+        most that many (one trial batch when it may be back)."""
         expired = self._expire(now) if self._deadlines else []
         for tier in self._tiers.values():
             if tier.waiting_live:
                 self._admit(tier, now)
         batches: list[Batch] = []
         rate_wakeup: float | None = None
+        limit_blocked = False
         # Tiers whose next request does not fit the free token room this poll; without
         # this, the loop would pick the same tier again forever.
         blocked: set[Priority] = set()
-        while True:
+        while not paused and (max_batches is None or len(batches) < max_batches):
             candidates: dict[Priority, _Group] = {}
             for p, tier in self._tiers.items():
-                if not tier.groups or p in blocked or self._room(p)[0] <= 0:
+                if not tier.groups or p in blocked:
+                    continue
+                if self._room(p)[0] <= 0:
+                    if p is not Priority.REALTIME and self.in_flight < self.limits.max_in_flight:
+                        limit_blocked = True  # seats are free, but not for bulk work
                     continue
                 group = tier.ready_group(now, flush, self.in_flight_by_tier[p] == 0)
                 if group is not None:
@@ -420,7 +483,7 @@ class Scheduler:
             if tier.waiting_live:
                 self._admit(tier, now)
         self._planned = self._next_wakeup(now, rate_wakeup)
-        return Poll(batches, expired, self._planned)
+        return Poll(batches, expired, self._planned, limit_blocked)
 
     def _plan(self, priority: Priority, group: _Group) -> tuple[int, int]:
         """How many of the group's oldest requests the next batch takes, and their tokens."""

@@ -46,6 +46,8 @@ class FakeServer:
                     ],
                 }
             )
+        if request.url.endswith("/health"):
+            return MockResponse(status=200)
         body = json.loads(request.body or b"{}")
         path = request.url.split("/v1", 1)[-1]
         self.paths.append(path)

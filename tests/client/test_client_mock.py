@@ -30,7 +30,8 @@ from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
 
 pytestmark = pytest.mark.anyio
 
-FAST_RETRY = RetryPolicy(attempts=3, initial_backoff=0.0, max_backoff=0.0)
+# Plain retries, no waiting out outages: these tests are about what one request sees.
+FAST_RETRY = RetryPolicy(attempts=3, initial_backoff=0.0, max_backoff=0.0, outage_tolerance=0)
 
 
 @pytest.fixture(params=["asyncio", "trio"])

@@ -139,7 +139,7 @@ def test_the_limit_always_stays_within_one_and_the_ceiling(
         now += value / 4
         controller.update(now)
         assert 1 <= controller.limit <= max(1, ceiling - controller.reserve)
-        assert 0 <= controller.reserve < max(ceiling, 2)
+        assert 0 <= controller.reserve <= min(reserve, max(ceiling - 1, 0))
 
 
 # -- the breaker -----------------------------------------------------------------------

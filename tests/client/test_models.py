@@ -18,14 +18,13 @@ RAW_CHOICES = (
 )
 
 
-def delivery(*, batch_size: int = 8, attempts: int = 2, estimated: bool = True) -> Delivery:
+def delivery(*, batch_size: int = 8, estimated: bool = True) -> Delivery:
     """A response answered at t=11.5, sent at t=10.5; its requests asked at t=10."""
     return Delivery(
         "cmpl-1",
         "m",
         1700000000,
         batch_size=batch_size,
-        attempts=attempts,
         dispatched_at=10.5,
         finished_at=11.5,
         estimated=estimated,
@@ -34,7 +33,7 @@ def delivery(*, batch_size: int = 8, attempts: int = 2, estimated: bool = True) 
 
 
 def lazy_completion() -> Completion:
-    value: Completion = make_answer(Completion, delivery(), 10.0, 3, 9, RAW_CHOICES)
+    value: Completion = make_answer(Completion, delivery(), 10.0, 3, 9, 2, RAW_CHOICES)
     return value
 
 
@@ -76,7 +75,7 @@ def test_fields_read_before_and_after_building_agree() -> None:
 
 def test_a_server_sending_odd_types_yields_safe_values() -> None:
     odd = ({"index": 0, "text": None, "finish_reason": 5},)
-    value = make_answer(Completion, delivery(), 10.0, 0, 0, odd)
+    value = make_answer(Completion, delivery(), 10.0, 0, 0, 1, odd)
     assert value.text == ""
     assert value.finish_reason is None
     assert value.choices == (Choice(text="", finish_reason=None),)
@@ -84,8 +83,8 @@ def test_a_server_sending_odd_types_yields_safe_values() -> None:
 
 def test_chat_completion_lazy_equals_constructed() -> None:
     raw = {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
-    alone = delivery(batch_size=1, attempts=1, estimated=False)
-    lazy = make_answer(ChatCompletion, alone, 10.0, 1, 2, (raw,))
+    alone = delivery(batch_size=1, estimated=False)
+    lazy = make_answer(ChatCompletion, alone, 10.0, 1, 2, 1, (raw,))
     eager = ChatCompletion(
         id="cmpl-1",
         model="m",
@@ -98,7 +97,7 @@ def test_chat_completion_lazy_equals_constructed() -> None:
     assert lazy == eager
     assert lazy.text == "hi"
     no_content = make_answer(
-        ChatCompletion, alone, 10.0, 0, 0, ({"message": {"role": "assistant", "content": None}},)
+        ChatCompletion, alone, 10.0, 0, 0, 1, ({"message": {"role": "assistant", "content": None}},)
     )
     assert no_content.text == ""
     assert no_content.finish_reason is None
@@ -110,13 +109,12 @@ def test_a_lone_request_keeps_the_servers_total() -> None:
         "m",
         0,
         batch_size=1,
-        attempts=1,
         dispatched_at=0.0,
         finished_at=0.0,
         estimated=False,
         total_tokens=15,
     )
-    value = make_answer(Completion, alone, 0.0, 3, 9, RAW_CHOICES[:1])
+    value = make_answer(Completion, alone, 0.0, 3, 9, 1, RAW_CHOICES[:1])
     assert value.usage == Usage(prompt_tokens=3, completion_tokens=9, total_tokens=15)
 
 

@@ -41,7 +41,7 @@ class TimedServer(FakeServer):
 
     def __call__(self, request: HTTPRequest) -> MockResponse:
         response = super().__call__(request)
-        if not request.url.endswith("/models"):
+        if request.method == "POST":
             self.sent.append((anyio.current_time(), self.bodies[-1]["prompt"]))
         return response
 

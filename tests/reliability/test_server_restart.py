@@ -1,6 +1,7 @@
-"""A real simulator process SIGKILLed during a ``map``: restarted on the same port
-within the retry budget, the map completes with nothing lost or duplicated; kept
-down past the budget, every item fails with a clear ConnectError and nothing hangs."""
+"""A real simulator process SIGKILLed during a ``map``: restarted on the same port,
+the map completes with nothing lost or duplicated; kept down past the outage
+tolerance, every item fails with a clear ServerOutageError and nothing hangs; with
+the patience turned off, with a ConnectError after exactly its budgeted attempts."""
 
 from __future__ import annotations
 
@@ -57,10 +58,12 @@ async def test_map_survives_a_server_killed_and_restarted() -> None:
     assert batch.retried > 0
 
 
-async def test_server_down_past_the_retry_budget_fails_clearly() -> None:
-    """Killed with requests in flight and never restarted: every item, chat and
-    stream ends with ConnectError after exactly the budgeted attempts."""
-    retry = llmbatch.RetryPolicy(attempts=3, initial_backoff=0.01, max_backoff=0.02)
+async def killed_for_good(
+    retry: llmbatch.RetryPolicy,
+) -> tuple[list[llmbatch.Result[object]], list[BaseException], llmbatch.Stats, int]:
+    """Kill the server during a 200-item map and never restart it; then a complete,
+    a chat and a stream. Returns the map's results, the three calls' errors, the
+    stats, and the port."""
     with run_simulator("--speed", "5") as sim:
         async with llmbatch.Client(sim.base_url, retry=retry) as client:
             with anyio.fail_after(30):  # nothing hangs
@@ -78,24 +81,60 @@ async def test_server_down_past_the_retry_budget_fails_clearly() -> None:
                         while client.stats().tiers[llmbatch.Priority.BATCH].in_flight == 0:  # noqa: ASYNC110
                             await anyio.sleep(0.005)
                     sigkill(sim)
-                with pytest.raises(llmbatch.ConnectError) as complete_error:
-                    await client.complete("alone", priority="realtime", max_tokens=2)
-                with pytest.raises(llmbatch.ConnectError):
-                    await client.chat([{"role": "user", "content": "hi"}], max_tokens=2)
-                with pytest.raises(llmbatch.ConnectError):
-                    async for _ in client.stream("story", max_tokens=2):
-                        pass
+                errors: list[BaseException] = []
+                for call in (
+                    lambda: client.complete("alone", priority="realtime", max_tokens=2),
+                    lambda: client.chat([{"role": "user", "content": "hi"}], max_tokens=2),
+                    lambda: _drain(client.stream("story", max_tokens=2)),
+                ):
+                    try:
+                        await call()
+                    except llmbatch.LLMBatchError as exc:
+                        errors.append(exc)
             stats = client.stats()
+        return results, errors, stats, sim.port
+
+
+async def _drain(deltas: object) -> None:
+    async for _ in deltas:  # type: ignore[attr-defined]
+        pass
+
+
+async def test_server_down_past_the_outage_tolerance_fails_clearly() -> None:
+    retry = llmbatch.RetryPolicy(
+        attempts=3, initial_backoff=0.01, max_backoff=0.02, outage_tolerance=2.0
+    )
+    results, errors, stats, port = await killed_for_good(retry)
     assert len(results) == 200
     for result in results:
-        assert isinstance(result.error, llmbatch.ConnectError), result.error
-        assert result.error.attempts <= 3
-    error = complete_error.value
-    assert error.attempts == 3
-    assert "cannot connect" in str(error)
-    assert f"127.0.0.1:{sim.port}" in str(error)  # says where it tried
-    assert error.request_id is not None
+        assert isinstance(result.error, llmbatch.ServerOutageError), result.error
+    assert len(errors) == 3
+    for error in errors:
+        assert isinstance(error, llmbatch.ServerOutageError), error
+        assert f"127.0.0.1:{port}" in str(error)  # says which server
+        assert "outage tolerance of 2s" in str(error)
+        assert "cannot connect" in str(error) or "dropped" in str(error)  # and why
     assert stats.tiers[llmbatch.Priority.BATCH].failed == 200
     for tier in stats.tiers.values():
         assert tier.queued == 0
         assert tier.in_flight == 0
+
+
+async def test_without_patience_a_dead_server_fails_after_the_retry_budget() -> None:
+    """outage_tolerance=0: 0.1's behaviour, each request fails on its own attempts."""
+    retry = llmbatch.RetryPolicy(
+        attempts=3, initial_backoff=0.01, max_backoff=0.02, outage_tolerance=0
+    )
+    results, errors, stats, port = await killed_for_good(retry)
+    assert len(results) == 200
+    for result in results:
+        assert isinstance(result.error, llmbatch.ConnectError | llmbatch.RemoteProtocolError)
+        assert result.error.attempts <= 3
+    assert [type(e) for e in errors] == [llmbatch.ConnectError] * 3
+    error = errors[0]
+    assert isinstance(error, llmbatch.ConnectError)
+    assert error.attempts == 3
+    assert "cannot connect" in str(error)
+    assert f"127.0.0.1:{port}" in str(error)  # says where it tried
+    assert error.request_id is not None
+    assert stats.tiers[llmbatch.Priority.BATCH].failed == 200

@@ -1,0 +1,171 @@
+"""One server: its URL and connection pool, what it said about itself, and the
+controller and breaker that decide how much may be sent to it and when.
+
+The dispatcher reports every exchange here (answers, failures, load headers,
+latencies); the engine asks it how much bulk work may be in flight and whether the
+server may be sent anything at all. Everything that reads the network is here
+(``/health`` probes, ``/metrics`` reads); the controller and breaker it feeds are
+pure.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from llmbatch._breaker import Breaker, BreakerState
+from llmbatch._config import SLO, Limits, RetryPolicy
+from llmbatch._control import AdmissionController, ControllerState
+from llmbatch._exceptions import RequestError
+from llmbatch._load import (
+    LOAD_FORMAT_HEADER,
+    LOAD_HEADER,
+    MetricsSample,
+    parse_load_header,
+    parse_metrics,
+)
+from llmbatch._transports.base import HTTPRequest, Transport
+
+__all__ = ["Endpoint"]
+
+logger = logging.getLogger("llmbatch")
+
+#: Seconds between two reads of /metrics while the client has work on the server.
+METRICS_INTERVAL = 0.5
+
+
+class Endpoint:
+    """A server the client sends to (one today; several with replicas)."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        headers: Mapping[str, str],
+        transport: Transport,
+        limits: Limits,
+        retry: RetryPolicy,
+        slo: SLO | None,
+    ) -> None:
+        self.base_url = base_url
+        self.transport = transport
+        # Every request asks vLLM for a load report on its response (other servers
+        # ignore the header).
+        self.headers = {**headers, LOAD_FORMAT_HEADER[0]: LOAD_FORMAT_HEADER[1]}
+        self._probe_headers = dict(headers)
+        self.controller = AdmissionController(
+            ceiling=limits.max_in_flight, max_reserve=limits.reserved_realtime, slo=slo
+        )
+        self.breaker = Breaker(outage_tolerance=retry.outage_tolerance)
+        self.is_vllm = False
+        """The server said it is vLLM (``owned_by: vllm`` in /v1/models)."""
+        self.has_metrics: bool | None = None
+        """Whether /metrics has vLLM's gauges (None: not read yet)."""
+        self.length_risk = False
+        """The server has refused a prompt as too long: prompts that might be are sent
+        alone from now on, so one cannot fail a whole batch."""
+        self._last_metrics: MetricsSample | None = None
+
+    def __repr__(self) -> str:
+        return f"<Endpoint {self.base_url} breaker={self.breaker.state.value}>"
+
+    # -- what exchanges report ---------------------------------------------------------
+
+    def on_response(self, status: int, headers: Mapping[str, str]) -> None:
+        """An HTTP response arrived (any status): the server is reachable."""
+        if status == 503:
+            return  # overloaded or restarting: the dispatcher reports it as a failure
+        self.breaker.on_success()
+        if status == 429:
+            self.controller.on_overload()
+        load = parse_load_header(headers.get(LOAD_HEADER))
+        if load is not None:
+            self.controller.on_load(
+                waiting=load.waiting, running=load.running, kv_usage=load.kv_usage
+            )
+
+    def on_unavailable(self, now: float, error: RequestError) -> bool:
+        """A connection failure, a dropped connection or a 503. Returns True when
+        requests should wait for the server rather than retry on their own: the
+        breaker is open (or just opened) and the server has answered before."""
+        if getattr(error, "status_code", None) == 503:
+            self.controller.on_overload()
+        if not self.breaker.ever_answered or self.breaker.outage_tolerance <= 0:
+            # Never answered: a configuration problem, reported at once. (Or the
+            # patience was turned off.)
+            return False
+        opened = self.breaker.on_failure(now, str(error))
+        if opened:
+            logger.warning(
+                "%s is unavailable (%s); holding requests and probing every %.1fs for up to %.0fs",
+                self.base_url,
+                error,
+                self.breaker.probe_interval,
+                self.breaker.outage_tolerance,
+            )
+        return self.breaker.state is not BreakerState.CLOSED
+
+    # -- probes ----------------------------------------------------------------------
+
+    def _origin(self) -> str:
+        # vLLM serves /health and /metrics at the root, not under /v1.
+        url = self.base_url
+        return url[: -len("/v1")] if url.endswith("/v1") else url
+
+    async def probe_health(self) -> bool:
+        """GET /health: True if the server answers 200."""
+        try:
+            response = await self.transport.send(
+                HTTPRequest("GET", self._origin() + "/health", self._probe_headers)
+            )
+            try:
+                await response.read()
+            finally:
+                await response.aclose()
+        except RequestError:
+            return False
+        return response.status == 200
+
+    async def read_metrics(self, now: float) -> None:
+        """GET /metrics and feed the controller: gauges, and the step time and TTFT
+        averaged since the last read (from vLLM's histogram totals)."""
+        try:
+            response = await self.transport.send(
+                HTTPRequest("GET", self._origin() + "/metrics", self._probe_headers)
+            )
+            try:
+                body = await response.read()
+            finally:
+                await response.aclose()
+        except RequestError:
+            return
+        sample = parse_metrics(body.decode("utf-8", "replace")) if response.status == 200 else None
+        self.has_metrics = sample is not None
+        if sample is None:
+            return
+        controller = self.controller
+        load = sample.load
+        controller.on_load(waiting=load.waiting, running=load.running, kv_usage=load.kv_usage)
+        last = self._last_metrics
+        if last is not None:
+            step = _mean_since(sample.tpot_sum, sample.tpot_count, last.tpot_sum, last.tpot_count)
+            if step is not None:
+                controller.on_step_time(step)
+        self._last_metrics = sample
+
+    # -- stats -----------------------------------------------------------------------
+
+    def state(self) -> tuple[ControllerState, BreakerState, int]:
+        return self.controller.state(), self.breaker.state, self.breaker.opened
+
+
+def _mean_since(
+    total: float | None, count: float | None, last_total: float | None, last_count: float | None
+) -> float | None:
+    """The mean of a histogram's observations between two reads."""
+    if total is None or count is None or last_total is None or last_count is None:
+        return None
+    observed = count - last_count
+    if observed <= 0:
+        return None
+    return (total - last_total) / observed
