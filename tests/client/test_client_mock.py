@@ -33,11 +33,6 @@ pytestmark = pytest.mark.anyio
 FAST_RETRY = RetryPolicy(attempts=3, initial_backoff=0.0, max_backoff=0.0)
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 def client(fake: Any, **kw: Any) -> Client:
     kw.setdefault("retry", FAST_RETRY)
     return Client("http://127.0.0.1:1/v1", transport=MockTransport(fake), **kw)
