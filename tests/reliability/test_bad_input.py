@@ -1164,6 +1164,55 @@ async def test_map_item_errors_leave_other_items_alone() -> None:
     assert [r.ok for r in results] == [False, True, False, True]
 
 
+def _misclassified(reason: str) -> pytest.MarkDecorator:
+    return pytest.mark.xfail(strict=True, reason=f"library bug: {reason}")
+
+
+# A value of the wrong type is a TypeError (InvalidTypeError, ConfigTypeError); a bad
+# value of the right type is not. The marked rows break that rule.
+TYPE_RULE = [
+    pytest.param('await client.map(["Hello"], window="8")', True, id="window-as-str"),
+    pytest.param('Client(on_close="wait")', False, id="unknown-on-close"),
+    pytest.param(
+        'client.map_unordered(["Hello"], progress="yes")',
+        True,
+        id="progress-as-str",
+        marks=_misclassified(
+            "a progress= of the wrong type raises a plain InvalidRequestError, so "
+            "`except TypeError` misses it, unlike every other argument of the wrong type"
+        ),
+    ),
+    pytest.param(
+        'Client(transport="requests")',
+        False,
+        id="unknown-transport",
+        marks=_misclassified(
+            "an unknown transport name is a str, the right type, yet raises "
+            "ConfigTypeError (a TypeError); an unknown on_close raises ConfigError"
+        ),
+    ),
+    pytest.param(
+        'await client.complete("Hello", logit_bias={"1": float("nan")})',
+        False,
+        id="nan-in-a-parameter",
+        marks=_misclassified(
+            "json's ValueError for NaN is turned into InvalidTypeError (a TypeError), "
+            "while temperature=nan raises InvalidRequestError"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("example", "wrong_type"), TYPE_RULE)
+async def test_only_a_value_of_the_wrong_type_is_a_type_error(
+    example: str, wrong_type: bool
+) -> None:
+    async with llmbatch.Client(URL, transport=MockTransport(_fake_server())) as client:
+        with pytest.raises(llmbatch.InvalidRequestError) as info:
+            await evaluate(example, {**_llmbatch_names(), "client": client})
+    assert isinstance(info.value, TypeError) is wrong_type
+
+
 async def run(case: Case, ctx: Ctx) -> Told:
     """Run one row; what the user got."""
     if case.kind == "jsonl":
