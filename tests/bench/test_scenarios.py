@@ -20,7 +20,12 @@ from llmbatch_bench.jobs import Job, poisson_arrivals
 from llmbatch_bench.scenarios import run_job
 from llmbatch_bench.worker import run_in_worker
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    # What is measured is asyncio code: the baselines are asyncio.gather loops and the
+    # scenario runner uses asyncio.TaskGroup and asyncio.wait.
+    pytest.mark.asyncio_only("the benchmark harness and its baselines are asyncio code"),
+]
 
 MOCK_URL = "http://mock.invalid/v1"
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 from typing import Any
 
@@ -32,11 +34,6 @@ pytestmark = pytest.mark.anyio
 
 # Plain retries, no waiting out outages: these tests are about what one request sees.
 FAST_RETRY = RetryPolicy(attempts=3, initial_backoff=0.0, max_backoff=0.0, outage_tolerance=0)
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 def client(fake: Any, **kw: Any) -> Client:
@@ -448,3 +445,35 @@ async def test_map_unordered_break_cancels_the_rest() -> None:
     )
     assert total <= 16
     assert stats.tiers[llmbatch.Priority.BATCH].queued == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="library bug: taking a result frees a window place and wakes the map's feeder; "
+    "if the caller then leaves, the feeder still submits its next chunk after the map "
+    "abandoned its outstanding requests, so those requests are sent and stay in flight "
+    "with nobody waiting (until the server answers or the client closes)",
+)
+async def test_leaving_map_unordered_sends_nothing_more() -> None:
+    fake = FakeServer()
+    sent: list[str] = []
+
+    async def first_answer_then_silence(request: HTTPRequest) -> MockResponse:
+        if not request.url.endswith("/models"):
+            sent.append(json.loads(request.body or b"{}")["prompt"])
+            if len(sent) > 1:
+                await anyio.sleep_forever()
+        response: MockResponse = fake(request)
+        return response
+
+    one_per_request = {
+        tier: BatchPolicy(max_batch_size=1, max_wait=0) for tier in llmbatch.Priority
+    }
+    async with client(first_answer_then_silence, batching=one_per_request, on_close="cancel") as c:
+        results = c.map_unordered([f"p{i}" for i in range(100)], window=1)
+        async with contextlib.aclosing(results):
+            async for _ in results:
+                break  # taking p0's result freed the window's one place
+        await anyio.wait_all_tasks_blocked()
+        in_flight = c.stats().tiers[llmbatch.Priority.BATCH].in_flight
+    assert (sent, in_flight) == (["p0"], 0)

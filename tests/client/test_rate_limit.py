@@ -1,9 +1,9 @@
 """Client-side rate limits, end to end: the scheduler's token buckets pace what the
 server sees, in tier order, on asyncio and on trio.
 
-The trio tests run on trio's MockClock (virtual time that jumps when every task is
-blocked), so spacing is checked exactly without sleeping; the asyncio tests check
-only what is held back within a short bounded wait."""
+The spacing tests run on trio's MockClock (virtual time that jumps when every task is
+blocked), so spacing is checked exactly without sleeping; the real-time test runs on
+both backends and checks only what is held back within a short bounded wait."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ async def test_retries_count_against_the_rate_limit() -> None:
     assert [round(t - start, 6) for t, _ in server.sent] == [0.0, 1.0]
 
 
-async def test_requests_per_minute_holds_back_the_excess_on_asyncio() -> None:
+async def test_requests_per_minute_holds_back_the_excess_in_real_time() -> None:
     fake = FakeServer()
     async with Client(
         "http://127.0.0.1:1/v1",

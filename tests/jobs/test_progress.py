@@ -22,11 +22,6 @@ pytestmark = pytest.mark.anyio
 FAST_RETRY = RetryPolicy(attempts=1)
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 def client(handler: Any, **kw: Any) -> Client:
     kw.setdefault("retry", FAST_RETRY)
     return Client("http://127.0.0.1:1/v1", transport=MockTransport(handler), **kw)

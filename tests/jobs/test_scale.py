@@ -17,7 +17,12 @@ import pytest
 from llmbatch import Client
 from llmbatch_server.testing import SimulatorProcess, run_simulator
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    # Memory bounded by the window does not depend on the event loop; on trio (httpx)
+    # the 100k run alone takes twice as long.
+    pytest.mark.asyncio_only("heavy scale test: the window bounds memory on any backend"),
+]
 
 MODEL = "sim-model"
 PEAK_RSS_LIMIT_MB = 200

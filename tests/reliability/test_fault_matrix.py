@@ -26,7 +26,10 @@ from llmbatch._transports.aiohttp import AiohttpTransport
 from llmbatch.transports import HTTPRequest, HTTPResponse
 from llmbatch_server.testing import SimulatorProcess, run_simulator
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.asyncio_only("records exchanges by wrapping the aiohttp transport"),
+]
 
 N = 10_000
 POISON_EVERY = 100

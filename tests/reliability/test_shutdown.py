@@ -42,9 +42,13 @@ def slow_server(delay: float | None) -> Callable[[HTTPRequest], Any]:
 async def ask_all(
     client: llmbatch.Client, tg: anyio.abc.TaskGroup, n: int, outcomes: Counter[str]
 ) -> None:
-    """Start ``n`` callers in ``tg`` (which outlives the client); count how each ends."""
+    """Start ``n`` callers in ``tg`` (which outlives the client) and return once every
+    one has submitted its request; count how each ends."""
+    started = 0
 
     async def ask(i: int) -> None:
+        nonlocal started
+        started += 1  # complete() submits before its first await
         try:
             await client.complete(f"q{i}", max_tokens=2)
             outcomes["ok"] += 1
@@ -53,7 +57,10 @@ async def ask_all(
 
     for i in range(n):
         tg.start_soon(ask, i)
-    await anyio.lowlevel.checkpoint()
+    # One checkpoint is not enough: trio runs new tasks in no set order relative to
+    # this one, so some callers may not have started yet.
+    while started < n:
+        await anyio.lowlevel.checkpoint()
 
 
 async def test_exit_drains_queued_work_by_default() -> None:

@@ -19,7 +19,10 @@ from llmbatch_server.launcher import LauncherError, VLLMServer
 
 FAKE_DIR = pathlib.Path(__file__).parent / "fake_vllm"
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.asyncio_only("the launcher drives vllm with asyncio subprocesses"),
+]
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,8 @@ import pytest
 from llmbatch_server.sim.config import REFERENCE_TABLE, EngineLimits, StepModel
 from llmbatch_server.sim.engine import Engine, Group, Overloaded, Sequence
 
+pytestmark = pytest.mark.asyncio_only("the simulator's engine is asyncio code (asyncio.Event)")
+
 
 class VirtualTime:
     """A clock whose sleep advances time instantly (and yields to the loop)."""
