@@ -195,7 +195,12 @@ class Client:
             )
         if on_close not in ("drain", "cancel"):
             raise ConfigError("on_close must be 'drain' or 'cancel'", field="on_close")
-        if transport not in (None, "aiohttp", "httpx") and not isinstance(transport, Transport):
+        if isinstance(transport, str) and transport not in ("aiohttp", "httpx"):
+            raise ConfigError(
+                f"transport must be 'aiohttp', 'httpx' or a Transport, got {transport!r}",
+                field="transport",
+            )
+        if transport is not None and not isinstance(transport, str | Transport):
             raise ConfigTypeError(
                 "transport must be 'aiohttp', 'httpx' or a Transport", field="transport"
             )

@@ -23,7 +23,10 @@ The rule (documented in docs/concepts.md#closed-loop-admission):
 - without one, keep the server full and its own queue short: grow while the limit
   is what holds work back and the server queues little, shrink toward what it is
   running when its queue grows or its KV cache fills;
-- either way, halve on 429/503 and grow only while work is waiting for the limit.
+- either way, halve when more than a fifth of the answers in an update interval were
+  429 or 503 (fewer are sporadic: they are retried, and shrinking for them would
+  collapse throughput on a server that is merely noisy), and grow only while work
+  is waiting for the limit.
 
 Updates are at least ``interval`` apart, so the effect of one change is measured
 before the next. This is a gradient controller in the sense of Netflix's
@@ -47,6 +50,8 @@ SLO_HEADROOM = 0.9
 #: The largest change one update may make.
 MAX_GROWTH = 1.25
 MAX_SHRINK = 0.6
+#: The share of 429/503 answers in an interval that counts as overload.
+OVERLOAD_SHARE = 0.2
 #: Weight of a new sample in the moving averages.
 EWMA_WEIGHT = 0.3
 #: Without an SLO, how many requests may wait in the server's own queue: enough
@@ -112,7 +117,8 @@ class AdmissionController:
         self.waiting: int | None = None
         self.running: int | None = None
         self.kv_usage: float | None = None
-        self._overloaded = False
+        self._answers = 0
+        self._overloads = 0
         self._blocked = False
         self._realtime_peak = 0
         self._realtime_seen: float | None = None
@@ -153,9 +159,13 @@ class AdmissionController:
         if kv_usage is not None:
             self.kv_usage = kv_usage
 
+    def on_answer(self) -> None:
+        """An answer that was not a 429 or 503."""
+        self._answers += 1
+
     def on_overload(self) -> None:
-        """A 429 or 503: the server is past what it can take."""
-        self._overloaded = True
+        """A 429 or 503: the server may be past what it can take."""
+        self._overloads += 1
 
     def on_blocked(self) -> None:
         """Bulk work waited because of the limit (evidence that more would be used)."""
@@ -188,7 +198,8 @@ class AdmissionController:
         if self._last_change is not None and now - self._last_change < self.interval:
             return False
         before = self._limit
-        if self._overloaded:
+        overloads, answers = self._overloads, self._answers
+        if overloads and overloads > OVERLOAD_SHARE * (overloads + answers):
             self._limit *= 0.5
             self._slow_start = False
         elif self.slo is not None:
@@ -196,7 +207,8 @@ class AdmissionController:
         else:
             self._follow_queue()
         self._limit = min(float(self.ceiling), max(1.0, self._limit))
-        self._overloaded = self._blocked = False
+        self._blocked = False
+        self._overloads = self._answers = 0
         if int(self._limit) != int(before):
             self._last_change = now
             return True

@@ -73,11 +73,13 @@ class Endpoint:
 
     def on_response(self, status: int, headers: Mapping[str, str]) -> None:
         """An HTTP response arrived (any status): the server is reachable."""
+        if status in (429, 503):
+            self.controller.on_overload()
+        else:
+            self.controller.on_answer()
         if status == 503:
             return  # overloaded or restarting: the dispatcher reports it as a failure
         self.breaker.on_success()
-        if status == 429:
-            self.controller.on_overload()
         load = parse_load_header(headers.get(LOAD_HEADER))
         if load is not None:
             self.controller.on_load(
@@ -88,8 +90,6 @@ class Endpoint:
         """A connection failure, a dropped connection or a 503. Returns True when
         requests should wait for the server rather than retry on their own: the
         breaker is open (or just opened) and the server has answered before."""
-        if getattr(error, "status_code", None) == 503:
-            self.controller.on_overload()
         if not self.breaker.ever_answered or self.breaker.outage_tolerance <= 0:
             # Never answered: a configuration problem, reported at once. (Or the
             # patience was turned off.)

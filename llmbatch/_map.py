@@ -67,6 +67,9 @@ class _Run:
         self.tracker = tracker
         self.outstanding: set[Request] = set()
         self.feeding = True
+        self.closed = False
+        """The caller left: the feeder must submit nothing more, even if it was
+        already woken (a cancellation reaches it only at its next checkpoint)."""
         self.failure: BaseException | None = None
         # map(): results land in ``collected`` by index and free their place at once;
         # otherwise they queue in ``ready`` and free it when the caller takes them.
@@ -172,6 +175,7 @@ class MapRunner:
                     await run.wait_for_news()
                 tracker.maybe_emit()
         finally:
+            run.closed = True
             scope.cancel()
             self._abandon(run)
             if tracker is not None:
@@ -227,6 +231,7 @@ class MapRunner:
                     yield expected, buffered.pop(expected)
                     expected += 1
         finally:
+            run.closed = True
             scope.cancel()
             self._abandon(run)
             if tracker is not None:
@@ -254,6 +259,8 @@ class MapRunner:
                     async for item in inputs:
                         if run.free <= 0:
                             await run.wait_for_room()
+                        if run.closed:
+                            return
                         self._start(run, index, item, priority, params)
                         index += 1
                 else:
@@ -271,6 +278,8 @@ class MapRunner:
         while True:
             if run.free <= 0:
                 await run.wait_for_room()
+            if run.closed:
+                return
             # No checkpoint per item: a chunk of items is queued in one go and the
             # scheduler sees them together.
             for item in iterator:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmbatch._clock import Clock
-from llmbatch._exceptions import InvalidRequestError
+from llmbatch._exceptions import InvalidTypeError
 from llmbatch._models import Result
 
 __all__ = ["MapProgress", "ProgressBar", "ProgressLike", "ProgressTracker", "make_tracker"]
@@ -159,8 +159,9 @@ def make_tracker(progress: object, inputs: object, clock: Clock) -> ProgressTrac
     if progress is True:
         progress = ProgressBar()
     if not callable(progress):
-        raise InvalidRequestError(
-            "progress must be True, False, None or a callable taking a MapProgress",
+        raise InvalidTypeError(
+            "progress must be True, False, None or a callable taking a MapProgress, "
+            f"got {type(progress).__name__}",
             field="progress",
         )
     total = len(inputs) if isinstance(inputs, Sized) else None

@@ -116,8 +116,10 @@ def validate_options(
             raise _bad(f"timeout must be a positive number of seconds, got {timeout!r}", "timeout")
     try:
         params_json = json.dumps(checked, sort_keys=True, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    except TypeError as exc:  # a value JSON has no type for (an object, a set)
         raise InvalidTypeError(f"parameters must be JSON-serialisable: {exc}") from None
+    except ValueError as exc:  # the right type, a bad value (NaN, infinity)
+        raise InvalidRequestError(f"parameters must be JSON-serialisable: {exc}") from None
     return CallSpec(
         kind=kind,
         priority=tier,

@@ -21,15 +21,27 @@ from llmbatch._transports.base import HTTPRequest, HTTPResponse
 __all__ = ["HttpxTransport"]
 
 
+def _reason(exc: BaseException) -> str:
+    """What went wrong, in words: httpx's own message, or, when it has none (on trio
+    a refused TLS certificate hides behind an empty BrokenResourceError), the first
+    cause that has one."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if str(seen):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return repr(exc)
+
+
 @contextmanager
 def _mapped_errors() -> Iterator[None]:
     """The one place httpx's exceptions become llmbatch's."""
     try:
         yield
     except httpx.ConnectError as exc:
-        raise ConnectError(f"cannot connect: {exc}") from exc
+        raise ConnectError(f"cannot connect: {_reason(exc)}") from exc
     except httpx.ConnectTimeout as exc:
-        raise ConnectTimeout(f"timed out connecting (Timeout.connect): {exc}") from exc
+        raise ConnectTimeout(f"timed out connecting (Timeout.connect): {_reason(exc)}") from exc
     except httpx.PoolTimeout as exc:
         raise PoolTimeout(
             "timed out waiting for a free connection in the client's pool "
@@ -40,7 +52,7 @@ def _mapped_errors() -> Iterator[None]:
     except httpx.TimeoutException as exc:
         raise ReadTimeout("timed out waiting for the server (Timeout.read)") from exc
     except httpx.HTTPError as exc:
-        raise RemoteProtocolError(f"connection dropped mid-response: {exc!r}") from exc
+        raise RemoteProtocolError(f"connection dropped mid-response: {_reason(exc)}") from exc
 
 
 class _Response:

@@ -447,13 +447,6 @@ async def test_map_unordered_break_cancels_the_rest() -> None:
     assert stats.tiers[llmbatch.Priority.BATCH].queued == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="library bug: taking a result frees a window place and wakes the map's feeder; "
-    "if the caller then leaves, the feeder still submits its next chunk after the map "
-    "abandoned its outstanding requests, so those requests are sent and stay in flight "
-    "with nobody waiting (until the server answers or the client closes)",
-)
 async def test_leaving_map_unordered_sends_nothing_more() -> None:
     fake = FakeServer()
     sent: list[str] = []
