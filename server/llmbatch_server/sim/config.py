@@ -125,6 +125,8 @@ class SimConfig:
     api_key: str | None = None
     enable_admin: bool = False
     seed: int = 0
+    #: Serve ``POST /v1/chat/completions/batch`` (vLLM 0.19+); off emulates older servers.
+    chat_batch: bool = True
 
     def __repr__(self) -> str:
         # The API key must never reach logs.

@@ -6,41 +6,15 @@ so a client sees the same error JSON it would get from a real server.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.requests import Request
+
 from llmbatch_server.sim import tokenizer
-
-
-class ApiError(Exception):
-    """An error answered as ``{"error": {"message", "type", "param", "code"}}``."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-
-    @property
-    def type(self) -> str:
-        return {
-            400: "BadRequestError",
-            401: "AuthenticationError",
-            404: "NotFoundError",
-            429: "RateLimitError",
-            503: "ServiceUnavailableError",
-        }.get(self.status, "InternalServerError")
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.status,
-            }
-        }
+from llmbatch_server.sim.errors import ApiError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,12 +42,106 @@ def parse(
     body: object, *, chat: bool, model: str, max_model_len: int, poison: tuple[str, ...]
 ) -> Generation:
     """Validate ``body`` for ``/v1/completions`` (``chat=False``) or chat completions."""
+    body = _object(body)
+    _check_model(body, model)
+    prompts = _messages(body.get("messages")) if chat else _prompts(body.get("prompt"))
+    return _generation(body, prompts, chat=chat, max_model_len=max_model_len, poison=poison)
+
+
+def parse_batch_chat(
+    body: object, *, model: str, max_model_len: int, poison: tuple[str, ...]
+) -> Generation:
+    """Validate ``body`` for ``/v1/chat/completions/batch`` (vLLM 0.19+).
+
+    ``messages`` is a list of conversations sharing one set of sampling
+    parameters; each becomes one prompt, so choice ``i`` answers conversation
+    ``i``. As in vLLM, the request-model checks (conversation shape, ``n``, no
+    streaming, no tools, no beam search) come before the model check, and one
+    conversation too long for the context fails the whole request.
+    """
+    body = _object(body)
+    conversations = body.get("messages")
+    if not isinstance(conversations, list) or not conversations:
+        raise ApiError(
+            400,
+            "1 validation error:\n  messages: must be a non-empty list of conversations",
+            param="messages",
+            error_type="Bad Request",
+        )
+    for i, conversation in enumerate(conversations):
+        if not isinstance(conversation, list) or not conversation:
+            raise ApiError(
+                400,
+                f"1 validation error:\n  messages.{i}: a conversation must be a non-empty list",
+                param="messages",
+                error_type="Bad Request",
+            )
+    _check_batch_mode(body)
+    _check_model(body, model)
+    prompts = [_messages(c, where=f"messages[{i}]")[0] for i, c in enumerate(conversations)]
+    return _generation(body, prompts, chat=True, max_model_len=max_model_len, poison=poison)
+
+
+def _check_batch_mode(body: dict[str, Any]) -> None:
+    """What vLLM's ``BatchChatCompletionRequest`` refuses."""
+    n = body.get("n", 1)
+    if n is not None and n != 1:
+        raise ApiError.validation(
+            "Batch chat completions do not support `n > 1`. Please set `n` to 1.",
+            param="n",
+            value=n,
+        )
+    if body.get("use_beam_search"):
+        raise ApiError.validation(
+            "Batch chat completions do not support beam search. "
+            "Please set `use_beam_search` to False.",
+            param="use_beam_search",
+        )
+    # vLLM documents these two as unsupported; releases up to at least 0.26
+    # accepted them anyway (stream=true gave empty choices, tools were dropped:
+    # vllm#50026, fixed by rejecting them). The simulator follows the contract.
+    if body.get("stream") or body.get("stream_options") is not None:
+        raise ApiError.validation(
+            "Batch chat completions do not support streaming. Please set `stream` to False.",
+            param="stream",
+        )
+    if body.get("tools") is not None:
+        raise ApiError.validation(
+            "Batch chat completions do not support tool use. Please omit `tools`.",
+            param="tools",
+        )
+    tool_choice = body.get("tool_choice")
+    if tool_choice not in (None, "none"):
+        # vLLM types the field Literal["none"], so pydantic rejects anything else.
+        raise ApiError(
+            400,
+            "1 validation error:\n  tool_choice: Input should be 'none'",
+            param="tool_choice",
+            error_type="Bad Request",
+        )
+
+
+def _object(body: object) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
+    return body
+
+
+def _check_model(body: dict[str, Any], model: str) -> None:
     requested = body.get("model")
     if requested is not None and requested != model:
         raise ApiError(404, f"The model `{requested}` does not exist.", param="model")
-    prompts = _messages(body.get("messages")) if chat else _prompts(body.get("prompt"))
+
+
+def _generation(
+    body: dict[str, Any],
+    prompts: list[str],
+    *,
+    chat: bool,
+    max_model_len: int,
+    poison: tuple[str, ...],
+) -> Generation:
+    """The checks and fields every generation route shares."""
     for text in prompts:
         for marker in poison:
             if marker in text:
@@ -120,6 +188,17 @@ def parse(
     )
 
 
+async def read_json(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400."""
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        raise ApiError(400, "request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return body
+
+
 def _prompts(prompt: object) -> list[str]:
     if isinstance(prompt, str):
         return [prompt]
@@ -135,18 +214,18 @@ def _prompts(prompt: object) -> list[str]:
     )
 
 
-def _messages(messages: object) -> list[str]:
+def _messages(messages: object, where: str = "messages") -> list[str]:
     if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "messages must be a non-empty list", param="messages")
+        raise ApiError(400, f"{where} must be a non-empty list", param="messages")
     rendered = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in _ROLES:
-            raise ApiError(400, f"messages[{i}] needs a valid role", param="messages")
+            raise ApiError(400, f"{where}[{i}] needs a valid role", param="messages")
         content = message.get("content")
         if isinstance(content, list):
             content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
         if not isinstance(content, str):
-            raise ApiError(400, f"messages[{i}].content must be a string", param="messages")
+            raise ApiError(400, f"{where}[{i}].content must be a string", param="messages")
         rendered.append(f"<|{message['role']}|>{content}")
     rendered.append("<|assistant|>")
     return ["\n".join(rendered)]
