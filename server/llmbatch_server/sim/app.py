@@ -81,7 +81,7 @@ def build_app(config: SimConfig) -> Starlette:
         return await generate(sim, request, parser(chat=True))
 
     async def batch_chat_completions(request: Request) -> Response:
-        return await generate(sim, request, parse_batch)
+        return await generate(sim, request, parse_batch, load_report=False)
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [_model_card(config)]})

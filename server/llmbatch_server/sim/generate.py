@@ -15,6 +15,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from llmbatch_server.sim import metrics
 from llmbatch_server.sim.engine import Group, Overloaded, Sequence
 from llmbatch_server.sim.errors import ApiError
 from llmbatch_server.sim.faults import Fault
@@ -36,8 +37,15 @@ from llmbatch_server.sim.simulator import Simulator
 Parser = Callable[[dict[str, Any]], Generation]
 
 
-async def generate(sim: Simulator, request: Request, parse: Parser) -> Response:
-    """Serve one generation request: faults first, then validation, then the engine."""
+async def generate(
+    sim: Simulator, request: Request, parse: Parser, *, load_report: bool = True
+) -> Response:
+    """Serve one generation request: faults first, then validation, then the engine.
+
+    ``load_report``: answer an ``endpoint-load-metrics-format`` request header on
+    a non-streaming 200, as vLLM's completion and chat routes do (its batched
+    chat route does not).
+    """
     sim.http_requests += 1
     body = await read_json(request)
     fault, delay = sim.faults.draw(stream=bool(body.get("stream")))
@@ -78,8 +86,13 @@ async def generate(sim: Simulator, request: Request, parse: Parser) -> Response:
         sim.engine.abort(group)
         return Response(status_code=499)
     payload = completion_body(request_id, sim.config.model, sequences, prompt_tokens, chat=gen.chat)
+    headers = {}
+    fmt = request.headers.get(metrics.LOAD_FORMAT_HEADER)
+    if load_report and fmt:
+        engine = sim.engine
+        headers = metrics.load_report(fmt, waiting=engine.num_waiting, kv_usage=engine.kv_usage)
     response_cls = CutResponse if fault is Fault.DROP else Response
-    return response_cls(dumps(payload), media_type="application/json")
+    return response_cls(dumps(payload), media_type="application/json", headers=headers)
 
 
 def _admit(sim: Simulator, group: Group, sequences: list[Sequence], priority: int) -> None:
