@@ -127,6 +127,16 @@ class SimulatorProcess:
         result: dict[str, Any] = r.json()
         return result
 
+    def outage(self, seconds: float, mode: str = "503") -> dict[str, Any]:
+        """Make the server unavailable for ``seconds`` (needs ``--enable-admin``).
+
+        ``mode="503"`` answers 503 everywhere but ``/metrics`` and
+        ``/admin/faults`` (``seconds=0`` ends it); ``mode="refuse"`` stops
+        listening and drops every connection, then listens again on the same
+        port. Returns the admin state, whose ``outage`` shows the new outage.
+        """
+        return self.set_faults(outage_mode=mode, outage_seconds=seconds)
+
     def metrics(self) -> str:
         """The ``/metrics`` text."""
         return httpx.get(self.url + "/metrics", timeout=10).text

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmbatch_server.sim import metrics, tokenizer
+from llmbatch_server.sim.admin import admin_faults
 from llmbatch_server.sim.config import SimConfig
 from llmbatch_server.sim.errors import ApiError
 from llmbatch_server.sim.generate import Parser, generate
+from llmbatch_server.sim.outage import OutageMiddleware
 from llmbatch_server.sim.requests import Generation, parse, parse_batch_chat, read_json
 from llmbatch_server.sim.simulator import Simulator
 
@@ -32,6 +35,7 @@ def build_app(config: SimConfig) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         task = asyncio.ensure_future(sim.engine.run())
+        sim.outage.schedule(config.outage)
         try:
             yield
         finally:
@@ -101,18 +105,11 @@ def build_app(config: SimConfig) -> Starlette:
             {"count": len(ids), "max_model_len": config.limits.max_model_len, "tokens": ids}
         )
 
-    async def admin_faults(request: Request) -> Response:
-        if not config.enable_admin:
-            return JSONResponse({"detail": "Not Found"}, status_code=404)
-        if request.method == "POST":
-            changes = await read_json(request)
-            try:
-                sim.faults.rates = sim.faults.rates.update(**changes)
-            except (TypeError, ValueError) as exc:
-                raise ApiError(400, str(exc)) from None
-        return JSONResponse(
-            {"rates": dataclasses.asdict(sim.faults.rates), "injected": sim.faults.injected}
-        )
+    async def faults(request: Request) -> Response:
+        return await admin_faults(sim, request)
+
+    async def load(request: Request) -> Response:
+        return JSONResponse({"server_load": sim.server_load})
 
     async def health(request: Request) -> Response:
         return Response(status_code=200)
@@ -141,7 +138,8 @@ def build_app(config: SimConfig) -> Starlette:
         ),
         Route("/v1/models", guarded(models), methods=["GET"]),
         Route("/tokenize", guarded(tokenize), methods=["POST"]),
-        Route("/admin/faults", guarded(admin_faults), methods=["GET", "POST"]),
+        Route("/admin/faults", guarded(faults), methods=["GET", "POST"]),
+        Route("/load", load, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/version", version, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
@@ -150,6 +148,10 @@ def build_app(config: SimConfig) -> Starlette:
         routes=routes,
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_error},
+        middleware=[
+            Middleware(OutageMiddleware, outage=sim.outage),
+            *([Middleware(LoadTracker, sim=sim)] if config.server_load_tracking else []),
+        ],
     )
     app.state.simulator = sim
     return app
@@ -159,6 +161,38 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     # FastAPI's body for unknown routes and methods, which vLLM inherits.
     assert isinstance(exc, HTTPException)
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+class LoadTracker:
+    """Counts requests in flight on the routes vLLM's ``load_aware_call`` wraps.
+
+    With ``--enable-server-load-tracking`` vLLM counts each such request from
+    arrival until its response (a stream: its last event) is sent, and serves
+    the count at ``GET /load``.
+    """
+
+    PATHS = frozenset(
+        {
+            "/v1/completions",
+            "/v1/chat/completions",
+            "/v1/chat/completions/batch",
+            "/v1/embeddings",
+        }
+    )
+
+    def __init__(self, app: ASGIApp, sim: Simulator) -> None:
+        self.app = app
+        self.sim = sim
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in self.PATHS:
+            await self.app(scope, receive, send)
+            return
+        self.sim.server_load += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.sim.server_load -= 1
 
 
 def _authorized(request: Request, key: str) -> bool:

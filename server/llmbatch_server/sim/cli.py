@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,8 @@ from llmbatch_server.sim.app import build_app
 from llmbatch_server.sim.config import (
     SimConfig,
 )
+from llmbatch_server.sim.listener import UvicornListener, bind
+from llmbatch_server.sim.simulator import Simulator
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -35,30 +36,33 @@ def run(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentPar
         return 2
     import uvicorn
 
-    sock = _bind(args.host, args.port)
+    sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/v1"
+    app = build_app(config)
     server = uvicorn.Server(
         uvicorn.Config(
-            build_app(config),
+            app,
             log_level=args.log_level,
             access_log=False,
             timeout_graceful_shutdown=2,
         )
     )
+    _attach_listener(server, app.state.simulator, host, port)
     _announce(server, url, args.ready_file, config)
     server.run(sockets=[sock])
     return 0
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
+def _attach_listener(server: Any, sim: Simulator, host: str, port: int) -> None:
+    """Let outages of mode "refuse" close and re-open this server's socket."""
+    original = server.startup
+
+    async def startup(sockets: Any = None) -> None:
+        await original(sockets=sockets)
+        sim.outage.attach(UvicornListener(server, host, port))
+
+    server.startup = startup
 
 
 def _announce(server: Any, url: str, ready_file: Path | None, config: SimConfig) -> None:

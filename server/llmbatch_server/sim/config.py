@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from llmbatch_server.launcher.profiles import PROFILES
+from llmbatch_server.sim.outage import OutagePlan
 
 #: Published decode throughput (tokens/s) by batch size that the defaults fit.
 REFERENCE_TABLE: dict[int, float] = {1: 45.0, 8: 248.0, 32: 587.0, 64: 743.0, 128: 821.0}
@@ -127,6 +128,10 @@ class SimConfig:
     seed: int = 0
     #: Serve ``POST /v1/chat/completions/batch`` (vLLM 0.19+); off emulates older servers.
     chat_batch: bool = True
+    #: Count requests in flight for ``GET /load`` (vLLM's ``--enable-server-load-tracking``).
+    server_load_tracking: bool = False
+    #: An outage to start by itself (``--outage-*`` flags).
+    outage: OutagePlan = field(default_factory=OutagePlan)
 
     def __repr__(self) -> str:
         # The API key must never reach logs.

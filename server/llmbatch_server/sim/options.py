@@ -17,6 +17,7 @@ from llmbatch_server.sim.config import (
     StepModel,
     profile_limits,
 )
+from llmbatch_server.sim.outage import MODES, OutagePlan
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -92,6 +93,31 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_false",
         help="answer 404 on /v1/chat/completions/batch, like vLLM before 0.19 and most "
         "other servers (default: served)",
+    )
+    p.add_argument(
+        "--enable-server-load-tracking",
+        action="store_true",
+        help="count requests in flight for GET /load, like vLLM's flag (default: off)",
+    )
+    outage = p.add_argument_group("outage (the server unavailable for a while)")
+    outage.add_argument(
+        "--outage-seconds",
+        type=float,
+        default=0.0,
+        help="length of an outage that starts by itself; 0 for none (default: 0)",
+    )
+    outage.add_argument(
+        "--outage-after",
+        type=float,
+        default=0.0,
+        help="seconds after startup that the outage begins (default: 0)",
+    )
+    outage.add_argument(
+        "--outage-mode",
+        choices=list(MODES),
+        default="503",
+        help="503: every route but /metrics and /admin/faults answers 503; refuse: stop "
+        "listening and close all connections, as a restart does (default: 503)",
     )
     faults = p.add_argument_group("fault injection (per HTTP request)")
     for code in ("500", "429", "503"):
@@ -173,4 +199,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         enable_admin=args.enable_admin,
         seed=args.seed,
         chat_batch=args.chat_batch,
+        server_load_tracking=args.enable_server_load_tracking,
+        outage=OutagePlan(
+            mode=args.outage_mode, seconds=args.outage_seconds, after=args.outage_after
+        ),
     )

@@ -10,6 +10,7 @@ from llmbatch_server.sim import tokenizer
 from llmbatch_server.sim.config import SimConfig
 from llmbatch_server.sim.engine import Engine, Group, Sequence
 from llmbatch_server.sim.faults import FaultInjector
+from llmbatch_server.sim.outage import Outage
 from llmbatch_server.sim.requests import Generation
 
 
@@ -20,8 +21,11 @@ class Simulator:
         self.config = config
         self.engine = Engine(config.limits, config.step)
         self.faults = FaultInjector(config.faults, seed=config.seed)
+        self.outage = Outage()
         self._frontend_free_at = 0.0
         self.http_requests = 0
+        #: Requests in flight on the generation routes (``GET /load``).
+        self.server_load = 0
 
     async def frontend(self, prompts: int) -> None:
         """Model the API server's serial per-request work (fewer, larger requests win)."""
