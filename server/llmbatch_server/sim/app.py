@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from llmbatch_server.sim import metrics, tokenizer
+from llmbatch_server.sim import metrics
 from llmbatch_server.sim.admin import admin_faults
 from llmbatch_server.sim.config import SimConfig
 from llmbatch_server.sim.errors import ApiError
@@ -66,6 +66,7 @@ def build_app(config: SimConfig) -> Starlette:
                 model=config.model,
                 max_model_len=limits.max_model_len,
                 poison=sim.faults.rates.poison,
+                counter=sim.counter,
             )
 
         return parse_body
@@ -76,6 +77,7 @@ def build_app(config: SimConfig) -> Starlette:
             model=config.model,
             max_model_len=limits.max_model_len,
             poison=sim.faults.rates.poison,
+            counter=sim.counter,
         )
 
     async def completions(request: Request) -> Response:
@@ -99,8 +101,9 @@ def build_app(config: SimConfig) -> Starlette:
             model=config.model,
             max_model_len=config.limits.max_model_len + 1,
             poison=(),
+            counter=sim.counter,
         )
-        ids = tokenizer.token_ids(gen.prompts[0])
+        ids = sim.counter.encode(gen.prompts[0])
         return JSONResponse(
             {"count": len(ids), "max_model_len": config.limits.max_model_len, "tokens": ids}
         )

@@ -31,6 +31,7 @@ def run(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentPar
     try:
         check_host(args.host, args.api_key)
         config = options.config_from_args(args)
+        app = build_app(config)
     except (LauncherError, ValueError) as exc:
         print(f"llmbatch-server sim: {exc}", file=sys.stderr)
         return 2
@@ -39,7 +40,6 @@ def run(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentPar
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/v1"
-    app = build_app(config)
     server = uvicorn.Server(
         uvicorn.Config(
             app,

@@ -130,6 +130,8 @@ class SimConfig:
     chat_batch: bool = True
     #: Count requests in flight for ``GET /load`` (vLLM's ``--enable-server-load-tracking``).
     server_load_tracking: bool = False
+    #: A Hugging Face ``tokenizer.json`` for exact prompt counts (None: the estimate).
+    tokenizer: str | None = None
     #: An outage to start by itself (``--outage-*`` flags).
     outage: OutagePlan = field(default_factory=OutagePlan)
 

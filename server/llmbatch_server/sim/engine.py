@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from llmbatch_server.sim import tokenizer
+from llmbatch_server.sim import output
 from llmbatch_server.sim.config import EngineLimits, StepModel
 from llmbatch_server.sim.metrics import EngineMetrics
 
@@ -54,7 +54,7 @@ class Sequence:
 
     def text(self, start: int = 0, stop: int | None = None) -> str:
         end = min(self.generated if stop is None else stop, self.visible)
-        return tokenizer.text(self.seed, start, end) if end > start else ""
+        return output.text(self.seed, start, end) if end > start else ""
 
 
 @dataclass(eq=False)

@@ -85,6 +85,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="require this bearer token (default: $VLLM_API_KEY)",
     )
     p.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="count prompt tokens with this Hugging Face tokenizer.json (or a directory "
+        "holding one); needs the 'tokenizer' extra (default: a built-in estimate)",
+    )
+    p.add_argument(
         "--seed", type=int, default=0, help="seeds output text and fault draws (default: 0)"
     )
     p.add_argument(
@@ -200,6 +206,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         seed=args.seed,
         chat_batch=args.chat_batch,
         server_load_tracking=args.enable_server_load_tracking,
+        tokenizer=args.tokenizer,
         outage=OutagePlan(
             mode=args.outage_mode, seconds=args.outage_seconds, after=args.outage_after
         ),

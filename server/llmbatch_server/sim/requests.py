@@ -13,7 +13,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from llmbatch_server.sim import tokenizer
+from llmbatch_server.sim.counting import TokenCounter
 from llmbatch_server.sim.errors import ApiError
 
 
@@ -39,17 +39,30 @@ _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
 
 def parse(
-    body: object, *, chat: bool, model: str, max_model_len: int, poison: tuple[str, ...]
+    body: object,
+    *,
+    chat: bool,
+    model: str,
+    max_model_len: int,
+    poison: tuple[str, ...],
+    counter: TokenCounter,
 ) -> Generation:
     """Validate ``body`` for ``/v1/completions`` (``chat=False``) or chat completions."""
     body = _object(body)
     _check_model(body, model)
     prompts = _messages(body.get("messages")) if chat else _prompts(body.get("prompt"))
-    return _generation(body, prompts, chat=chat, max_model_len=max_model_len, poison=poison)
+    return _generation(
+        body, prompts, chat=chat, max_model_len=max_model_len, poison=poison, counter=counter
+    )
 
 
 def parse_batch_chat(
-    body: object, *, model: str, max_model_len: int, poison: tuple[str, ...]
+    body: object,
+    *,
+    model: str,
+    max_model_len: int,
+    poison: tuple[str, ...],
+    counter: TokenCounter,
 ) -> Generation:
     """Validate ``body`` for ``/v1/chat/completions/batch`` (vLLM 0.19+).
 
@@ -79,7 +92,9 @@ def parse_batch_chat(
     _check_batch_mode(body)
     _check_model(body, model)
     prompts = [_messages(c, where=f"messages[{i}]")[0] for i, c in enumerate(conversations)]
-    return _generation(body, prompts, chat=True, max_model_len=max_model_len, poison=poison)
+    return _generation(
+        body, prompts, chat=True, max_model_len=max_model_len, poison=poison, counter=counter
+    )
 
 
 def _check_batch_mode(body: dict[str, Any]) -> None:
@@ -140,6 +155,7 @@ def _generation(
     chat: bool,
     max_model_len: int,
     poison: tuple[str, ...],
+    counter: TokenCounter,
 ) -> Generation:
     """The checks and fields every generation route shares."""
     for text in prompts:
@@ -153,7 +169,7 @@ def _generation(
     key = "max_completion_tokens" if chat and body.get("max_tokens") is None else "max_tokens"
     default = None if chat else 16
     max_tokens = _int(body, key, default, minimum=1)
-    counts = [tokenizer.count_tokens(p) for p in prompts]
+    counts = [counter.count(p) for p in prompts]
     for count in counts:
         wanted = count + (max_tokens or 0)
         if count >= max_model_len or wanted > max_model_len:

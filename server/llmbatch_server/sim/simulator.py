@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from llmbatch_server.sim import tokenizer
+from llmbatch_server.sim import output
 from llmbatch_server.sim.config import SimConfig
+from llmbatch_server.sim.counting import load_counter
 from llmbatch_server.sim.engine import Engine, Group, Sequence
 from llmbatch_server.sim.faults import FaultInjector
 from llmbatch_server.sim.outage import Outage
@@ -19,6 +20,8 @@ class Simulator:
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
+        #: Counts prompt tokens for usage, limits and /tokenize alike.
+        self.counter = load_counter(config.tokenizer)
         self.engine = Engine(config.limits, config.step)
         self.faults = FaultInjector(config.faults, seed=config.seed)
         self.outage = Outage()
@@ -49,7 +52,7 @@ class Simulator:
                 # The text depends on the prompt and the sample j, not on the
                 # prompt's place in the list: vLLM runs each prompt as its own
                 # request, so a prompt alone or in a batch gets the same answer.
-                out_seed = tokenizer.output_seed(prompt, j, seed)
+                out_seed = output.output_seed(prompt, j, seed)
                 out.append(_sequence(group, p * gen.n + j, out_seed, count, max_tokens, gen))
         return out
 
@@ -59,12 +62,12 @@ def _sequence(
 ) -> Sequence:
     target, visible, reason, stop_reason = max_tokens, max_tokens, "length", None
     if not gen.ignore_eos:
-        natural = max(tokenizer.natural_length(out_seed), gen.min_tokens)
+        natural = max(output.natural_length(out_seed), gen.min_tokens)
         if natural < max_tokens:
             target, visible, reason = natural, natural, "stop"
     if gen.stop:
         for position in range(gen.min_tokens, target):
-            w = tokenizer.word(out_seed, position)
+            w = output.word(out_seed, position)
             hit = next((s for s in gen.stop if s and s in w), None)
             if hit is not None:
                 target, visible, reason, stop_reason = position + 1, position, "stop", hit
