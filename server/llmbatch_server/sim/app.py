@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from llmbatch_server.sim import metrics
 from llmbatch_server.sim.admin import admin_faults
 from llmbatch_server.sim.config import SimConfig
+from llmbatch_server.sim.embeddings import embeddings
 from llmbatch_server.sim.errors import ApiError
 from llmbatch_server.sim.generate import Parser, generate
 from llmbatch_server.sim.outage import OutageMiddleware
@@ -52,7 +53,7 @@ def build_app(config: SimConfig) -> Starlette:
             try:
                 return await handler(request)
             except ApiError as exc:
-                return JSONResponse(exc.body(), status_code=exc.status)
+                return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
         return endpoint
 
@@ -88,6 +89,9 @@ def build_app(config: SimConfig) -> Starlette:
 
     async def batch_chat_completions(request: Request) -> Response:
         return await generate(sim, request, parse_batch, load_report=False)
+
+    async def embed(request: Request) -> Response:
+        return await embeddings(sim, request)
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [_model_card(config)]})
@@ -139,6 +143,7 @@ def build_app(config: SimConfig) -> Starlette:
             if config.chat_batch
             else []
         ),
+        Route("/v1/embeddings", guarded(embed), methods=["POST"]),
         Route("/v1/models", guarded(models), methods=["GET"]),
         Route("/tokenize", guarded(tokenize), methods=["POST"]),
         Route("/admin/faults", guarded(faults), methods=["GET", "POST"]),

@@ -130,10 +130,16 @@ class SimConfig:
     chat_batch: bool = True
     #: Count requests in flight for ``GET /load`` (vLLM's ``--enable-server-load-tracking``).
     server_load_tracking: bool = False
+    #: Length of the vectors ``/v1/embeddings`` returns.
+    embedding_dim: int = 384
     #: A Hugging Face ``tokenizer.json`` for exact prompt counts (None: the estimate).
     tokenizer: str | None = None
     #: An outage to start by itself (``--outage-*`` flags).
     outage: OutagePlan = field(default_factory=OutagePlan)
+
+    def __post_init__(self) -> None:
+        if self.embedding_dim < 1:
+            raise ValueError("embedding_dim must be >= 1")
 
     def __repr__(self) -> str:
         # The API key must never reach logs.

@@ -35,7 +35,9 @@ class Sequence:
     group: Group
     index: int  # choice index within the group
     prompt_tokens: int
-    target: int  # tokens this sequence will generate (a matched stop word included)
+    #: Tokens this sequence will generate (a matched stop word included); 0 for
+    #: a pooling (embedding) request, which ends with its prefill.
+    target: int
     visible: int  # tokens that appear in the text (a matched stop word is not shown)
     finish_reason: str
     stop_reason: str | None
@@ -198,22 +200,31 @@ class Engine:
         for seq in batch:
             if seq.finished or seq.prefilled < seq.prompt_tokens:
                 continue
-            if seq.generated == 0:
-                seq.first_token_at = now
-                metrics.ttft.observe(now - seq.arrival)
-                metrics.prompt_tokens += seq.prompt_tokens
-            seq.generated += 1
-            metrics.generation_tokens += 1
             group = seq.group
-            if seq.generated >= seq.target:
-                seq.finished = True
+            if seq.target == 0:
+                # A pooling (embedding) request is done once its prompt is in.
+                metrics.prompt_tokens += seq.prompt_tokens
+                self._finish(seq, now)
                 done = True
-                self._kv_used -= seq.kv_tokens
-                metrics.finish(seq.finish_reason, now - seq.arrival)
-                group.pending -= 1
-            if group.on_tokens is not None:
-                group.on_tokens(seq, seq.generated)
+            else:
+                if seq.generated == 0:
+                    seq.first_token_at = now
+                    metrics.ttft.observe(now - seq.arrival)
+                    metrics.prompt_tokens += seq.prompt_tokens
+                seq.generated += 1
+                metrics.generation_tokens += 1
+                if seq.generated >= seq.target:
+                    self._finish(seq, now)
+                    done = True
+                if group.on_tokens is not None:
+                    group.on_tokens(seq, seq.generated)
             if group.pending == 0 and group.on_done is not None and not group.aborted:
                 group.on_done(group)
         if done:
             self._running = [s for s in self._running if not s.finished]
+
+    def _finish(self, seq: Sequence, now: float) -> None:
+        seq.finished = True
+        self._kv_used -= seq.kv_tokens
+        self.metrics.finish(seq.finish_reason, now - seq.arrival)
+        seq.group.pending -= 1

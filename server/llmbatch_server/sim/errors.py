@@ -15,12 +15,15 @@ class ApiError(Exception):
         *,
         param: str | None = None,
         error_type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self._type = error_type
+        #: Response headers, such as ``Retry-After`` on a 429.
+        self.headers = headers
 
     @classmethod
     def validation(cls, message: str, *, param: str, value: object = None) -> ApiError:

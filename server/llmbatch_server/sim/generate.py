@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from llmbatch_server.sim import metrics
 from llmbatch_server.sim.engine import Group, Overloaded, Sequence
@@ -46,19 +46,8 @@ async def generate(
     a non-streaming 200, as vLLM's completion and chat routes do (its batched
     chat route does not).
     """
-    sim.http_requests += 1
     body = await read_json(request)
-    fault, delay = sim.faults.draw(stream=bool(body.get("stream")))
-    if delay:
-        await asyncio.sleep(delay)
-    if fault is Fault.ERROR_500:
-        raise ApiError(500, "simulated internal server error")
-    if fault is Fault.ERROR_429:
-        retry_after = f"{sim.faults.rates.retry_after:g}"
-        err = ApiError(429, "simulated rate limit; retry later")
-        return JSONResponse(err.body(), status_code=429, headers={"Retry-After": retry_after})
-    if fault is Fault.ERROR_503:
-        raise ApiError(503, "The server is overloaded (simulated); retry later")
+    fault = await inject_fault(sim, stream=bool(body.get("stream")))
     gen = parse(body)
     await sim.frontend(len(gen.prompts))
     request_id = ("chatcmpl-" if gen.chat else "cmpl-") + uuid.uuid4().hex
@@ -81,7 +70,7 @@ async def generate(
 
     group = Group(on_done=on_done)
     sequences = sim.sequences(gen, group)
-    _admit(sim, group, sequences, gen.priority)
+    admit(sim, group, sequences, gen.priority)
     if not await wait_or_disconnect(done, request.receive):
         sim.engine.abort(group)
         return Response(status_code=499)
@@ -95,7 +84,26 @@ async def generate(
     return response_cls(dumps(payload), media_type="application/json", headers=headers)
 
 
-def _admit(sim: Simulator, group: Group, sequences: list[Sequence], priority: int) -> None:
+async def inject_fault(sim: Simulator, *, stream: bool) -> Fault:
+    """Draw this request's fault: raise the error ones, wait out a latency spike,
+    and return the kind the response itself must carry out (drop, stream error)."""
+    sim.http_requests += 1
+    fault, delay = sim.faults.draw(stream=stream)
+    if delay:
+        await asyncio.sleep(delay)
+    if fault is Fault.ERROR_500:
+        raise ApiError(500, "simulated internal server error")
+    if fault is Fault.ERROR_429:
+        retry_after = f"{sim.faults.rates.retry_after:g}"
+        raise ApiError(
+            429, "simulated rate limit; retry later", headers={"Retry-After": retry_after}
+        )
+    if fault is Fault.ERROR_503:
+        raise ApiError(503, "The server is overloaded (simulated); retry later")
+    return fault
+
+
+def admit(sim: Simulator, group: Group, sequences: list[Sequence], priority: int) -> None:
     try:
         sim.engine.add(group, sequences, priority)
     except Overloaded:
@@ -148,5 +156,5 @@ def _stream(
     group.on_tokens = on_tokens
     group.on_done = on_done
     sequences = sim.sequences(gen, group)
-    _admit(sim, group, sequences, gen.priority)
+    admit(sim, group, sequences, gen.priority)
     return EventStream(queue, lambda: sim.engine.abort(group), cut=cut)

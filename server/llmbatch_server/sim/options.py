@@ -85,6 +85,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="require this bearer token (default: $VLLM_API_KEY)",
     )
     p.add_argument(
+        "--embedding-dim",
+        type=int,
+        default=384,
+        help="length of the vectors /v1/embeddings returns (default: 384)",
+    )
+    p.add_argument(
         "--tokenizer",
         metavar="PATH",
         help="count prompt tokens with this Hugging Face tokenizer.json (or a directory "
@@ -207,6 +213,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         chat_batch=args.chat_batch,
         server_load_tracking=args.enable_server_load_tracking,
         tokenizer=args.tokenizer,
+        embedding_dim=args.embedding_dim,
         outage=OutagePlan(
             mode=args.outage_mode, seconds=args.outage_seconds, after=args.outage_after
         ),

@@ -49,7 +49,7 @@ def parse(
 ) -> Generation:
     """Validate ``body`` for ``/v1/completions`` (``chat=False``) or chat completions."""
     body = _object(body)
-    _check_model(body, model)
+    check_model(body, model)
     prompts = _messages(body.get("messages")) if chat else _prompts(body.get("prompt"))
     return _generation(
         body, prompts, chat=chat, max_model_len=max_model_len, poison=poison, counter=counter
@@ -90,7 +90,7 @@ def parse_batch_chat(
                 error_type="Bad Request",
             )
     _check_batch_mode(body)
-    _check_model(body, model)
+    check_model(body, model)
     prompts = [_messages(c, where=f"messages[{i}]")[0] for i, c in enumerate(conversations)]
     return _generation(
         body, prompts, chat=True, max_model_len=max_model_len, poison=poison, counter=counter
@@ -142,7 +142,8 @@ def _object(body: object) -> dict[str, Any]:
     return body
 
 
-def _check_model(body: dict[str, Any], model: str) -> None:
+def check_model(body: dict[str, Any], model: str) -> None:
+    """404 for a ``model`` other than the served one, as vLLM answers."""
     requested = body.get("model")
     if requested is not None and requested != model:
         raise ApiError(404, f"The model `{requested}` does not exist.", param="model")
@@ -158,14 +159,7 @@ def _generation(
     counter: TokenCounter,
 ) -> Generation:
     """The checks and fields every generation route shares."""
-    for text in prompts:
-        for marker in poison:
-            if marker in text:
-                raise ApiError(
-                    400,
-                    f"prompt rejected: contains {marker!r} (simulated bad input)",
-                    param="prompt",
-                )
+    check_poison(prompts, poison)
     key = "max_completion_tokens" if chat and body.get("max_tokens") is None else "max_tokens"
     default = None if chat else 16
     max_tokens = _int(body, key, default, minimum=1)
@@ -202,6 +196,23 @@ def _generation(
         stream=_bool(body, "stream"),
         include_usage=bool(stream_options.get("include_usage")),
     )
+
+
+def check_poison(prompts: list[str], poison: tuple[str, ...]) -> None:
+    """400 for a prompt containing a ``--poison`` marker (fails the whole request)."""
+    for text in prompts:
+        for marker in poison:
+            if marker in text:
+                raise ApiError(
+                    400,
+                    f"prompt rejected: contains {marker!r} (simulated bad input)",
+                    param="prompt",
+                )
+
+
+def render_chat(messages: object) -> str:
+    """A conversation as the simulator's chat template renders it."""
+    return _messages(messages)[0]
 
 
 async def read_json(request: Request) -> dict[str, Any]:
