@@ -132,6 +132,8 @@ def build_app(config: SimConfig) -> Starlette:
             running=engine.num_running,
             waiting=engine.num_waiting,
             kv_usage=engine.kv_usage,
+            prefix_queries=engine.kv.queries,
+            prefix_hits=engine.kv.hits,
         )
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 

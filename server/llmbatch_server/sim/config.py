@@ -65,11 +65,21 @@ class EngineLimits:
     #: Past this many waiting requests the server answers 503 (None: unbounded).
     max_num_queued_reqs: int | None = None
     scheduling_policy: str = "fcfs"
+    #: Tokens per KV block (vLLM's ``--block-size``, 16 on GPUs).
+    block_size: int = 16
+    #: vLLM's automatic prefix caching (on by default in vLLM V1).
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError("scheduling_policy must be 'fcfs' or 'priority'")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_tokens"):
+        for name in (
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "kv_cache_tokens",
+            "block_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.kv_cache_tokens < self.max_model_len:

@@ -59,7 +59,14 @@ class EngineMetrics:
 
 
 def render(
-    metrics: EngineMetrics, *, model: str, running: int, waiting: int, kv_usage: float
+    metrics: EngineMetrics,
+    *,
+    model: str,
+    running: int,
+    waiting: int,
+    kv_usage: float,
+    prefix_queries: int = 0,
+    prefix_hits: int = 0,
 ) -> str:
     """The ``/metrics`` body."""
     labels = f'model_name="{model}"'
@@ -70,6 +77,11 @@ def render(
         f"vllm:num_requests_waiting{{{labels}}} {waiting}",
         "# TYPE vllm:kv_cache_usage_perc gauge",
         f"vllm:kv_cache_usage_perc{{{labels}}} {kv_usage}",
+        # vLLM's V1 names, in tokens (prometheus_client adds the _total).
+        "# TYPE vllm:prefix_cache_queries_total counter",
+        f"vllm:prefix_cache_queries_total{{{labels}}} {prefix_queries}",
+        "# TYPE vllm:prefix_cache_hits_total counter",
+        f"vllm:prefix_cache_hits_total{{{labels}}} {prefix_hits}",
         "# TYPE vllm:prompt_tokens_total counter",
         f"vllm:prompt_tokens_total{{{labels}}} {metrics.prompt_tokens}",
         "# TYPE vllm:generation_tokens_total counter",

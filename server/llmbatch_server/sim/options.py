@@ -64,6 +64,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="KV-cache capacity in tokens (default: 400000)",
     )
     p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the KV blocks of prompt prefixes already computed, as vLLM V1 does "
+        "(default: on)",
+    )
+    p.add_argument(
+        "--block-size", type=int, default=16, help="tokens per KV-cache block (default: 16)"
+    )
+    p.add_argument(
         "--max-num-queued-reqs",
         type=int,
         help="answer 503 past this many waiting sequences (default: unbounded)",
@@ -193,6 +203,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         limits=EngineLimits(
             **limits,
             kv_cache_tokens=max(args.kv_cache_tokens, limits["max_model_len"]),
+            block_size=args.block_size,
+            enable_prefix_caching=args.enable_prefix_caching,
             max_num_queued_reqs=args.max_num_queued_reqs,
         ),
         step=step,

@@ -33,6 +33,8 @@ class Generation:
     priority: int
     stream: bool
     include_usage: bool
+    #: vLLM's ``cache_salt``: only requests with the same salt share cached blocks.
+    cache_salt: str | None = None
 
 
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -182,6 +184,12 @@ def _generation(
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict):
         raise ApiError(400, "stream_options must be an object", param="stream_options")
+    cache_salt = body.get("cache_salt")
+    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+        raise ApiError.validation(
+            "Parameter 'cache_salt' must be a non-empty string if provided.",
+            param="cache_salt",
+        )
     return Generation(
         chat=chat,
         prompts=prompts,
@@ -195,6 +203,7 @@ def _generation(
         priority=_int(body, "priority", 0, minimum=None) or 0,
         stream=_bool(body, "stream"),
         include_usage=bool(stream_options.get("include_usage")),
+        cache_salt=cache_salt,
     )
 
 

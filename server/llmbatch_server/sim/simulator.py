@@ -12,6 +12,7 @@ from llmbatch_server.sim.counting import load_counter
 from llmbatch_server.sim.engine import Engine, Group, Sequence
 from llmbatch_server.sim.faults import FaultInjector
 from llmbatch_server.sim.outage import Outage
+from llmbatch_server.sim.prefix_cache import block_hashes
 from llmbatch_server.sim.requests import Generation
 
 
@@ -24,7 +25,7 @@ class Simulator:
         self.counter = load_counter(config.tokenizer)
         self.engine = Engine(config.limits, config.step)
         self.faults = FaultInjector(config.faults, seed=config.seed)
-        self.outage = Outage()
+        self.outage = Outage(on_restart=self.restart)
         self._frontend_free_at = 0.0
         self.http_requests = 0
         #: Requests in flight on the generation routes (``GET /load``).
@@ -43,18 +44,31 @@ class Simulator:
 
     def sequences(self, gen: Generation, group: Group) -> list[Sequence]:
         """The engine sequences of ``gen``: choice ``prompt_index * n + j`` for each prompt."""
-        limit = self.config.limits.max_model_len
+        limits = self.config.limits
         seed = self.config.seed if gen.seed is None else gen.seed
         out = []
         for p, (prompt, count) in enumerate(zip(gen.prompts, gen.prompt_tokens, strict=True)):
-            max_tokens = gen.max_tokens if gen.max_tokens is not None else limit - count
+            max_tokens = (
+                gen.max_tokens if gen.max_tokens is not None else limits.max_model_len - count
+            )
+            hashes: tuple[int, ...] = ()
+            if limits.enable_prefix_caching:
+                ids = self.counter.encode(prompt)
+                hashes = block_hashes(ids, limits.block_size, gen.cache_salt)
             for j in range(gen.n):
                 # The text depends on the prompt and the sample j, not on the
                 # prompt's place in the list: vLLM runs each prompt as its own
                 # request, so a prompt alone or in a batch gets the same answer.
                 out_seed = output.output_seed(prompt, j, seed)
-                out.append(_sequence(group, p * gen.n + j, out_seed, count, max_tokens, gen))
+                seq = _sequence(group, p * gen.n + j, out_seed, count, max_tokens, gen)
+                seq.block_hashes = hashes
+                out.append(seq)
         return out
+
+    def restart(self) -> None:
+        """What a restart loses: every request in flight and the prefix cache."""
+        self.engine.abort_all()
+        self.engine.reset_prefix_cache()
 
 
 def _sequence(
