@@ -140,6 +140,9 @@ class SimConfig:
     chat_batch: bool = True
     #: Count requests in flight for ``GET /load`` (vLLM's ``--enable-server-load-tracking``).
     server_load_tracking: bool = False
+    #: Which of several replicas in one process (``--replicas``): their fault
+    #: draws differ, their answers do not (they serve the same model).
+    replica: int = 0
     #: Length of the vectors ``/v1/embeddings`` returns.
     embedding_dim: int = 384
     #: A Hugging Face ``tokenizer.json`` for exact prompt counts (None: the estimate).

@@ -35,7 +35,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (default: 8000)")
     p.add_argument(
-        "--ready-file", type=Path, help="write the base URL here once listening (default: none)"
+        "--ready-file",
+        type=Path,
+        help="write the base URL here once listening, one line per replica (default: none)",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="run N independent simulators in this process, on ports P, P+1, ... "
+        "(or a free port each with --port 0) (default: 1)",
     )
     p.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"served model name (default: {DEFAULT_MODEL})"
