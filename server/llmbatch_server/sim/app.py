@@ -68,6 +68,7 @@ def build_app(config: SimConfig) -> Starlette:
                 max_model_len=limits.max_model_len,
                 poison=sim.faults.rates.poison,
                 counter=sim.counter,
+                keep_ids=limits.enable_prefix_caching,
             )
 
         return parse_body
@@ -79,6 +80,7 @@ def build_app(config: SimConfig) -> Starlette:
             max_model_len=limits.max_model_len,
             poison=sim.faults.rates.poison,
             counter=sim.counter,
+            keep_ids=limits.enable_prefix_caching,
         )
 
     async def completions(request: Request) -> Response:
@@ -106,8 +108,10 @@ def build_app(config: SimConfig) -> Starlette:
             max_model_len=config.limits.max_model_len + 1,
             poison=(),
             counter=sim.counter,
+            keep_ids=True,
         )
-        ids = sim.counter.encode(gen.prompts[0])
+        assert gen.prompt_ids is not None
+        ids = gen.prompt_ids[0]
         return JSONResponse(
             {"count": len(ids), "max_model_len": config.limits.max_model_len, "tokens": ids}
         )

@@ -57,9 +57,12 @@ def load_counter(path: str | Path | None) -> TokenCounter:
 
 
 # A piece is an English contraction, a letter run (underscores inside it kept),
-# a digit run, a whitespace run, or a run of other symbols.
+# a digit run or a run of other symbols, each with the one space before it (BPE
+# vocabularies hold " word" as one token); or a whitespace run, less the space
+# that joins the next piece.
 _PIECE = re.compile(
-    r"'(?:[sdmt]|ll|ve|re)(?![^\W\d_])|_*[^\W\d_]+(?:_+[^\W\d_]+)*|\d+|\s+|[^\w\s]+|_+",
+    r"'(?:[sdmt]|ll|ve|re)(?![^\W\d_])"
+    r"| ?_*[^\W\d_]+(?:_+[^\W\d_]+)*| ?\d+| ?[^\w\s]+|\s+(?!\S)|\s+|_+",
     re.IGNORECASE,
 )
 # Sub-words of an ASCII letter run: BPE merges rarely cross a case change.
@@ -135,12 +138,11 @@ def _base_id(piece: str) -> int:
 
 @functools.lru_cache(maxsize=1 << 16)
 def _cost(piece: str) -> int:
+    if piece[0] == " " and len(piece) > 1 and not piece[1].isspace():
+        piece = piece[1:]  # the space joins the piece: no token of its own
     first = piece[0]
     if first.isspace():
-        # A single space joins the word after it; newlines and indentation are
-        # one token, or two when long.
-        if piece == " ":
-            return 0
+        # Newlines, indentation and spaces no piece took: one token, or two when long.
         return UNIT if len(piece) <= 2 else 2 * UNIT
     if first.isdigit():
         return UNIT * len(piece)

@@ -35,6 +35,8 @@ class Generation:
     include_usage: bool
     #: vLLM's ``cache_salt``: only requests with the same salt share cached blocks.
     cache_salt: str | None = None
+    #: Each prompt's token ids, when the caller asked for them (the prefix cache).
+    prompt_ids: list[list[int]] | None = None
 
 
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -48,13 +50,23 @@ def parse(
     max_model_len: int,
     poison: tuple[str, ...],
     counter: TokenCounter,
+    keep_ids: bool = False,
 ) -> Generation:
-    """Validate ``body`` for ``/v1/completions`` (``chat=False``) or chat completions."""
+    """Validate ``body`` for ``/v1/completions`` (``chat=False``) or chat completions.
+
+    ``keep_ids``: tokenize the prompts fully (``Generation.prompt_ids``), not just count.
+    """
     body = _object(body)
     check_model(body, model)
     prompts = _messages(body.get("messages")) if chat else _prompts(body.get("prompt"))
     return _generation(
-        body, prompts, chat=chat, max_model_len=max_model_len, poison=poison, counter=counter
+        body,
+        prompts,
+        chat=chat,
+        max_model_len=max_model_len,
+        poison=poison,
+        counter=counter,
+        keep_ids=keep_ids,
     )
 
 
@@ -65,6 +77,7 @@ def parse_batch_chat(
     max_model_len: int,
     poison: tuple[str, ...],
     counter: TokenCounter,
+    keep_ids: bool = False,
 ) -> Generation:
     """Validate ``body`` for ``/v1/chat/completions/batch`` (vLLM 0.19+).
 
@@ -95,7 +108,13 @@ def parse_batch_chat(
     check_model(body, model)
     prompts = [_messages(c, where=f"messages[{i}]")[0] for i, c in enumerate(conversations)]
     return _generation(
-        body, prompts, chat=True, max_model_len=max_model_len, poison=poison, counter=counter
+        body,
+        prompts,
+        chat=True,
+        max_model_len=max_model_len,
+        poison=poison,
+        counter=counter,
+        keep_ids=keep_ids,
     )
 
 
@@ -114,9 +133,9 @@ def _check_batch_mode(body: dict[str, Any]) -> None:
             "Please set `use_beam_search` to False.",
             param="use_beam_search",
         )
-    # vLLM documents these two as unsupported; releases up to at least 0.26
-    # accepted them anyway (stream=true gave empty choices, tools were dropped:
-    # vllm#50026, fixed by rejecting them). The simulator follows the contract.
+    # vLLM documents these two as unsupported, but releases up to at least 0.26
+    # accepted them (stream=true gave empty choices, tools were dropped:
+    # vllm#50026; the proposed fixes reject them). The simulator follows the contract.
     if body.get("stream") or body.get("stream_options") is not None:
         raise ApiError.validation(
             "Batch chat completions do not support streaming. Please set `stream` to False.",
@@ -159,13 +178,15 @@ def _generation(
     max_model_len: int,
     poison: tuple[str, ...],
     counter: TokenCounter,
+    keep_ids: bool,
 ) -> Generation:
     """The checks and fields every generation route shares."""
     check_poison(prompts, poison)
     key = "max_completion_tokens" if chat and body.get("max_tokens") is None else "max_tokens"
     default = None if chat else 16
     max_tokens = _int(body, key, default, minimum=1)
-    counts = [counter.count(p) for p in prompts]
+    prompt_ids = [counter.encode(p) for p in prompts] if keep_ids else None
+    counts = [len(ids) for ids in prompt_ids] if prompt_ids else [counter.count(p) for p in prompts]
     for count in counts:
         wanted = count + (max_tokens or 0)
         if count >= max_model_len or wanted > max_model_len:
@@ -204,6 +225,7 @@ def _generation(
         stream=_bool(body, "stream"),
         include_usage=bool(stream_options.get("include_usage")),
         cache_salt=cache_salt,
+        prompt_ids=prompt_ids,
     )
 
 

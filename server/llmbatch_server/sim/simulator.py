@@ -53,7 +53,7 @@ class Simulator:
             )
             hashes: tuple[int, ...] = ()
             if limits.enable_prefix_caching:
-                ids = self.counter.encode(prompt)
+                ids = gen.prompt_ids[p] if gen.prompt_ids else self.counter.encode(prompt)
                 hashes = block_hashes(ids, limits.block_size, gen.cache_salt)
             for j in range(gen.n):
                 # The text depends on the prompt and the sample j, not on the
