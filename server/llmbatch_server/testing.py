@@ -1,10 +1,14 @@
-"""Start the simulator as a real subprocess on 127.0.0.1 for tests and demos.
+"""Start simulators as real subprocesses on 127.0.0.1 for tests and demos.
 
     with run_simulator("--speed", "50") as sim:
         async with llmbatch.Client(sim.base_url) as client: ...
 
-The server gets a free port from the OS, is ready (``/health`` answered) when the
-``with`` body starts, and is stopped (SIGTERM, then SIGKILL) when it ends.
+    with run_simulators(3, "--speed", "10") as sims:   # three replicas, for failover
+        sims[1].kill()                                  # SIGKILL one ...
+        sims[1].restart()                               # ... and bring it back, same port
+
+Each server gets a free port from the OS, is ready (``/health`` answered) when
+the ``with`` body starts, and is stopped (SIGTERM, then SIGKILL) when it ends.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ class SimulatorProcess:
         self.api_key = api_key
         self.port = port
         self.url = ""
+        #: Every replica's URL (more than one with ``--replicas``); ``url`` is the first.
+        self.urls: list[str] = []
         self._dir = Path(tempfile.mkdtemp(prefix="llmbatch-sim-"))
         self._log = self._dir / "sim.log"
         self._process: subprocess.Popen[bytes] | None = None
@@ -53,9 +59,23 @@ class SimulatorProcess:
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
+    @property
+    def running(self) -> bool:
+        """Whether the process has been started and has not exited."""
+        return self._process is not None and self._process.poll() is None
+
     def start(self, timeout: float = DEFAULT_STARTUP_TIMEOUT) -> None:
         """Start and wait until ``/health`` answers."""
-        ready = self._dir / "ready"
+        self.spawn()
+        self.wait_ready(timeout)
+
+    @property
+    def _ready(self) -> Path:
+        return self._dir / "ready"
+
+    def spawn(self) -> None:
+        """Start the process without waiting for it (see :meth:`wait_ready`)."""
+        ready = self._ready
         ready.unlink(missing_ok=True)
         argv = [
             sys.executable,
@@ -73,6 +93,11 @@ class SimulatorProcess:
             env["VLLM_API_KEY"] = self.api_key  # not on the command line, where ps shows it
         with self._log.open("ab") as log:
             self._process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_ready(self, timeout: float = DEFAULT_STARTUP_TIMEOUT) -> None:
+        """Wait until the spawned server listens and ``/health`` answers."""
+        assert self._process is not None, "spawn() first"
+        ready = self._ready
         deadline = time.monotonic() + timeout
         while not ready.exists():
             if self._process.poll() is not None:
@@ -83,10 +108,11 @@ class SimulatorProcess:
                 self.stop()
                 raise SimulatorError(f"simulator not ready after {timeout}s:\n{self.log_tail()}")
             time.sleep(0.02)
-        base = ready.read_text().removesuffix("/v1")
-        self.url = base
-        self.port = int(base.rsplit(":", 1)[1])
-        httpx.get(self.url + "/health", timeout=timeout).raise_for_status()
+        self.urls = [line.removesuffix("/v1") for line in ready.read_text().split()]
+        self.url = self.urls[0]
+        self.port = int(self.url.rsplit(":", 1)[1])
+        for url in self.urls:
+            httpx.get(url + "/health", timeout=timeout).raise_for_status()
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL if it does not exit within ``timeout``."""
@@ -127,9 +153,48 @@ class SimulatorProcess:
         result: dict[str, Any] = r.json()
         return result
 
+    def outage(self, seconds: float, mode: str = "503") -> dict[str, Any]:
+        """Make the server unavailable for ``seconds`` (needs ``--enable-admin``).
+
+        ``mode="503"`` answers 503 everywhere but ``/metrics`` and
+        ``/admin/faults`` (``seconds=0`` ends it); ``mode="refuse"`` stops
+        listening and drops every connection, then listens again on the same
+        port. Returns the admin state, whose ``outage`` shows the new outage.
+        """
+        return self.set_faults(outage_mode=mode, outage_seconds=seconds)
+
     def metrics(self) -> str:
         """The ``/metrics`` text."""
         return httpx.get(self.url + "/metrics", timeout=10).text
+
+
+@contextlib.contextmanager
+def run_simulators(
+    n: int,
+    *args: str,
+    api_key: str | None = None,
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
+) -> Iterator[list[SimulatorProcess]]:
+    """Run ``n`` simulator processes, each on its own free port, for the ``with`` block.
+
+    They start in parallel and are all ready when the block starts; all are
+    stopped when it ends, whatever happened to them inside (a killed one is
+    simply not running). Each is a whole server with its own engine, so one can
+    be killed (:meth:`SimulatorProcess.kill`) and restarted on its port
+    (:meth:`SimulatorProcess.restart`) while the others serve.
+    """
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    sims = [SimulatorProcess(args, api_key=api_key) for _ in range(n)]
+    try:
+        for sim in sims:
+            sim.spawn()
+        for sim in sims:
+            sim.wait_ready(startup_timeout)
+        yield sims
+    finally:
+        for sim in sims:
+            sim.stop()
 
 
 @contextlib.contextmanager

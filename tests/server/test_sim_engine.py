@@ -116,7 +116,8 @@ async def test_chunked_prefill_respects_the_token_budget() -> None:
 @pytest.mark.anyio
 async def test_kv_cache_capacity_limits_admission() -> None:
     vt = VirtualTime()
-    engine = _engine(vt, max_model_len=100, kv_cache_tokens=200)
+    # 14 blocks of 16 tokens; each sequence needs ceil(100 / 16) = 7 of them.
+    engine = _engine(vt, max_model_len=100, kv_cache_tokens=224)
     group = Group()
     seen: set[int] = set()
     group.on_tokens = lambda seq, n: seen.add(engine.num_running)

@@ -4,97 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hmac
-import json
-import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from llmbatch_server.sim import metrics, tokenizer
+from llmbatch_server.sim import metrics
+from llmbatch_server.sim.admin import admin_faults
 from llmbatch_server.sim.config import SimConfig
-from llmbatch_server.sim.engine import Engine, Group, Overloaded, Sequence
-from llmbatch_server.sim.faults import Fault, FaultInjector
-from llmbatch_server.sim.requests import ApiError, Generation, parse
-from llmbatch_server.sim.responses import (
-    SSE_DONE,
-    CutResponse,
-    EventStream,
-    chunk,
-    completion_body,
-    dumps,
-    sse,
-    usage,
-    wait_or_disconnect,
-)
+from llmbatch_server.sim.embeddings import embeddings
+from llmbatch_server.sim.errors import ApiError
+from llmbatch_server.sim.generate import Parser, generate
+from llmbatch_server.sim.outage import OutageMiddleware
+from llmbatch_server.sim.requests import Generation, parse, parse_batch_chat, read_json
+from llmbatch_server.sim.simulator import Simulator
 
 VERSION = "0.32.0"
-
-
-class Simulator:
-    """One simulated server: engine, fault injector and the front-end queue."""
-
-    def __init__(self, config: SimConfig) -> None:
-        self.config = config
-        self.engine = Engine(config.limits, config.step)
-        self.faults = FaultInjector(config.faults, seed=config.seed)
-        self._frontend_free_at = 0.0
-        self.http_requests = 0
-
-    async def frontend(self, prompts: int) -> None:
-        """Model the API server's serial per-request work (fewer, larger requests win)."""
-        cost = self.config.step.frontend_seconds(prompts)
-        if cost <= 0:
-            return
-        now = time.monotonic()
-        self._frontend_free_at = max(self._frontend_free_at, now) + cost
-        delay = self._frontend_free_at - now
-        if delay > 0.0002:  # below this, sleeping costs more than it models
-            await asyncio.sleep(delay)
-
-    def sequences(self, gen: Generation, group: Group) -> list[Sequence]:
-        limit = self.config.limits.max_model_len
-        seed = self.config.seed if gen.seed is None else gen.seed
-        out = []
-        for p, (prompt, count) in enumerate(zip(gen.prompts, gen.prompt_tokens, strict=True)):
-            max_tokens = gen.max_tokens if gen.max_tokens is not None else limit - count
-            for j in range(gen.n):
-                out.append(_sequence(group, p * gen.n + j, prompt, count, max_tokens, gen, seed))
-        return out
-
-
-def _sequence(
-    group: Group, index: int, prompt: str, count: int, max_tokens: int, gen: Generation, seed: int
-) -> Sequence:
-    out_seed = tokenizer.output_seed(prompt, index, seed)
-    target, visible, reason, stop_reason = max_tokens, max_tokens, "length", None
-    if not gen.ignore_eos:
-        natural = max(tokenizer.natural_length(out_seed), gen.min_tokens)
-        if natural < max_tokens:
-            target, visible, reason = natural, natural, "stop"
-    if gen.stop:
-        for position in range(gen.min_tokens, target):
-            w = tokenizer.word(out_seed, position)
-            hit = next((s for s in gen.stop if s and s in w), None)
-            if hit is not None:
-                target, visible, reason, stop_reason = position + 1, position, "stop", hit
-                break
-    return Sequence(
-        group=group,
-        index=index,
-        prompt_tokens=count,
-        target=target,
-        visible=visible,
-        finish_reason=reason,
-        stop_reason=stop_reason,
-        seed=out_seed,
-    )
 
 
 def build_app(config: SimConfig) -> Starlette:
@@ -104,6 +36,7 @@ def build_app(config: SimConfig) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         task = asyncio.ensure_future(sim.engine.run())
+        sim.outage.schedule(config.outage)
         try:
             yield
         finally:
@@ -120,21 +53,53 @@ def build_app(config: SimConfig) -> Starlette:
             try:
                 return await handler(request)
             except ApiError as exc:
-                return JSONResponse(exc.body(), status_code=exc.status)
+                return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
         return endpoint
 
+    limits = config.limits
+
+    def parser(chat: bool) -> Parser:
+        def parse_body(body: dict[str, Any]) -> Generation:
+            return parse(
+                body,
+                chat=chat,
+                model=config.model,
+                max_model_len=limits.max_model_len,
+                poison=sim.faults.rates.poison,
+                counter=sim.counter,
+                keep_ids=limits.enable_prefix_caching,
+            )
+
+        return parse_body
+
+    def parse_batch(body: dict[str, Any]) -> Generation:
+        return parse_batch_chat(
+            body,
+            model=config.model,
+            max_model_len=limits.max_model_len,
+            poison=sim.faults.rates.poison,
+            counter=sim.counter,
+            keep_ids=limits.enable_prefix_caching,
+        )
+
     async def completions(request: Request) -> Response:
-        return await _generate(sim, request, chat=False)
+        return await generate(sim, request, parser(chat=False))
 
     async def chat_completions(request: Request) -> Response:
-        return await _generate(sim, request, chat=True)
+        return await generate(sim, request, parser(chat=True))
+
+    async def batch_chat_completions(request: Request) -> Response:
+        return await generate(sim, request, parse_batch, load_report=False)
+
+    async def embed(request: Request) -> Response:
+        return await embeddings(sim, request)
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [_model_card(config)]})
 
     async def tokenize(request: Request) -> Response:
-        body = await _json(request)
+        body = await read_json(request)
         chat = "messages" in body
         gen = parse(
             {**body, "max_tokens": 1, "stream": False},
@@ -142,24 +107,20 @@ def build_app(config: SimConfig) -> Starlette:
             model=config.model,
             max_model_len=config.limits.max_model_len + 1,
             poison=(),
+            counter=sim.counter,
+            keep_ids=True,
         )
-        ids = tokenizer.token_ids(gen.prompts[0])
+        assert gen.prompt_ids is not None
+        ids = gen.prompt_ids[0]
         return JSONResponse(
             {"count": len(ids), "max_model_len": config.limits.max_model_len, "tokens": ids}
         )
 
-    async def admin_faults(request: Request) -> Response:
-        if not config.enable_admin:
-            return JSONResponse({"detail": "Not Found"}, status_code=404)
-        if request.method == "POST":
-            changes = await _json(request)
-            try:
-                sim.faults.rates = sim.faults.rates.update(**changes)
-            except (TypeError, ValueError) as exc:
-                raise ApiError(400, str(exc)) from None
-        return JSONResponse(
-            {"rates": dataclasses.asdict(sim.faults.rates), "injected": sim.faults.injected}
-        )
+    async def faults(request: Request) -> Response:
+        return await admin_faults(sim, request)
+
+    async def load(request: Request) -> Response:
+        return JSONResponse({"server_load": sim.server_load})
 
     async def health(request: Request) -> Response:
         return Response(status_code=200)
@@ -175,38 +136,83 @@ def build_app(config: SimConfig) -> Starlette:
             running=engine.num_running,
             waiting=engine.num_waiting,
             kv_usage=engine.kv_usage,
+            prefix_queries=engine.kv.queries,
+            prefix_hits=engine.kv.hits,
         )
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     routes = [
         Route("/v1/completions", guarded(completions), methods=["POST"]),
         Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
+        *(
+            [Route("/v1/chat/completions/batch", guarded(batch_chat_completions), methods=["POST"])]
+            if config.chat_batch
+            else []
+        ),
+        Route("/v1/embeddings", guarded(embed), methods=["POST"]),
         Route("/v1/models", guarded(models), methods=["GET"]),
         Route("/tokenize", guarded(tokenize), methods=["POST"]),
-        Route("/admin/faults", guarded(admin_faults), methods=["GET", "POST"]),
+        Route("/admin/faults", guarded(faults), methods=["GET", "POST"]),
+        Route("/load", load, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/version", version, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error},
+        middleware=[
+            Middleware(OutageMiddleware, outage=sim.outage),
+            *([Middleware(LoadTracker, sim=sim)] if config.server_load_tracking else []),
+        ],
+    )
     app.state.simulator = sim
     return app
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    # FastAPI's body for unknown routes and methods, which vLLM inherits.
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+class LoadTracker:
+    """Counts requests in flight on the routes vLLM's ``load_aware_call`` wraps.
+
+    With ``--enable-server-load-tracking`` vLLM counts each such request from
+    arrival until its response (a stream: its last event) is sent, and serves
+    the count at ``GET /load``.
+    """
+
+    PATHS = frozenset(
+        {
+            "/v1/completions",
+            "/v1/chat/completions",
+            "/v1/chat/completions/batch",
+            "/v1/embeddings",
+        }
+    )
+
+    def __init__(self, app: ASGIApp, sim: Simulator) -> None:
+        self.app = app
+        self.sim = sim
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in self.PATHS:
+            await self.app(scope, receive, send)
+            return
+        self.sim.server_load += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.sim.server_load -= 1
 
 
 def _authorized(request: Request, key: str) -> bool:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), key.encode())
-
-
-async def _json(request: Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.body())
-    except ValueError:
-        raise ApiError(400, "request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object")
-    return body
 
 
 def _model_card(config: SimConfig) -> dict[str, Any]:
@@ -219,111 +225,3 @@ def _model_card(config: SimConfig) -> dict[str, Any]:
         "parent": None,
         "max_model_len": config.limits.max_model_len,
     }
-
-
-async def _generate(sim: Simulator, request: Request, *, chat: bool) -> Response:
-    sim.http_requests += 1
-    config = sim.config
-    body = await _json(request)
-    fault, delay = sim.faults.draw(stream=bool(body.get("stream")))
-    if delay:
-        await asyncio.sleep(delay)
-    if fault is Fault.ERROR_500:
-        raise ApiError(500, "simulated internal server error")
-    if fault is Fault.ERROR_429:
-        retry_after = f"{sim.faults.rates.retry_after:g}"
-        err = ApiError(429, "simulated rate limit; retry later")
-        return JSONResponse(err.body(), status_code=429, headers={"Retry-After": retry_after})
-    if fault is Fault.ERROR_503:
-        raise ApiError(503, "The server is overloaded (simulated); retry later")
-    gen = parse(
-        body,
-        chat=chat,
-        model=config.model,
-        max_model_len=config.limits.max_model_len,
-        poison=sim.faults.rates.poison,
-    )
-    await sim.frontend(len(gen.prompts))
-    request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-    prompt_tokens = sum(gen.prompt_tokens)
-    if gen.stream:
-        return _stream(
-            sim,
-            gen,
-            request_id,
-            prompt_tokens,
-            cut=fault is Fault.DROP,
-            error=fault is Fault.STREAM_ERROR,
-        )
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-
-    def on_done(group: Group) -> None:
-        if not done.done():
-            done.set_result(None)
-
-    group = Group(on_done=on_done)
-    sequences = sim.sequences(gen, group)
-    try:
-        sim.engine.add(group, sequences, gen.priority)
-    except Overloaded:
-        raise ApiError(503, "The server is overloaded: too many queued requests") from None
-    if not await wait_or_disconnect(done, request.receive):
-        sim.engine.abort(group)
-        return Response(status_code=499)
-    payload = completion_body(request_id, config.model, sequences, prompt_tokens, chat=chat)
-    response_cls = CutResponse if fault is Fault.DROP else Response
-    return response_cls(dumps(payload), media_type="application/json")
-
-
-def _stream(
-    sim: Simulator, gen: Generation, request_id: str, prompt_tokens: int, *, cut: bool, error: bool
-) -> Response:
-    model = sim.config.model
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-    sent: dict[int, int] = {}
-    total = 0
-    group = Group()
-
-    def on_tokens(seq: Sequence, generated: int) -> None:
-        nonlocal total
-        previous = sent.get(seq.index, 0)
-        piece = seq.text(previous, generated)
-        sent[seq.index] = generated
-        total += 1
-        queue.put_nowait(
-            sse(chunk(request_id, model, seq, piece, chat=gen.chat, first=previous == 0))
-        )
-        if error and total == 3:
-            queue.put_nowait(sse(ApiError(500, "simulated error during generation").body()))
-            queue.put_nowait(SSE_DONE)
-            queue.put_nowait(None)
-            sim.engine.abort(group)
-
-    def on_done(g: Group) -> None:
-        if gen.include_usage:
-            completion_tokens = sum(s.generated for s in g.sequences)
-            kind = "chat.completion.chunk" if gen.chat else "text_completion"
-            queue.put_nowait(
-                sse(
-                    {
-                        "id": request_id,
-                        "object": kind,
-                        "created": int(time.time()),
-                        "model": model,
-                        "choices": [],
-                        "usage": usage(prompt_tokens, completion_tokens),
-                    }
-                )
-            )
-        queue.put_nowait(SSE_DONE)
-        queue.put_nowait(None)
-
-    group.on_tokens = on_tokens
-    group.on_done = on_done
-    sequences = sim.sequences(gen, group)
-    try:
-        sim.engine.add(group, sequences, gen.priority)
-    except Overloaded:
-        raise ApiError(503, "The server is overloaded: too many queued requests") from None
-    return EventStream(queue, lambda: sim.engine.abort(group), cut=cut)

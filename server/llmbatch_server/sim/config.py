@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from llmbatch_server.launcher.profiles import PROFILES
+from llmbatch_server.sim.outage import OutagePlan
 
 #: Published decode throughput (tokens/s) by batch size that the defaults fit.
 REFERENCE_TABLE: dict[int, float] = {1: 45.0, 8: 248.0, 32: 587.0, 64: 743.0, 128: 821.0}
@@ -64,11 +65,21 @@ class EngineLimits:
     #: Past this many waiting requests the server answers 503 (None: unbounded).
     max_num_queued_reqs: int | None = None
     scheduling_policy: str = "fcfs"
+    #: Tokens per KV block (vLLM's ``--block-size``, 16 on GPUs).
+    block_size: int = 16
+    #: vLLM's automatic prefix caching (on by default in vLLM V1).
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError("scheduling_policy must be 'fcfs' or 'priority'")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_tokens"):
+        for name in (
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "kv_cache_tokens",
+            "block_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.kv_cache_tokens < self.max_model_len:
@@ -125,6 +136,23 @@ class SimConfig:
     api_key: str | None = None
     enable_admin: bool = False
     seed: int = 0
+    #: Serve ``POST /v1/chat/completions/batch`` (vLLM 0.19+); off emulates older servers.
+    chat_batch: bool = True
+    #: Count requests in flight for ``GET /load`` (vLLM's ``--enable-server-load-tracking``).
+    server_load_tracking: bool = False
+    #: Which of several replicas in one process (``--replicas``): their fault
+    #: draws differ, their answers do not (they serve the same model).
+    replica: int = 0
+    #: Length of the vectors ``/v1/embeddings`` returns.
+    embedding_dim: int = 384
+    #: A Hugging Face ``tokenizer.json`` for exact prompt counts (None: the estimate).
+    tokenizer: str | None = None
+    #: An outage to start by itself (``--outage-*`` flags).
+    outage: OutagePlan = field(default_factory=OutagePlan)
+
+    def __post_init__(self) -> None:
+        if self.embedding_dim < 1:
+            raise ValueError("embedding_dim must be >= 1")
 
     def __repr__(self) -> str:
         # The API key must never reach logs.

@@ -2,7 +2,8 @@
 
 Each step: every running sequence whose prompt is prefilled gets one token;
 waiting sequences join while ``max_num_seqs``, the per-step token budget
-(chunked prefill) and KV-cache capacity allow; the step lasts
+(chunked prefill) and KV-cache capacity (in blocks, with prefix caching: see
+:mod:`llmbatch_server.sim.prefix_cache`) allow; the step lasts
 ``StepModel.step_seconds``. Time comes from injectable ``clock``/``sleep``
 callables, so tests can run hours of modelled time instantly.
 
@@ -19,9 +20,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from llmbatch_server.sim import tokenizer
+from llmbatch_server.sim import output
 from llmbatch_server.sim.config import EngineLimits, StepModel
 from llmbatch_server.sim.metrics import EngineMetrics
+from llmbatch_server.sim.prefix_cache import BlockTable, KVCache
 
 
 class Overloaded(Exception):
@@ -35,11 +37,15 @@ class Sequence:
     group: Group
     index: int  # choice index within the group
     prompt_tokens: int
-    target: int  # tokens this sequence will generate (a matched stop word included)
+    #: Tokens this sequence will generate (a matched stop word included); 0 for
+    #: a pooling (embedding) request, which ends with its prefill.
+    target: int
     visible: int  # tokens that appear in the text (a matched stop word is not shown)
     finish_reason: str
     stop_reason: str | None
     seed: int
+    #: Chained hashes of the prompt's full KV blocks (empty: no prefix caching).
+    block_hashes: tuple[int, ...] = ()
     priority: int = 0
     arrival: float = 0.0
     prefilled: int = 0
@@ -47,6 +53,7 @@ class Sequence:
     scheduled_at: float | None = None
     first_token_at: float | None = None
     finished: bool = False
+    table: BlockTable | None = None  # its KV blocks, once admitted
 
     @property
     def kv_tokens(self) -> int:
@@ -54,7 +61,7 @@ class Sequence:
 
     def text(self, start: int = 0, stop: int | None = None) -> str:
         end = min(self.generated if stop is None else stop, self.visible)
-        return tokenizer.text(self.seed, start, end) if end > start else ""
+        return output.text(self.seed, start, end) if end > start else ""
 
 
 @dataclass(eq=False)
@@ -86,7 +93,11 @@ class Engine:
         self._sleep = sleep
         self._waiting: list[tuple[int, int, Sequence]] = []
         self._running: list[Sequence] = []
-        self._kv_used = 0
+        self.kv = KVCache(
+            -(-limits.kv_cache_tokens // limits.block_size),
+            limits.block_size,
+            caching=limits.enable_prefix_caching,
+        )
         self._counter = itertools.count()
         self._wake = asyncio.Event()
         self.steps = 0
@@ -104,7 +115,7 @@ class Engine:
 
     @property
     def kv_usage(self) -> float:
-        return self._kv_used / self.limits.kv_cache_tokens
+        return self.kv.usage
 
     def add(self, group: Group, sequences: list[Sequence], priority: int = 0) -> None:
         """Queue ``sequences`` for ``group``; raises Overloaded past the queue cap."""
@@ -130,11 +141,23 @@ class Engine:
         for seq in group.sequences:
             if not seq.finished:
                 seq.finished = True
-                if seq.scheduled_at is not None:
-                    self._kv_used -= seq.kv_tokens
+                if seq.table is not None:
+                    self.kv.release(seq.table)
         self._running = [s for s in self._running if not s.finished]
         self.metrics.aborted += 1
         # Waiting entries are dropped lazily when they reach the head of the queue.
+
+    def abort_all(self) -> None:
+        """Abort every request, running or waiting (a restarting server loses them)."""
+        groups = {seq.group for seq in self._running}
+        groups.update(entry[2].group for entry in self._waiting)
+        for group in groups:
+            self.abort(group)
+        self._waiting.clear()
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached block no sequence holds."""
+        self.kv.reset()
 
     async def run(self) -> None:
         """Step while there is work; sleep on an event while idle."""
@@ -168,6 +191,8 @@ class Engine:
                 seq.prefilled += chunk
                 prefill += chunk
                 budget -= chunk
+                assert seq.table is not None
+                self.kv.computed(seq.table, seq.prefilled)
             else:
                 budget -= 1
             batch.append(seq)
@@ -177,14 +202,18 @@ class Engine:
             if seq.finished:  # aborted while waiting
                 heapq.heappop(self._waiting)
                 continue
-            if self._kv_used + seq.kv_tokens > limits.kv_cache_tokens:
+            table = self.kv.admit(seq.block_hashes, seq.prompt_tokens, seq.kv_tokens)
+            if table is None:
                 break
             heapq.heappop(self._waiting)
-            self._kv_used += seq.kv_tokens
+            seq.table = table
             seq.scheduled_at = now
             self.metrics.queue_time.observe(now - seq.arrival)
-            chunk = min(seq.prompt_tokens, budget)
-            seq.prefilled = chunk
+            # Cached prefix blocks need no prefill: only the rest is computed.
+            seq.prefilled = len(table.cached) * self.kv.block_size
+            chunk = min(seq.prompt_tokens - seq.prefilled, budget)
+            seq.prefilled += chunk
+            self.kv.computed(table, seq.prefilled)
             prefill += chunk
             budget -= chunk
             self._running.append(seq)
@@ -198,22 +227,32 @@ class Engine:
         for seq in batch:
             if seq.finished or seq.prefilled < seq.prompt_tokens:
                 continue
-            if seq.generated == 0:
-                seq.first_token_at = now
-                metrics.ttft.observe(now - seq.arrival)
-                metrics.prompt_tokens += seq.prompt_tokens
-            seq.generated += 1
-            metrics.generation_tokens += 1
             group = seq.group
-            if seq.generated >= seq.target:
-                seq.finished = True
+            if seq.target == 0:
+                # A pooling (embedding) request is done once its prompt is in.
+                metrics.prompt_tokens += seq.prompt_tokens
+                self._finish(seq, now)
                 done = True
-                self._kv_used -= seq.kv_tokens
-                metrics.finish(seq.finish_reason, now - seq.arrival)
-                group.pending -= 1
-            if group.on_tokens is not None:
-                group.on_tokens(seq, seq.generated)
+            else:
+                if seq.generated == 0:
+                    seq.first_token_at = now
+                    metrics.ttft.observe(now - seq.arrival)
+                    metrics.prompt_tokens += seq.prompt_tokens
+                seq.generated += 1
+                metrics.generation_tokens += 1
+                if seq.generated >= seq.target:
+                    self._finish(seq, now)
+                    done = True
+                if group.on_tokens is not None:
+                    group.on_tokens(seq, seq.generated)
             if group.pending == 0 and group.on_done is not None and not group.aborted:
                 group.on_done(group)
         if done:
             self._running = [s for s in self._running if not s.finished]
+
+    def _finish(self, seq: Sequence, now: float) -> None:
+        seq.finished = True
+        assert seq.table is not None
+        self.kv.release(seq.table)
+        self.metrics.finish(seq.finish_reason, now - seq.arrival)
+        seq.group.pending -= 1

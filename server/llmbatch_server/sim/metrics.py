@@ -1,8 +1,10 @@
-"""Prometheus metrics under vLLM's names, rendered in the text exposition format."""
+"""Prometheus metrics under vLLM's names, rendered in the text exposition format,
+and the per-response load report vLLM attaches on request."""
 
 from __future__ import annotations
 
 import bisect
+import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -57,7 +59,14 @@ class EngineMetrics:
 
 
 def render(
-    metrics: EngineMetrics, *, model: str, running: int, waiting: int, kv_usage: float
+    metrics: EngineMetrics,
+    *,
+    model: str,
+    running: int,
+    waiting: int,
+    kv_usage: float,
+    prefix_queries: int = 0,
+    prefix_hits: int = 0,
 ) -> str:
     """The ``/metrics`` body."""
     labels = f'model_name="{model}"'
@@ -68,6 +77,11 @@ def render(
         f"vllm:num_requests_waiting{{{labels}}} {waiting}",
         "# TYPE vllm:kv_cache_usage_perc gauge",
         f"vllm:kv_cache_usage_perc{{{labels}}} {kv_usage}",
+        # vLLM's V1 names, in tokens (prometheus_client adds the _total).
+        "# TYPE vllm:prefix_cache_queries_total counter",
+        f"vllm:prefix_cache_queries_total{{{labels}}} {prefix_queries}",
+        "# TYPE vllm:prefix_cache_hits_total counter",
+        f"vllm:prefix_cache_hits_total{{{labels}}} {prefix_hits}",
         "# TYPE vllm:prompt_tokens_total counter",
         f"vllm:prompt_tokens_total{{{labels}}} {metrics.prompt_tokens}",
         "# TYPE vllm:generation_tokens_total counter",
@@ -85,3 +99,27 @@ def render(
         out.append(f"# TYPE {name} histogram")
         out.extend(hist.render(name, labels))
     return "\n".join(out) + "\n"
+
+
+#: Request header asking for a load report; its value is ``json`` or ``text``.
+LOAD_FORMAT_HEADER = "endpoint-load-metrics-format"
+#: Response header carrying the load report.
+LOAD_HEADER = "endpoint-load-metrics"
+
+
+def load_report(fmt: str, *, waiting: int, kv_usage: float) -> dict[str, str]:
+    """The ``endpoint-load-metrics`` header for a request that asked in format ``fmt``.
+
+    vLLM (``vllm/entrypoints/openai/orca_metrics.py``) writes an ORCA load report
+    from two of its Prometheus gauges, as floats, in registry order:
+    ``JSON {"named_metrics": {...}}`` (``json.dumps``' default separators) or
+    ``TEXT named_metrics.NAME=VALUE, ...``. Any other format gets no header.
+    """
+    named = {"num_requests_waiting": float(waiting), "kv_cache_usage_perc": float(kv_usage)}
+    kind = fmt.strip().lower()
+    if kind == "json":
+        return {LOAD_HEADER: "JSON " + json.dumps({"named_metrics": named})}
+    if kind == "text":
+        text = ", ".join(f"named_metrics.{name}={value}" for name, value in named.items())
+        return {LOAD_HEADER: "TEXT " + text}
+    return {}

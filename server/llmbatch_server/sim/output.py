@@ -1,18 +1,15 @@
-"""The simulator's tokenizer and its deterministic "model output".
+"""The simulator's deterministic "model output".
 
-A token is a run of word characters or one punctuation mark, plus one BOS token
-per prompt, so counts are exact and cheap. Generated text is a sequence of words
-drawn deterministically from the prompt, the choice index and the seed: each
-generated word is exactly one token, so ``usage`` always matches the text.
+Generated text is a sequence of words drawn deterministically from the prompt,
+the sample number and the seed: each generated word counts as exactly one
+token, so ``usage`` always matches the text. (Prompt tokens are counted in
+:mod:`llmbatch_server.sim.counting`.)
 """
 
 from __future__ import annotations
 
-import re
 import zlib
 from collections.abc import Sequence
-
-_TOKEN = re.compile(r"\w+|[^\w\s]")
 
 VOCAB: Sequence[str] = tuple(
     [
@@ -118,18 +115,6 @@ VOCAB: Sequence[str] = tuple(
         "some",
     ]
 )
-VOCAB_SIZE = 32000  # ids reported by /tokenize, like a Llama vocabulary
-_BOS_ID = 1
-
-
-def count_tokens(text: str) -> int:
-    """Tokens in ``text`` as a prompt: one BOS plus one per word or punctuation mark."""
-    return 1 + len(_TOKEN.findall(text))
-
-
-def token_ids(text: str) -> list[int]:
-    """Stable ids for ``/tokenize`` (BOS first)."""
-    return [_BOS_ID] + [2 + zlib.crc32(t.encode()) % (VOCAB_SIZE - 2) for t in _TOKEN.findall(text)]
 
 
 def output_seed(prompt_key: str, choice: int, seed: int) -> int:
