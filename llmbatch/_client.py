@@ -422,7 +422,7 @@ class Client:
         """Answer one conversation (``[{"role": "user", "content": "hi"}]``).
 
         Conversations that arrive together go to the server as one
-        ``/v1/chat/completions/batch`` request where it has that route (vLLM 0.32+),
+        ``/v1/chat/completions/batch`` request where it has that route (vLLM 0.19+),
         else one request each.
         """
         submitter = self._open()

@@ -74,6 +74,8 @@ _CHAT_BATCH_UNSUPPORTED = frozenset({"tools", "tool_choice", "functions", "funct
 #: "... your request has 5000 input tokens ...".
 _TOO_LONG = re.compile(r"maximum context length is (\d+)")
 _INPUT_TOKENS = re.compile(r"(\d+) in the messages|has (\d+) input tokens")
+#: vLLM refuses a non-zero ``priority`` unless it runs ``--scheduling-policy priority``.
+_PRIORITY_REFUSED = re.compile(r"priority scheduling is not enabled", re.IGNORECASE)
 #: Tokens a tokenizer may add beyond one per byte (BOS, chat template markers).
 TOKEN_OVERHEAD = 16
 #: A generation shorter than this says little about the server's step time.
@@ -148,12 +150,28 @@ class Dispatcher:
             self._requeue(live)
             return
         except BadRequestError as exc:
+            if self._priority_refused(exc, live):
+                await self._complete(live)
+                return
             await self._split(live, exc, self._complete)
             return
         except RequestError as exc:
             self._fail_all(live, exc)
             return
         self._deliver(live, answers)
+
+    def _priority_refused(self, error: BadRequestError, requests: Sequence[Request]) -> bool:
+        """The server refused the ``priority`` field (vLLM on ``fcfs``): stop sending it
+        there and resend."""
+        if self._rank(requests) is None or not _PRIORITY_REFUSED.search(error.message):
+            return False
+        logger.warning(
+            "%s refuses the priority field (%s); sending tiers without it from now on",
+            self.endpoint.base_url,
+            error.message,
+        )
+        self._priority_scheduling = False
+        return True
 
     async def _split(
         self,
@@ -214,7 +232,7 @@ class Dispatcher:
                 tg.start_soon(self._chat_one, request)
 
     async def _chat_batch(self, requests: list[Request]) -> None:
-        """Several conversations in one /chat/completions/batch request (vLLM 0.32+)."""
+        """Several conversations in one /chat/completions/batch request (vLLM 0.19+)."""
         body = chat_batch_body(requests, self._rank(requests))
         try:
             content = await self._with_retries(
@@ -236,6 +254,9 @@ class Dispatcher:
                     tg.start_soon(self._chat_one, request)
             return
         except BadRequestError as exc:
+            if self._priority_refused(exc, requests):
+                await self._chat(requests)
+                return
             await self._split(requests, exc, self._chat)
             return
         except RequestError as exc:
@@ -257,6 +278,9 @@ class Dispatcher:
             self._requeue([request])
             return
         except BadRequestError as exc:
+            if self._priority_refused(exc, [request]):
+                await self._chat_one(request)
+                return
             await self._split([request], exc, self._chat)
             return
         except RequestError as exc:

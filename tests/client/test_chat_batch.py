@@ -99,3 +99,32 @@ async def test_calls_the_batch_route_cannot_take_go_one_by_one() -> None:
                     lambda t=text: c.chat(convo(t), max_tokens=4, tools=[{"type": "function"}])
                 )
     assert fake.paths == ["/chat/completions", "/chat/completions"]
+
+
+async def test_a_server_refusing_the_priority_field_is_sent_none_from_then_on() -> None:
+    """vLLM on --scheduling-policy fcfs refuses a non-zero priority with a 400."""
+    fake = FakeServer()
+
+    def fcfs(body: dict[str, Any]) -> MockResponse | None:
+        if body.get("priority"):
+            return MockResponse(
+                status=400,
+                json={
+                    "error": {
+                        "message": "Got priority 1 but Priority scheduling is not enabled.",
+                        "code": 400,
+                    }
+                },
+            )
+        return None
+
+    fake.intercept = fcfs
+    async with Client(
+        "http://127.0.0.1:1/v1", transport=MockTransport(fake), priority_scheduling=True
+    ) as c:
+        first = await c.complete("a")
+        second = await c.chat(convo("b"))
+        stats = c.stats()
+    assert (first.text, second.text) == ("echo:a:0", "re:b")
+    assert [b.get("priority") for b in fake.bodies] == [1, None, None]
+    assert stats.bisections == 0
