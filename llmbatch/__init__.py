@@ -52,7 +52,7 @@ from llmbatch._exceptions import (
 )
 from llmbatch._models import ChatCompletion, ChatMessage, Choice, Completion, Result, Timings, Usage
 from llmbatch._progress import MapProgress, ProgressBar
-from llmbatch._stats import Percentiles, Stats, TierStats
+from llmbatch._stats import Percentiles, ServerStats, Stats, TierStats
 from llmbatch._version import __version__
 
 __all__ = [
@@ -99,6 +99,7 @@ __all__ = [
     "ServerError",
     "ServerInfoError",
     "ServerOutageError",
+    "ServerStats",
     "ServiceUnavailableError",
     "Stats",
     "TierStats",

@@ -48,6 +48,7 @@ from llmbatch._models import ChatCompletion, Completion, Delivery, make_answer
 from llmbatch._request import Flight, Request
 from llmbatch._stats import StatsRecorder
 from llmbatch._transports.base import HTTPRequest, HTTPResponse
+from llmbatch._validate import TOKEN_OVERHEAD, input_bytes
 from llmbatch._wire import (
     Answers,
     StreamDecoder,
@@ -61,7 +62,7 @@ from llmbatch._wire import (
     split_usage,
 )
 
-__all__ = ["Dispatcher", "input_bytes"]
+__all__ = ["Dispatcher"]
 
 logger = logging.getLogger("llmbatch")
 
@@ -76,28 +77,12 @@ _TOO_LONG = re.compile(r"maximum context length is (\d+)")
 _INPUT_TOKENS = re.compile(r"(\d+) in the messages|has (\d+) input tokens")
 #: vLLM refuses a non-zero ``priority`` unless it runs ``--scheduling-policy priority``.
 _PRIORITY_REFUSED = re.compile(r"priority scheduling is not enabled", re.IGNORECASE)
-#: Tokens a tokenizer may add beyond one per byte (BOS, chat template markers).
-TOKEN_OVERHEAD = 16
 #: A generation shorter than this says little about the server's step time.
 _MIN_TOKENS_FOR_STEP_SAMPLE = 4
 
 
 class _Unavailable(Exception):
     """The server is down and worth waiting for: the requests go back to the queue."""
-
-
-def input_bytes(request: Request) -> int:
-    """A prompt's or conversation's size in UTF-8 bytes: no tokenizer makes more
-    tokens than bytes (plus a few special tokens)."""
-    if request.prompt is not None:
-        prompt = request.prompt
-        return len(prompt) if prompt.isascii() else len(prompt.encode("utf-8"))
-    total = 0
-    for message in request.messages or ():
-        content = message.get("content")
-        if isinstance(content, str):
-            total += len(content.encode("utf-8")) + 8  # per-message template markers
-    return total
 
 
 class Dispatcher:
@@ -192,7 +177,7 @@ class Dispatcher:
         self._stats.bisections += 1
         parts = _suspect_parts(requests, error.message) if too_long else None
         if parts is None:
-            ordered = sorted(requests, key=input_bytes, reverse=True)
+            ordered = sorted(requests, key=_size, reverse=True)
             middle = len(ordered) // 2
             parts = [ordered[:middle], ordered[middle:]]
         logger.info(
@@ -509,8 +494,12 @@ def _suspect_parts(requests: list[Request], message: str) -> list[list[Request]]
     if match is None:
         return None
     tokens = int(match.group(1) or match.group(2))
-    suspects = [r for r in requests if input_bytes(r) + TOKEN_OVERHEAD >= tokens]
+    suspects = [r for r in requests if _size(r) + TOKEN_OVERHEAD >= tokens]
     if not suspects or len(suspects) == len(requests):
         return None
-    rest = [r for r in requests if input_bytes(r) + TOKEN_OVERHEAD < tokens]
+    rest = [r for r in requests if _size(r) + TOKEN_OVERHEAD < tokens]
     return [rest, *([s] for s in suspects)]
+
+
+def _size(request: Request) -> int:
+    return input_bytes(request.prompt, request.messages)

@@ -31,7 +31,7 @@ from llmbatch._exceptions import (
 )
 from llmbatch._request import Flight, Request
 from llmbatch._scheduler import Batch, Scheduler
-from llmbatch._stats import Stats, StatsRecorder
+from llmbatch._stats import ServerStats, Stats, StatsRecorder
 
 __all__ = ["Engine"]
 
@@ -67,6 +67,7 @@ class Engine:
         self.endpoint = endpoint
         scheduler.set_bulk_limit(endpoint.controller.limit)
         self._probing = False
+        self._isolating = False
         # Events are made only when someone is about to wait on them: a lone request
         # passes through here several times, and each anyio.Event costs.
         self._woken = False
@@ -147,6 +148,9 @@ class Engine:
                 if breaker.probe_due(now) and not self._probing:
                     self._probing = True
                     tg.start_soon(self._probe)
+            if endpoint.length_risk and not self._isolating:
+                self._isolating = True
+                scheduler.isolate_risky()
             trial = breaker.state is BreakerState.HALF_OPEN
             poll = scheduler.poll(
                 now,
@@ -330,10 +334,28 @@ class Engine:
             )
 
     def snapshot(self) -> Stats:
+        endpoint = self.endpoint
+        control = endpoint.controller.state()
+        breaker = endpoint.breaker
+        server = ServerStats(
+            base_url=endpoint.base_url,
+            bulk_limit=self._scheduler.bulk_limit,
+            ceiling=control.ceiling,
+            realtime_reserve=control.realtime_reserve,
+            step_time=control.step_time,
+            ttft=control.ttft,
+            waiting=control.server_waiting,
+            kv_cache_usage=control.kv_cache_usage,
+            slo_met=control.slo_met,
+            slo_missed=control.slo_missed,
+            breaker=breaker.state.value,
+            outages=breaker.opened,
+        )
         return self._stats.snapshot(
             self._now(),
             {p: self._scheduler.queued(p) for p in Priority},
             dict(self._scheduler.in_flight_by_tier),
+            server,
         )
 
     def _signal_progress(self) -> None:

@@ -100,10 +100,11 @@ _GAUGES = {
     "vllm:gpu_cache_usage_perc": "kv",
 }
 _HISTOGRAMS = {
+    # vLLM exports inter-token latencies under two names; the newer wins when both are.
+    "vllm:inter_token_latency_seconds_sum": "itl_sum",
+    "vllm:inter_token_latency_seconds_count": "itl_count",
     "vllm:time_per_output_token_seconds_sum": "tpot_sum",
     "vllm:time_per_output_token_seconds_count": "tpot_count",
-    "vllm:inter_token_latency_seconds_sum": "tpot_sum",
-    "vllm:inter_token_latency_seconds_count": "tpot_count",
     "vllm:time_to_first_token_seconds_sum": "ttft_sum",
     "vllm:time_to_first_token_seconds_count": "ttft_count",
 }
@@ -132,6 +133,8 @@ def parse_metrics(text: str) -> MetricsSample | None:
             found[key] = found.get(key, 0.0) + value
     if not found:
         return None
+    if "itl_count" in found:
+        found["tpot_sum"], found["tpot_count"] = found.get("itl_sum", 0.0), found["itl_count"]
     waiting, running = found.get("waiting"), found.get("running")
     return MetricsSample(
         load=Load(

@@ -117,6 +117,7 @@ class Request:
         "index",
         "messages",
         "metadata",
+        "might_not_fit",
         "priority",
         "prompt",
         "retried",
@@ -163,10 +164,18 @@ class Request:
         self.abandoned = False
         """The caller stopped waiting (cancelled or deadline); drop its result."""
         self.flight: Flight | None = None
+        self.might_not_fit = False
+        """Its input has enough bytes that it might exceed the server's context length
+        (no tokenizer makes more tokens than bytes): such requests travel alone once
+        the server has refused one as too long."""
         self.index = 0
         """A map item's position in the inputs."""
         self.metadata: object = None
         """A map item's metadata, handed back in its Result."""
+
+    def travel_alone(self) -> None:
+        """Join a queue group of its own, so it is sent in a batch of one."""
+        self.group_key = f"{self.spec.compat_key}\x00alone\x00{self.seq}"
 
     @property
     def id(self) -> str:

@@ -184,6 +184,29 @@ class _Tier:
             self.size += 1
             request.state = _QUEUED
 
+    def isolate(self) -> None:
+        """Move queued requests that might not fit the context into groups of their own.
+
+        The groups they leave are rebuilt rather than lazily skipped: lazy removal
+        tells a dead entry by its state, and these stay queued (elsewhere)."""
+        for key, group in list(self.groups.items()):
+            moved = [r for r in group.items if r.state == _QUEUED and r.might_not_fit]
+            if not moved:
+                continue
+            group.items = deque(
+                r for r in group.items if r.state == _QUEUED and not r.might_not_fit
+            )
+            group.live = len(group.items)
+            group.tokens = sum(r.est_tokens for r in group.items)
+            if not group.live:
+                del self.groups[key]
+            for request in moved:
+                request.travel_alone()
+                alone = self.groups[request.group_key] = _Group()
+                alone.items.append(request)
+                alone.live = 1
+                alone.tokens = request.est_tokens  # (its batch timer keeps running)
+
     def unqueue(self, request: Request) -> None:
         """Take a queued request out (lazily: its group skips it later)."""
         key = request.group_key
@@ -257,6 +280,8 @@ class Scheduler:
             if rate_limit.tokens_per_minute:
                 rate = rate_limit.tokens_per_minute / 60.0
                 self._token_bucket = TokenBucket(rate, rate)
+        self._isolating = False
+        """The server refused a prompt as too long: requests that might not fit go alone."""
         self._planned: float | None = None
         """The last poll's next wake-up: an add that needs an earlier one asks for a poll."""
 
@@ -286,6 +311,8 @@ class Scheduler:
         planned wake-up covers it, which spares the driver a poll per request.
         """
         tier = self._tiers[request.priority]
+        if self._isolating and request.might_not_fit:
+            request.travel_alone()
         due = False
         if request.deadline is not None:
             self._track_deadline(request)
@@ -379,12 +406,27 @@ class Scheduler:
         share = sequences / limits.max_in_flight
         self._bulk_token_cap = max(1, int(limits.max_in_flight_tokens * share))
 
+    def isolate_risky(self) -> None:
+        """The server refused a prompt as too long: from now on, requests that might not
+        fit (queued, waiting, requeued or new) are sent alone, so none can fail a whole
+        batch again."""
+        self._isolating = True
+        for tier in self._tiers.values():
+            tier.isolate()
+            for request in tier.waiting:
+                if request.state == _WAITING and request.might_not_fit:
+                    request.travel_alone()
+
     def requeue(self, requests: tuple[Request, ...] | list[Request]) -> None:
         """In-flight requests whose exchange met an outage go back to the head of
         their queues, to be sent when the server is back (nothing is lost)."""
         live = [r for r in requests if r.state == _IN_FLIGHT and not r.done]
         for request in requests:
             self.finish(request)
+        if self._isolating:
+            for request in live:
+                if request.might_not_fit:
+                    request.travel_alone()
         by_tier: dict[Priority, list[Request]] = {}
         for request in live:
             by_tier.setdefault(request.priority, []).append(request)

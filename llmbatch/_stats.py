@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from llmbatch._request import Request
     from llmbatch._scheduler import Batch
 
-__all__ = ["Percentiles", "Stats", "StatsRecorder", "TierStats"]
+__all__ = ["Percentiles", "ServerStats", "Stats", "StatsRecorder", "TierStats"]
 
 #: Latency samples kept per tier for percentiles (a sliding window, bounded memory).
 SAMPLE_WINDOW = 8192
@@ -61,6 +61,34 @@ class TierStats(_Frozen):
     """From the call until the answer was complete (successful requests)."""
 
 
+class ServerStats(_Frozen):
+    """What the client knows and decides about one server (closed-loop admission)."""
+
+    base_url: str
+    bulk_limit: int
+    """Sequences normal and batch work may have in flight there now (the admission
+    controller's limit, realtime's reserve left out)."""
+    ceiling: int
+    """``Limits.max_in_flight``: no limit exceeds it."""
+    realtime_reserve: int
+    """Seats kept free for realtime now (follows recent realtime use)."""
+    step_time: float | None
+    """Observed time per output token on the server, seconds (None until measured)."""
+    ttft: float | None
+    """Observed realtime time to first token, seconds (None until measured)."""
+    waiting: int | None
+    """Requests in the server's own queue at its last report."""
+    kv_cache_usage: float | None
+    """The server's KV-cache use at its last report, 0 to 1."""
+    slo_met: int
+    """Realtime answers within ``Client(slo=...)``."""
+    slo_missed: int
+    breaker: str
+    """``"closed"`` (sending), ``"open"`` (waiting out an outage) or ``"half_open"``."""
+    outages: int
+    """How many times the server became unavailable and requests waited for it."""
+
+
 class Stats(_Frozen):
     """An immutable snapshot of a client's activity (``client.stats()``)."""
 
@@ -79,6 +107,8 @@ class Stats(_Frozen):
     """Seconds since the client opened."""
     tokens_per_second: float
     """Completion tokens per second of uptime."""
+    server: ServerStats | None = None
+    """The server's admission state (None before the client opened)."""
 
 
 def _percentiles(samples: deque[float]) -> Percentiles:
@@ -152,7 +182,11 @@ class StatsRecorder:
         return True
 
     def snapshot(
-        self, now: float, queued: Mapping[Priority, int], in_flight: Mapping[Priority, int]
+        self,
+        now: float,
+        queued: Mapping[Priority, int],
+        in_flight: Mapping[Priority, int],
+        server: ServerStats | None = None,
     ) -> Stats:
         uptime = max(0.0, now - self._started_at)
         return Stats(
@@ -177,4 +211,5 @@ class StatsRecorder:
             completion_tokens=self.completion_tokens,
             uptime=uptime,
             tokens_per_second=self.completion_tokens / uptime if uptime > 0 else 0.0,
+            server=server,
         )

@@ -14,9 +14,19 @@ from typing import Any
 from llmbatch._clock import Clock
 from llmbatch._engine import Engine
 from llmbatch._request import CallSpec, Kind, Request
-from llmbatch._validate import SpecCache, check_messages, check_prompt
+from llmbatch._validate import (
+    TOKEN_OVERHEAD,
+    SpecCache,
+    check_messages,
+    check_prompt,
+    input_bytes,
+)
 
 __all__ = ["Submitter"]
+
+#: A typical tokenizer's bytes per token on English text (a rough estimate, used only
+#: to decide whether a long prompt goes alone).
+BYTES_PER_TOKEN = 4
 
 
 class Submitter:
@@ -50,11 +60,23 @@ class Submitter:
 
     def request(self, spec: CallSpec, payload: object) -> Request:
         """One request for a prompt (``spec.kind == "completion"``) or a conversation."""
+        max_model_len = self.specs.max_model_len
         if spec.kind == "completion":
-            est_tokens = check_prompt(payload, spec, self.specs.max_model_len)
-            return Request(spec, payload, None, est_tokens, self.now())  # type: ignore[arg-type]
-        messages, est_tokens = check_messages(payload, spec)
-        return Request(spec, None, messages, est_tokens, self.now())
+            est_tokens = check_prompt(payload, spec, max_model_len)
+            request = Request(spec, payload, None, est_tokens, self.now())  # type: ignore[arg-type]
+        else:
+            messages, est_tokens = check_messages(payload, spec)
+            request = Request(spec, None, messages, est_tokens, self.now())
+        if max_model_len is not None:
+            size = input_bytes(request.prompt, request.messages)
+            if size + TOKEN_OVERHEAD + spec.max_tokens > max_model_len:
+                request.might_not_fit = True
+                if size // BYTES_PER_TOKEN + spec.max_tokens > max_model_len:
+                    # Likely too long by the usual ~4 bytes a token: alone from the
+                    # start, so it cannot fail a batch. (Longer prompts that probably
+                    # fit still batch, until the server refuses one as too long.)
+                    request.travel_alone()
+        return request
 
     async def wait(self, request: Request) -> None:
         """Return once ``request`` is settled."""

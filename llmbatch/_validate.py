@@ -21,10 +21,12 @@ from llmbatch._request import CallSpec, Kind
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
+    "TOKEN_OVERHEAD",
     "SpecCache",
     "check_messages",
     "check_prompt",
     "estimate_tokens",
+    "input_bytes",
     "validate_options",
 ]
 
@@ -32,6 +34,8 @@ __all__ = [
 #: /v1/completions is 16; chat has none, so budget a typical answer).
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 512}
 _CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
+#: Tokens a tokenizer may add beyond one per byte (BOS, chat template markers).
+TOKEN_OVERHEAD = 16
 #: Set by llmbatch itself; a caller passing them would break batching.
 _RESERVED = ("prompt", "messages", "model", "stream", "stream_options", "priority")
 
@@ -213,6 +217,19 @@ def check_prompt(prompt: object, spec: CallSpec, max_model_len: int | None) -> i
                 "prompt",
             )
     return spec.n * (len(prompt) // 4 + 1 + spec.max_tokens)
+
+
+def input_bytes(prompt: str | None, messages: tuple[Mapping[str, Any], ...] | None) -> int:
+    """A prompt's or conversation's size in UTF-8 bytes: no tokenizer makes more
+    tokens than bytes (plus a few special tokens), so it bounds the token count."""
+    if prompt is not None:
+        return len(prompt) if prompt.isascii() else len(prompt.encode("utf-8"))
+    total = 0
+    for message in messages or ():
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content.encode("utf-8")) + 8  # per-message template markers
+    return total
 
 
 def _check_text(value: object, name: str) -> str:

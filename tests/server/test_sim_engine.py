@@ -183,3 +183,18 @@ def test_queue_cap_raises_overloaded() -> None:
 def test_fewer_larger_requests_cost_the_front_end_less() -> None:
     step = StepModel()
     assert 64 * step.frontend_seconds(1) > 3 * step.frontend_seconds(64)
+
+
+@pytest.mark.anyio
+async def test_inter_token_latency_is_the_step_time_of_the_running_batch() -> None:
+    """vllm:inter_token_latency_seconds (and its older name) measure what a client's
+    admission controller needs: the step time at the running batch size."""
+    vt = VirtualTime()
+    engine = _engine(vt, max_num_seqs=256)
+    group = Group()
+    engine.add(group, _seqs(group, 32, prompt=16, target=20))
+    await _run_until(engine, lambda: group.pending == 0)
+    histogram = engine.metrics.inter_token
+    assert histogram.count == 32 * 19  # every token after each sequence's first
+    decode_step = StepModel().step_seconds(32, 0)
+    assert histogram.total / histogram.count == pytest.approx(decode_step, rel=1e-6)

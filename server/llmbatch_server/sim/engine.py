@@ -52,6 +52,7 @@ class Sequence:
     generated: int = 0
     scheduled_at: float | None = None
     first_token_at: float | None = None
+    last_token_at: float | None = None
     finished: bool = False
     table: BlockTable | None = None  # its KV blocks, once admitted
 
@@ -224,6 +225,9 @@ class Engine:
         now = self._clock()
         done = False
         metrics = self.metrics
+        # Inter-token latencies of this step, grouped: sequences decoding together
+        # mostly share one, and a histogram update per token would cost a bisect each.
+        gaps: dict[float, int] = {}
         for seq in batch:
             if seq.finished or seq.prefilled < seq.prompt_tokens:
                 continue
@@ -238,6 +242,10 @@ class Engine:
                     seq.first_token_at = now
                     metrics.ttft.observe(now - seq.arrival)
                     metrics.prompt_tokens += seq.prompt_tokens
+                elif seq.last_token_at is not None:
+                    gap = now - seq.last_token_at
+                    gaps[gap] = gaps.get(gap, 0) + 1
+                seq.last_token_at = now
                 seq.generated += 1
                 metrics.generation_tokens += 1
                 if seq.generated >= seq.target:
@@ -247,6 +255,8 @@ class Engine:
                     group.on_tokens(seq, seq.generated)
             if group.pending == 0 and group.on_done is not None and not group.aborted:
                 group.on_done(group)
+        for gap, count in gaps.items():
+            metrics.inter_token.observe(gap, count)
         if done:
             self._running = [s for s in self._running if not s.finished]
 

@@ -24,10 +24,11 @@ class Histogram:
     def __post_init__(self) -> None:
         self.counts = [0] * (len(self.buckets) + 1)
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.total += value
-        self.count += 1
+    def observe(self, value: float, times: int = 1) -> None:
+        """Record ``value``, ``times`` times."""
+        self.counts[bisect.bisect_left(self.buckets, value)] += times
+        self.total += value * times
+        self.count += times
 
     def render(self, name: str, labels: str) -> list[str]:
         lines = []
@@ -52,6 +53,8 @@ class EngineMetrics:
     e2e: Histogram = field(default_factory=Histogram)
     ttft: Histogram = field(default_factory=Histogram)
     queue_time: Histogram = field(default_factory=Histogram)
+    inter_token: Histogram = field(default_factory=Histogram)
+    """The time between two output tokens of a sequence (vLLM observes it per token)."""
 
     def finish(self, reason: str, e2e_seconds: float) -> None:
         self.success[reason] += 1
@@ -94,6 +97,10 @@ def render(
     for name, hist in (
         ("vllm:e2e_request_latency_seconds", metrics.e2e),
         ("vllm:time_to_first_token_seconds", metrics.ttft),
+        # vLLM exports the same inter-token latencies under both names (the older
+        # time_per_output_token is kept for dashboards).
+        ("vllm:inter_token_latency_seconds", metrics.inter_token),
+        ("vllm:time_per_output_token_seconds", metrics.inter_token),
         ("vllm:request_queue_time_seconds", metrics.queue_time),
     ):
         out.append(f"# TYPE {name} histogram")
