@@ -50,7 +50,18 @@ from llmbatch._exceptions import (
     TransportError,
     WriteTimeout,
 )
-from llmbatch._models import ChatCompletion, ChatMessage, Choice, Completion, Result, Timings, Usage
+from llmbatch._models import (
+    ChatChoice,
+    ChatCompletion,
+    ChatMessage,
+    Choice,
+    Completion,
+    FunctionCall,
+    Result,
+    Timings,
+    ToolCall,
+    Usage,
+)
 from llmbatch._progress import MapProgress, ProgressBar
 from llmbatch._stats import Percentiles, ServerStats, Stats, TierStats
 from llmbatch._version import __version__
@@ -65,6 +76,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "BatchPolicy",
+    "ChatChoice",
     "ChatCompletion",
     "ChatMessage",
     "Choice",
@@ -76,6 +88,7 @@ __all__ = [
     "ConnectError",
     "ConnectTimeout",
     "DeadlineExceeded",
+    "FunctionCall",
     "InvalidRequestError",
     "InvalidTypeError",
     "LLMBatchError",
@@ -106,6 +119,7 @@ __all__ = [
     "Timeout",
     "TimeoutException",
     "Timings",
+    "ToolCall",
     "TransportError",
     "Usage",
     "WriteTimeout",

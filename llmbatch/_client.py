@@ -47,6 +47,7 @@ from llmbatch._exceptions import (
     ConfigError,
     ConfigTypeError,
     InvalidRequestError,
+    InvalidTypeError,
     RequestError,
     ServerInfoError,
 )
@@ -394,18 +395,34 @@ class Client:
         max_tokens: int | None = None,
         timeout: float | None = None,
         nowait: bool = False,
+        model: str | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str] | None = None,
         **params: Any,
     ) -> Completion:
         """Complete one prompt; batched with compatible prompts of the same tier.
 
-        Sampling parameters (``temperature``, ``top_p``, ``stop``, ``n``, ``seed``, ...)
-        are keyword arguments; unknown ones go to the server as they are.
-        ``timeout`` bounds the whole request, queueing included
-        (:class:`DeadlineExceeded`). ``nowait=True`` raises :class:`QueueFull` instead
-        of waiting when the tier's queue is full.
+        Sampling parameters are keyword arguments: the OpenAI completions API's
+        (``temperature``, ``top_p``, ``stop``, ``n``, ``seed``, ``logprobs``, ...) and
+        vLLM's extra ones (``top_k``, ``min_p``, ``ignore_eos``, ...); any other
+        keyword is a ``TypeError``, as in openai-python. ``extra_body``,
+        ``extra_headers`` and ``extra_query`` go to the server as they are.
+        ``model`` overrides the client's model for this call. ``timeout`` bounds the
+        whole request, queueing included (:class:`DeadlineExceeded`). ``nowait=True``
+        raises :class:`QueueFull` instead of waiting when the tier's queue is full.
         """
         submitter = self._open()
-        spec = submitter.spec("completion", priority, max_tokens, timeout, params)
+        spec = submitter.spec(
+            "completion",
+            priority,
+            max_tokens,
+            timeout,
+            params,
+            model=model,
+            method="complete",
+            extras=_extras(extra_body, extra_headers, extra_query),
+        )
         value: Completion = await submitter.call(submitter.request(spec, prompt), nowait=nowait)
         return value
 
@@ -417,16 +434,32 @@ class Client:
         max_tokens: int | None = None,
         timeout: float | None = None,
         nowait: bool = False,
+        model: str | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str] | None = None,
         **params: Any,
     ) -> ChatCompletion:
         """Answer one conversation (``[{"role": "user", "content": "hi"}]``).
 
-        Conversations that arrive together go to the server as one
-        ``/v1/chat/completions/batch`` request where it has that route (vLLM 0.19+),
-        else one request each.
+        Parameters as for :meth:`complete`, from the OpenAI chat API (``tools``,
+        ``tool_choice``, ``response_format``, ``n``, ``logprobs``, ``top_logprobs``,
+        ``max_completion_tokens``, ...) and vLLM's extras. Conversations that arrive
+        together go to the server as one ``/v1/chat/completions/batch`` request
+        where it has that route (vLLM 0.19+) and the call allows it, else one
+        request each.
         """
         submitter = self._open()
-        spec = submitter.spec("chat", priority, max_tokens, timeout, params)
+        spec = submitter.spec(
+            "chat",
+            priority,
+            max_tokens,
+            timeout,
+            params,
+            model=model,
+            method="chat",
+            extras=_extras(extra_body, extra_headers, extra_query),
+        )
         value: ChatCompletion = await submitter.call(
             submitter.request(spec, messages), nowait=nowait
         )
@@ -439,16 +472,34 @@ class Client:
         priority: PriorityLike = "realtime",
         max_tokens: int | None = None,
         timeout: float | None = None,
+        model: str | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str] | None = None,
+        stream_options: Mapping[str, Any] | None = None,
         **params: Any,
     ) -> AsyncIterator[str]:
         """Yield text deltas as the server produces them (a prompt, or chat messages).
 
+        Parameters as for :meth:`complete` or :meth:`chat`. ``stream_options`` is
+        accepted for openai-python compatibility; usage is always requested.
         Errors before the first delta are retried; after it, they are raised here.
         Leaving the loop early cancels the request on the server side.
         """
         submitter = self._open()
         kind: Kind = "completion" if isinstance(prompt, str) else "chat"
-        spec = submitter.spec(kind, priority, max_tokens, timeout, params, stream=True)
+        _check_stream_options(stream_options)
+        spec = submitter.spec(
+            kind,
+            priority,
+            max_tokens,
+            timeout,
+            params,
+            stream=True,
+            model=model,
+            method="stream",
+            extras=_extras(extra_body, extra_headers, extra_query),
+        )
         request = submitter.request(spec, prompt)
         send, receive = anyio.create_memory_object_stream[str](64)
         request.deltas = send
@@ -552,6 +603,18 @@ class Client:
         if self._engine is None:
             raise ClientClosedError("stats() is available once the client has been opened")
         return self._engine.snapshot()
+
+
+def _extras(body: object, headers: object, query: object) -> tuple[object, object, object] | None:
+    """A call's ``extra_*`` arguments, or None when it has none (the common case)."""
+    if body is None and headers is None and query is None:
+        return None
+    return (body, headers, query)
+
+
+def _check_stream_options(options: object) -> None:
+    if options is not None and not isinstance(options, Mapping):
+        raise InvalidTypeError("stream_options must be a dict", field="stream_options")
 
 
 def _policies(batching: object) -> dict[Any, BatchPolicy]:

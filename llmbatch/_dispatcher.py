@@ -258,7 +258,7 @@ class Dispatcher:
             content = await self._with_retries(
                 [request], lambda: self._post("/chat/completions", [request], body)
             )
-            answers = parse_chat(content)
+            answers = parse_chat(content, request.spec.n)
         except _Unavailable:
             self._requeue([request])
             return
@@ -337,8 +337,12 @@ class Dispatcher:
                 requests[0].priority.value,
                 requests[0].attempts,
             )
+        spec = requests[0].spec
+        headers = endpoint.headers
+        if spec.headers:  # extra_headers
+            headers = {**headers, **dict(spec.headers)}
         response = await endpoint.transport.send(
-            HTTPRequest("POST", endpoint.base_url + path, endpoint.headers, body)
+            HTTPRequest("POST", endpoint.base_url + path + spec.query, headers, body)
         )
         endpoint.on_response(response.status, response.headers)
         return response
@@ -435,6 +439,7 @@ class Dispatcher:
             finished_at=now,
             estimated=size > 1,
             total_tokens=usage[2] if size == 1 else None,
+            system_fingerprint=answers.system_fingerprint,
         )
         kind = Completion if first.spec.kind == "completion" else ChatCompletion
         prompt_parts, completion_parts = split_usage(usage, requests, answers.choices)

@@ -124,6 +124,11 @@ class Endpoint:
                 await response.aclose()
         except RequestError:
             return False
+        except Exception:
+            # A transport must raise only llmbatch's errors; a background probe must
+            # not take the client down when a custom one does not.
+            logger.exception("the transport failed probing %s/health", self._origin())
+            return False
         return response.status == 200
 
     async def read_metrics(self, now: float) -> None:
@@ -138,6 +143,13 @@ class Endpoint:
             finally:
                 await response.aclose()
         except RequestError:
+            return
+        except Exception:
+            # As for probes: a custom transport's bug costs the metrics, not the client.
+            logger.exception(
+                "the transport failed reading %s/metrics; not reading it again", self._origin()
+            )
+            self.has_metrics = False
             return
         sample = parse_metrics(body.decode("utf-8", "replace")) if response.status == 200 else None
         self.has_metrics = sample is not None

@@ -19,13 +19,16 @@ from typing import Any, Generic, TypeVar
 from llmbatch._exceptions import LLMBatchError
 
 __all__ = [
+    "ChatChoice",
     "ChatCompletion",
     "ChatMessage",
     "Choice",
     "Completion",
     "Delivery",
+    "FunctionCall",
     "Result",
     "Timings",
+    "ToolCall",
     "Usage",
     "make_answer",
     "make_result",
@@ -79,12 +82,33 @@ class Timings:
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """One generated alternative (there are ``n`` per prompt)."""
+    """One generated alternative of a completion (there are ``n`` per prompt)."""
 
     text: str
     finish_reason: str | None = None
     """Why generation stopped: ``"stop"`` (end of text or a stop string), ``"length"``
     (``max_tokens`` reached), or None if the server did not say."""
+    index: int = 0
+    """Its place among the prompt's ``n`` choices."""
+    logprobs: Any = None
+    """The server's log-probabilities for it, as sent (with ``logprobs=``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCall:
+    """The function a tool call names, and its arguments as the model wrote them (JSON)."""
+
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call in an assistant message (chat with ``tools=``)."""
+
+    id: str
+    function: FunctionCall
+    type: str = "function"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +117,23 @@ class ChatMessage:
 
     role: str
     content: str | None = None
+    tool_calls: tuple[ToolCall, ...] | None = None
+    """The tools the model asked to call (with ``tools=``), or None."""
+    reasoning_content: str | None = None
+    """A reasoning model's thinking, when the server separates it (vLLM reasoning
+    parsers), or None."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatChoice:
+    """One generated alternative of a chat completion (there are ``n``)."""
+
+    message: ChatMessage
+    finish_reason: str | None = None
+    """``"stop"``, ``"length"``, ``"tool_calls"``, ... or None if not said."""
+    index: int = 0
+    logprobs: Any = None
+    """The server's log-probabilities for it, as sent (with ``logprobs=True``)."""
 
 
 def _text(raw: Mapping[str, Any], key: str = "text") -> str:
@@ -103,6 +144,59 @@ def _text(raw: Mapping[str, Any], key: str = "text") -> str:
 def _finish(raw: Mapping[str, Any]) -> str | None:
     value = raw.get("finish_reason")
     return value if isinstance(value, str) else None
+
+
+def _index(raw: Mapping[str, Any], default: int) -> int:
+    value = raw.get("index")
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _choice(raw: Mapping[str, Any], index: int) -> Choice:
+    return Choice(
+        text=_text(raw),
+        finish_reason=_finish(raw),
+        index=_index(raw, index),
+        logprobs=raw.get("logprobs"),
+    )
+
+
+def _tool_calls(raw: object) -> tuple[ToolCall, ...] | None:
+    if not isinstance(raw, list) or not raw:
+        return None
+    calls = []
+    for call in raw:
+        if not isinstance(call, Mapping):
+            continue
+        function = call.get("function")
+        function = function if isinstance(function, Mapping) else {}
+        calls.append(
+            ToolCall(
+                id=_text(call, "id"),
+                type=_text(call, "type") or "function",
+                function=FunctionCall(
+                    name=_text(function, "name"), arguments=_text(function, "arguments")
+                ),
+            )
+        )
+    return tuple(calls)
+
+
+def _chat_choice(raw: Mapping[str, Any], index: int) -> ChatChoice:
+    message = raw.get("message")
+    message = message if isinstance(message, Mapping) else {}
+    content = message.get("content")
+    reasoning = message.get("reasoning_content")
+    return ChatChoice(
+        message=ChatMessage(
+            role=_text(message, "role") or "assistant",
+            content=content if isinstance(content, str) else None,
+            tool_calls=_tool_calls(message.get("tool_calls")),
+            reasoning_content=reasoning if isinstance(reasoning, str) else None,
+        ),
+        finish_reason=_finish(raw),
+        index=_index(raw, index),
+        logprobs=raw.get("logprobs"),
+    )
 
 
 # How the wire module hands over one request's usage: (prompt, completion, total,
@@ -122,6 +216,7 @@ class Delivery:
         "finished_at",
         "id",
         "model",
+        "system_fingerprint",
         "total_tokens",
     )
 
@@ -136,8 +231,10 @@ class Delivery:
         finished_at: float,
         estimated: bool,
         total_tokens: int | None,
+        system_fingerprint: str | None = None,
     ) -> None:
         self.id = id
+        self.system_fingerprint = system_fingerprint
         self.model = model
         self.created = created
         self.batch_size = batch_size
@@ -148,7 +245,15 @@ class Delivery:
         """The server's total for a request answered alone (None: prompt + completion)."""
 
     @classmethod
-    def of(cls, id: str, model: str, created: int, usage: Usage, timings: Timings) -> Delivery:
+    def of(
+        cls,
+        id: str,
+        model: str,
+        created: int,
+        usage: Usage,
+        timings: Timings,
+        system_fingerprint: str | None,
+    ) -> Delivery:
         """The delivery implied by explicitly given usage and timings (created at 0)."""
         return cls(
             id,
@@ -159,6 +264,7 @@ class Delivery:
             finished_at=timings.latency,
             estimated=usage.estimated,
             total_tokens=usage.total_tokens,
+            system_fingerprint=system_fingerprint,
         )
 
 
@@ -174,8 +280,17 @@ class _Answer(_Immutable):
     _attempts: int
     _FIELDS: tuple[str, ...] = ()
 
-    def _store(self, id: str, model: str, created: int, usage: Usage, timings: Timings) -> None:
-        _set(self, "_delivery", Delivery.of(id, model, created, usage, timings))
+    def _store(
+        self,
+        id: str,
+        model: str,
+        created: int,
+        usage: Usage,
+        timings: Timings,
+        system_fingerprint: str | None,
+    ) -> None:
+        delivery = Delivery.of(id, model, created, usage, timings, system_fingerprint)
+        _set(self, "_delivery", delivery)
         _set(self, "_created_at", 0.0)
         _set(self, "_prompt_tokens", usage.prompt_tokens)
         _set(self, "_completion_tokens", usage.completion_tokens)
@@ -195,6 +310,11 @@ class _Answer(_Immutable):
     def created(self) -> int:
         """The server's creation time of the response (Unix seconds; 0 if not sent)."""
         return self._delivery.created
+
+    @property
+    def system_fingerprint(self) -> str | None:
+        """The server's configuration fingerprint, when it sends one."""
+        return self._delivery.system_fingerprint
 
     @property
     def usage(self) -> Usage:
@@ -261,10 +381,13 @@ def _plain(value: object) -> object:
 
 
 class Completion(_Answer):
-    """The answer to :meth:`Client.complete` (one prompt)."""
+    """The answer to :meth:`Client.complete` (one prompt), in the OpenAI shape:
+    ``id``, ``object``, ``created``, ``model``, ``choices``, ``usage``,
+    ``system_fingerprint``; plus ``text`` (the first choice's) and ``timings``."""
 
     __slots__ = ("_choices",)
-    _FIELDS = ("id", "model", "created", "choices", "usage", "timings")
+    _FIELDS = ("id", "model", "created", "choices", "usage", "timings", "system_fingerprint")
+    object = "text_completion"
     # Built Choice objects, or what the server sent: its choice dicts, or the one
     # dict itself when n=1 (no tuple to keep alive).
     _choices: tuple[Choice, ...] | tuple[Mapping[str, Any], ...] | Mapping[str, Any]
@@ -278,9 +401,10 @@ class Completion(_Answer):
         usage: Usage,
         timings: Timings,
         created: int = 0,
+        system_fingerprint: str | None = None,
     ) -> None:
         _set(self, "_choices", tuple(choices))
-        self._store(id, model, created, usage, timings)
+        self._store(id, model, created, usage, timings, system_fingerprint)
 
     @property
     def choices(self) -> tuple[Choice, ...]:
@@ -290,9 +414,7 @@ class Completion(_Answer):
             choices = (choices,)
         if choices and not isinstance(choices[0], Choice):
             built = tuple(
-                Choice(text=_text(raw), finish_reason=_finish(raw))
-                for raw in choices
-                if isinstance(raw, Mapping)
+                _choice(raw, i) for i, raw in enumerate(choices) if isinstance(raw, Mapping)
             )
             _set(self, "_choices", built)
             return built
@@ -316,54 +438,71 @@ class Completion(_Answer):
 
 
 class ChatCompletion(_Answer):
-    """The answer to :meth:`Client.chat`."""
+    """The answer to :meth:`Client.chat`, in the OpenAI shape: ``id``, ``object``,
+    ``created``, ``model``, ``choices`` (each with its ``message``), ``usage``,
+    ``system_fingerprint``; plus ``message``, ``finish_reason`` and ``text`` (the
+    first choice's) and ``timings``."""
 
-    __slots__ = ("_choice",)
-    _FIELDS = ("id", "model", "created", "message", "finish_reason", "usage", "timings")
-    _choice: tuple[ChatMessage, str | None] | Mapping[str, Any]
+    __slots__ = ("_choices",)
+    _FIELDS = ("id", "model", "created", "choices", "usage", "timings", "system_fingerprint")
+    object = "chat.completion"
+    _choices: tuple[ChatChoice, ...] | tuple[Mapping[str, Any], ...] | Mapping[str, Any]
 
     def __init__(
         self,
         *,
         id: str,
         model: str,
-        message: ChatMessage,
-        finish_reason: str | None,
         usage: Usage,
         timings: Timings,
+        choices: Iterable[ChatChoice] | None = None,
+        message: ChatMessage | None = None,
+        finish_reason: str | None = None,
         created: int = 0,
+        system_fingerprint: str | None = None,
     ) -> None:
-        _set(self, "_choice", (message, finish_reason))
-        self._store(id, model, created, usage, timings)
+        if choices is None:  # 0.1's constructor: one message and its finish reason
+            if message is None:
+                raise TypeError("ChatCompletion needs choices= or message=")
+            choices = (ChatChoice(message=message, finish_reason=finish_reason),)
+        _set(self, "_choices", tuple(choices))
+        self._store(id, model, created, usage, timings, system_fingerprint)
 
-    def _built(self) -> tuple[ChatMessage, str | None]:
-        choice = self._choice
-        if isinstance(choice, tuple):
-            return choice
-        raw = choice.get("message")
-        raw = raw if isinstance(raw, Mapping) else {}
-        content = raw.get("content")
-        message = ChatMessage(
-            role=_text(raw, "role") or "assistant",
-            content=content if isinstance(content, str) else None,
-        )
-        built = (message, _finish(choice))
-        _set(self, "_choice", built)
-        return built
+    @property
+    def choices(self) -> tuple[ChatChoice, ...]:
+        """``n`` choices (one unless the call passed ``n=``)."""
+        choices = self._choices
+        if isinstance(choices, Mapping):
+            choices = (choices,)
+        if choices and not isinstance(choices[0], ChatChoice):
+            built = tuple(
+                _chat_choice(raw, i) for i, raw in enumerate(choices) if isinstance(raw, Mapping)
+            )
+            _set(self, "_choices", built)
+            return built
+        return choices  # type: ignore[return-value]
 
     @property
     def message(self) -> ChatMessage:
-        """The assistant's message."""
-        return self._built()[0]
+        """The first choice's message."""
+        return self.choices[0].message
 
     @property
     def finish_reason(self) -> str | None:
-        """Why generation stopped (``"stop"``, ``"length"``, ...)."""
-        return self._built()[1]
+        """The first choice's finish reason (``"stop"``, ``"length"``, ``"tool_calls"``)."""
+        choices = self._choices
+        if isinstance(choices, Mapping):
+            return _finish(choices)
+        return self.choices[0].finish_reason
 
     @property
     def text(self) -> str:
-        """The assistant message's text (empty if the server sent none)."""
+        """The first choice's message text (empty if the server sent none)."""
+        choices = self._choices
+        if isinstance(choices, Mapping):  # the common case, without building objects
+            message = choices.get("message")
+            if isinstance(message, Mapping):
+                return _text(message, "content")
         return self.message.content or ""
 
 
@@ -457,7 +596,7 @@ def _setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[object, objec
 
 _ANSWER_SLOTS = ("_delivery", "_created_at", "_prompt_tokens", "_completion_tokens", "_attempts")
 _completion_slots = _setters(Completion, (*_ANSWER_SLOTS, "_choices"))
-_chat_slots = _setters(ChatCompletion, (*_ANSWER_SLOTS, "_choice"))
+_chat_slots = _setters(ChatCompletion, (*_ANSWER_SLOTS, "_choices"))
 _result_slots = _setters(Result, ("index", "value", "error", "metadata"))
 
 
@@ -472,12 +611,10 @@ def make_answer(
 ) -> Any:
     """A Completion (or ChatCompletion) over the server's choice dicts; fields are
     built when first read. ``created_at`` is when the caller asked (for timings)."""
-    if kind is Completion:
-        s_delivery, s_created_at, s_prompt, s_completion, s_attempts, s_choices = _completion_slots
-        kept: object = choices[0] if len(choices) == 1 else choices
-    else:
-        s_delivery, s_created_at, s_prompt, s_completion, s_attempts, s_choices = _chat_slots
-        kept = choices[0]
+    setters = _completion_slots if kind is Completion else _chat_slots
+    s_delivery, s_created_at, s_prompt, s_completion, s_attempts, s_choices = setters
+    # n=1 (nearly always): keep the one dict, not a tuple around it.
+    kept: object = choices[0] if len(choices) == 1 else choices
     value = _new(kind)
     s_delivery(value, delivery)
     s_created_at(value, created_at)

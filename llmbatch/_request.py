@@ -22,7 +22,7 @@ from llmbatch._exceptions import LLMBatchError
 
 __all__ = ["CallSpec", "Flight", "Kind", "Request", "State"]
 
-Kind = Literal["completion", "chat"]
+Kind = Literal["completion", "chat", "embedding"]
 
 _ids = itertools.count(1)
 
@@ -45,6 +45,7 @@ class CallSpec:
     __slots__ = (
         "body_prefix",
         "compat_key",
+        "headers",
         "kind",
         "max_batch",
         "max_tokens",
@@ -53,6 +54,7 @@ class CallSpec:
         "n",
         "params",
         "priority",
+        "query",
         "stream",
         "timeout",
     )
@@ -69,6 +71,8 @@ class CallSpec:
         n: int,
         timeout: float | None,
         stream: bool,
+        headers: tuple[tuple[str, str], ...] = (),
+        query: str = "",
     ) -> None:
         self.kind = kind
         self.priority = priority
@@ -81,12 +85,18 @@ class CallSpec:
         self.n = n
         self.timeout = timeout
         self.stream = stream
+        self.headers = headers
+        """``extra_headers``: sent with the HTTP request that carries it."""
+        self.query = query
+        """``extra_query`` as ``?a=1``, appended to the endpoint's path."""
         # Streams never share an HTTP request: each caller reads its own SSE response.
         self.max_batch = 1 if stream else 1024
         # Only requests with the same endpoint, model, parameters and mode share a batch.
         # One string, not a tuple: a string caches its hash, and the scheduler looks
         # the key up for every request it queues.
-        self.compat_key = "\x00".join((kind, model, params_json, "stream" if stream else ""))
+        self.compat_key = "\x00".join(
+            (kind, model, params_json, "stream" if stream else "", repr(headers), query)
+        )
         self.body_prefix: bytes | None = None
         """The JSON body up to the prompt, made once by the wire module."""
 

@@ -54,13 +54,26 @@ class Submitter:
         params: Mapping[str, Any],
         *,
         stream: bool = False,
+        model: object = None,
+        method: str = "complete",
+        extras: tuple[object, object, object] | None = None,
     ) -> CallSpec:
         """The validated options of a call (raises :class:`InvalidRequestError`)."""
-        return self.specs.get(kind, priority, max_tokens, timeout, params, stream)
+        return self.specs.get(
+            kind,
+            priority,
+            max_tokens,
+            timeout,
+            params,
+            stream,
+            model=model,
+            method=method,
+            extras=extras,
+        )
 
     def request(self, spec: CallSpec, payload: object) -> Request:
         """One request for a prompt (``spec.kind == "completion"``) or a conversation."""
-        max_model_len = self.specs.max_model_len
+        max_model_len = self.specs.context_of(spec.model)
         if spec.kind == "completion":
             est_tokens = check_prompt(payload, spec, max_model_len)
             request = Request(spec, payload, None, est_tokens, self.now())  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ from typing import Any
 
 from llmbatch._config import parse_priority
 from llmbatch._exceptions import InvalidRequestError, InvalidTypeError
+from llmbatch._params import check_extra, check_keywords, query_string
 from llmbatch._request import CallSpec, Kind
 
 __all__ = [
@@ -32,12 +33,10 @@ __all__ = [
 
 #: ``max_tokens`` assumed for budgeting when the caller gives none (vLLM's default for
 #: /v1/completions is 16; chat has none, so budget a typical answer).
-DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 512}
+DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 512, "embedding": 0}
 _CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
 #: Tokens a tokenizer may add beyond one per byte (BOS, chat template markers).
 TOKEN_OVERHEAD = 16
-#: Set by llmbatch itself; a caller passing them would break batching.
-_RESERVED = ("prompt", "messages", "model", "stream", "stream_options", "priority")
 
 
 def estimate_tokens(text: str) -> int:
@@ -80,20 +79,29 @@ def validate_options(
     *,
     kind: Kind,
     priority: object,
-    model: str,
+    model: object,
     params: Mapping[str, Any],
     timeout: object,
     stream: bool,
     max_model_len: int | None,
+    method: str = "complete",
+    extra_body: object = None,
+    extra_headers: object = None,
+    extra_query: object = None,
 ) -> CallSpec:
     """Check a call's options and build its :class:`CallSpec`, or raise."""
     tier = parse_priority(priority)
+    if not isinstance(model, str) or not model:
+        raise _wrong_type("model", "a non-empty str", model)
     checked = {k: v for k, v in params.items() if v is not None}
-    for reserved in _RESERVED:
-        if reserved in checked:
-            raise _bad(
-                f"{reserved!r} is set by llmbatch and cannot be passed as a parameter", reserved
-            )
+    check_keywords(kind, method, checked)
+    # extra_body goes to the server as it is (like openai-python), after the checked
+    # keywords, and what it sets counts (n, max_tokens) as if passed as keywords.
+    checked.update(check_extra("extra_body", extra_body))
+    headers = tuple(sorted(check_extra("extra_headers", extra_headers, strings=True).items()))
+    query = query_string(check_extra("extra_query", extra_query, strings=True))
+    if kind == "chat" and "max_tokens" not in checked and "max_completion_tokens" in checked:
+        checked["max_tokens"] = checked.pop("max_completion_tokens")
     max_tokens_given = checked.get("max_tokens")
     if max_tokens_given is not None:
         _positive_int(max_tokens_given, "max_tokens")
@@ -124,6 +132,7 @@ def validate_options(
         raise InvalidTypeError(f"parameters must be JSON-serialisable: {exc}") from None
     except ValueError as exc:  # the right type, a bad value (NaN, infinity)
         raise InvalidRequestError(f"parameters must be JSON-serialisable: {exc}") from None
+    assert isinstance(model, str)
     return CallSpec(
         kind=kind,
         priority=tier,
@@ -134,20 +143,38 @@ def validate_options(
         n=n,
         timeout=None if timeout is None else float(timeout),
         stream=stream,
+        headers=headers,
+        query=query,
     )
 
 
 class SpecCache:
-    """Validated :class:`CallSpec` objects by the options that made them, for one model.
+    """Validated :class:`CallSpec` objects by the options that made them.
 
-    Bounded: past ``size`` distinct option sets it starts afresh.
+    ``model`` is the client's default model; ``context`` each known model's context
+    length (``max_model_len``, None if the server did not say). Bounded: past
+    ``size`` distinct option sets it starts afresh.
     """
 
-    def __init__(self, model: str, max_model_len: int | None, *, size: int = 512) -> None:
+    def __init__(
+        self,
+        model: str,
+        max_model_len: int | None,
+        *,
+        context: Mapping[str, int | None] | None = None,
+        size: int = 512,
+    ) -> None:
         self.model = model
         self.max_model_len = max_model_len
+        self.context = dict(context or {})
         self._size = size
         self._specs: dict[tuple[object, ...], CallSpec] = {}
+
+    def context_of(self, model: str) -> int | None:
+        """A model's context length, when the server told it."""
+        if model == self.model:
+            return self.max_model_len
+        return self.context.get(model)
 
     def get(
         self,
@@ -157,8 +184,14 @@ class SpecCache:
         timeout: object,
         params: Mapping[str, Any],
         stream: bool = False,
+        *,
+        model: object = None,
+        method: str = "complete",
+        extras: tuple[object, object, object] | None = None,
     ) -> CallSpec:
-        """The spec for these options (validated on first sight; raises if invalid)."""
+        """The spec for these options (validated on first sight; raises if invalid).
+
+        ``extras``: ``(extra_body, extra_headers, extra_query)``, or None."""
         try:
             # The value's type is part of the key: True == 1 == 1.0, but not as JSON.
             key: tuple[object, ...] | None = (
@@ -169,7 +202,10 @@ class SpecCache:
                 type(timeout),
                 timeout,
                 stream,
+                model,
+                method,
                 tuple([(k, type(v), v) for k, v in params.items()]),
+                None if extras is None else tuple(_freeze(e) for e in extras),
             )
             spec = self._specs.get(key)  # type: ignore[arg-type]
         except TypeError:  # an unhashable value (a list of stop strings): not cached
@@ -178,20 +214,38 @@ class SpecCache:
             return spec
         if max_tokens is not None:
             params = {**params, "max_tokens": max_tokens}
+        name = self.model if model is None else model
+        extra_body, extra_headers, extra_query = extras or (None, None, None)
         spec = validate_options(
             kind=kind,
             priority=priority,
-            model=self.model,
+            model=name,
             params=params,
             timeout=timeout,
             stream=stream,
-            max_model_len=self.max_model_len,
+            max_model_len=self.context_of(name) if isinstance(name, str) else None,
+            method=method,
+            extra_body=extra_body,
+            extra_headers=extra_headers,
+            extra_query=extra_query,
         )
         if key is not None:
             if len(self._specs) >= self._size:
                 self._specs.clear()
             self._specs[key] = spec
         return spec
+
+
+def _freeze(value: object) -> object:
+    """A hashable stand-in for an extra_* mapping (raises TypeError if it has none)."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    hash(value)
+    return (type(value), value)
 
 
 def check_prompt(prompt: object, spec: CallSpec, max_model_len: int | None) -> int:

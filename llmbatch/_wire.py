@@ -89,6 +89,7 @@ class Answers:
     """Per request (in the order sent), its ``n`` choice dicts in index order."""
     usage: RawUsage
     """The response's usage (prompt, completion, total, estimated=False)."""
+    system_fingerprint: str | None = None
 
 
 def _load(content: bytes) -> Any:
@@ -120,6 +121,11 @@ def _header(data: Any) -> tuple[str, str, int]:
     )
 
 
+def _fingerprint(data: Mapping[str, Any]) -> str | None:
+    value = data.get("system_fingerprint")
+    return value if isinstance(value, str) else None
+
+
 def _demultiplex(choices: object, count: int, n: int) -> list[tuple[Mapping[str, Any], ...]]:
     """Group choice dicts by request: choice ``index`` = request slot * n + j."""
     if not isinstance(choices, list):
@@ -147,19 +153,17 @@ def parse_completions(content: bytes, requests: Sequence[Request]) -> Answers:
     data = _load(content)
     id_, model, created = _header(data)
     choices = _demultiplex(data.get("choices"), len(requests), requests[0].spec.n)
-    return Answers(id_, model, created, choices, _usage(data))
+    return Answers(id_, model, created, choices, _usage(data), _fingerprint(data))
 
 
-def parse_chat(content: bytes) -> Answers:
-    """A chat completion's choice and usage (one conversation)."""
+def parse_chat(content: bytes, n: int = 1) -> Answers:
+    """A chat completion's ``n`` choices and usage (one conversation)."""
     data = _load(content)
     id_, model, created = _header(data)
-    choices = data.get("choices")
-    if not (isinstance(choices, list) and choices and isinstance(choices[0], Mapping)):
-        raise RemoteProtocolError("the server sent a chat response without choices")
-    if not isinstance(choices[0].get("message"), Mapping):
+    choices = _demultiplex(data.get("choices"), 1, n)
+    if not all(isinstance(c.get("message"), Mapping) for c in choices[0]):
         raise RemoteProtocolError("the server sent a chat choice without a message")
-    return Answers(id_, model, created, [(choices[0],)], _usage(data))
+    return Answers(id_, model, created, choices, _usage(data), _fingerprint(data))
 
 
 def parse_chat_batch(content: bytes, requests: Sequence[Request]) -> Answers:
@@ -169,7 +173,7 @@ def parse_chat_batch(content: bytes, requests: Sequence[Request]) -> Answers:
     choices = _demultiplex(data.get("choices"), len(requests), 1)
     if not all(isinstance(c[0].get("message"), Mapping) for c in choices):
         raise RemoteProtocolError("the server sent a chat choice without a message")
-    return Answers(id_, model, created, choices, _usage(data))
+    return Answers(id_, model, created, choices, _usage(data), _fingerprint(data))
 
 
 # -- usage apportioning --------------------------------------------------------------

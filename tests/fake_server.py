@@ -49,7 +49,7 @@ class FakeServer:
         if request.url.endswith("/health"):
             return MockResponse(status=200)
         body = json.loads(request.body or b"{}")
-        path = request.url.split("/v1", 1)[-1]
+        path = request.url.split("/v1", 1)[-1].split("?", 1)[0]
         self.paths.append(path)
         routes = ["/completions", "/chat/completions"]
         if self.chat_batch:
@@ -139,35 +139,62 @@ class FakeServer:
         )
 
     def _chat(self, body: dict[str, Any]) -> MockResponse:
-        return self._chat_answer([body["messages"]])
+        return self._chat_answer([body["messages"]], body)
 
     def _chat_batch(self, body: dict[str, Any]) -> MockResponse:
-        return self._chat_answer(body["messages"])
+        return self._chat_answer(body["messages"], body)
 
-    def _chat_answer(self, conversations: list[list[dict[str, Any]]]) -> MockResponse:
+    def _chat_answer(
+        self, conversations: list[list[dict[str, Any]]], body: dict[str, Any]
+    ) -> MockResponse:
+        """``n`` answers per conversation; a call of the first tool when ``tools`` are
+        given; logprobs when asked; a system fingerprint."""
         lasts = [conversation[-1]["content"] for conversation in conversations]
         if any(POISON in last for last in lasts):
             return MockResponse(
                 status=400, json={"error": {"message": "poisoned chat", "code": 400}}
             )
-        n = len(conversations)
+        n = body.get("n", 1)
+        choices = []
+        for i, last in enumerate(lasts):
+            for j in range(n):
+                message: dict[str, Any] = {"role": "assistant", "content": f"re:{last}"}
+                finish = "stop"
+                if body.get("tools"):
+                    name = body["tools"][0].get("function", {}).get("name", "tool")
+                    arguments = json.dumps({"q": last})
+                    message = {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": f"call-{i}-{j}",
+                                "type": "function",
+                                "function": {"name": name, "arguments": arguments},
+                            }
+                        ],
+                    }
+                    finish = "tool_calls"
+                choice: dict[str, Any] = {
+                    "index": i * n + j,
+                    "message": message,
+                    "finish_reason": finish,
+                }
+                if body.get("logprobs"):
+                    choice["logprobs"] = {"content": [{"token": "re", "logprob": -0.5}]}
+                choices.append(choice)
+        count = len(lasts) * n
         return MockResponse(
             json={
                 "id": "chat-1",
                 "object": "chat.completion",
-                "model": self.model,
-                "choices": [
-                    {
-                        "index": i,
-                        "message": {"role": "assistant", "content": f"re:{last}"},
-                        "finish_reason": "stop",
-                    }
-                    for i, last in enumerate(lasts)
-                ],
+                "model": body.get("model", self.model),
+                "system_fingerprint": "fp-fake",
+                "choices": choices,
                 "usage": {
-                    "prompt_tokens": 3 * n,
-                    "completion_tokens": 2 * n,
-                    "total_tokens": 5 * n,
+                    "prompt_tokens": 3 * count,
+                    "completion_tokens": 2 * count,
+                    "total_tokens": 5 * count,
                 },
             }
         )

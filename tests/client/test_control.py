@@ -3,6 +3,7 @@ time: they are pure, so every rule is checked exactly."""
 
 from __future__ import annotations
 
+import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -221,3 +222,28 @@ def test_the_outage_clock_starts_when_the_breaker_opens(threshold: int) -> None:
     for i in range(threshold):
         breaker.on_failure(float(i), "refused")
     assert breaker.outage_seconds(100.0) == pytest.approx(100.0 - (threshold - 1))
+
+
+@pytest.mark.anyio
+async def test_a_transport_failing_in_background_reads_does_not_take_the_client_down() -> None:
+    """A custom transport must raise only llmbatch's errors; one that raises anything
+    else on /metrics or /health costs those reads, not the client."""
+    from fake_server import FakeServer
+
+    import llmbatch
+    from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
+
+    fake = FakeServer()
+
+    async def handler(request: HTTPRequest) -> MockResponse:
+        if request.method == "GET" and not request.url.endswith("/models"):
+            raise KeyError("a bug in the application's transport")
+        if request.method == "POST":
+            await anyio.sleep(0.7)  # in flight across one /metrics read (every 0.5 s)
+        return fake(request)
+
+    async with llmbatch.Client("http://127.0.0.1:1/v1", transport=MockTransport(handler)) as c:
+        results = await c.map([f"p{i}" for i in range(300)], max_tokens=2)
+        assert all(r.ok for r in results)
+        assert c._endpoint is not None
+        assert c._endpoint.has_metrics is False

@@ -44,7 +44,7 @@ def eager_completion() -> Completion:
         created=1700000000,
         choices=(
             Choice(text="hello", finish_reason="stop"),
-            Choice(text="world", finish_reason="length"),
+            Choice(text="world", finish_reason="length", index=1),
         ),
         usage=Usage(prompt_tokens=3, completion_tokens=9, total_tokens=12, estimated=True),
         timings=Timings(queued=0.5, latency=1.5, batch_size=8, attempts=2),
@@ -57,13 +57,18 @@ def test_lazy_completion_equals_the_constructed_one() -> None:
     assert lazy.finish_reason == "stop"
     assert lazy == eager
     assert hash(lazy) == hash(eager)
-    assert lazy.choices[1] == Choice(text="world", finish_reason="length")
+    assert lazy.choices[1] == Choice(text="world", finish_reason="length", index=1)
     assert lazy.usage.total_tokens == 12
     assert lazy.timings == Timings(queued=0.5, latency=1.5, batch_size=8, attempts=2)
     assert lazy.timings.attempts == 2
     assert repr(lazy) == repr(eager)
     assert lazy.to_dict() == eager.to_dict() == lazy.model_dump()
-    assert lazy.to_dict()["choices"][0] == {"text": "hello", "finish_reason": "stop"}
+    assert lazy.to_dict()["choices"][0] == {
+        "text": "hello",
+        "finish_reason": "stop",
+        "index": 0,
+        "logprobs": None,
+    }
 
 
 def test_fields_read_before_and_after_building_agree() -> None:

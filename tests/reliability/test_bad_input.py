@@ -560,11 +560,33 @@ SECTIONS: dict[str, list[Case]] = {
             "stop must be a str or a list of str, got int 5",
         ),
         Case(
-            "complete-reserved-param",
-            "a parameter llmbatch sets itself",
-            'await client.complete("Hello", model="other")',
+            "complete-misspelt-keyword",
+            "a misspelt keyword, as openai-python refuses it",
+            'await client.complete("Hello", maxtokens=5)',
+            InvalidTypeError,
+            "complete() got an unexpected keyword argument 'maxtokens'; did you mean "
+            "'max_tokens'? (a server-specific field goes in extra_body={...})",
+        ),
+        Case(
+            "complete-model-not-a-str",
+            "a per-call `model` that is not a str",
+            'await client.complete("Hello", model=5)',
+            InvalidTypeError,
+            "model must be a non-empty str, got int 5",
+        ),
+        Case(
+            "complete-reserved-in-extra-body",
+            "a field llmbatch sets itself, in `extra_body`",
+            'await client.complete("Hello", extra_body={"prompt": "other"})',
             InvalidRequestError,
-            "'model' is set by llmbatch and cannot be passed as a parameter",
+            "extra_body['prompt'] is set by llmbatch (pass it as an argument)",
+        ),
+        Case(
+            "complete-header-with-newline",
+            "an `extra_headers` value with a line break",
+            'await client.complete("Hello", extra_headers={"x-tag": "a\\nb"})',
+            InvalidRequestError,
+            "extra_headers['x-tag'] contains a line break",
         ),
         Case(
             "complete-stream-param",
