@@ -18,7 +18,7 @@ from collections.abc import (
 )
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, overload
 from urllib.parse import urlsplit
 
 import anyio
@@ -48,11 +48,12 @@ from llmbatch._exceptions import (
     ConfigTypeError,
     InvalidRequestError,
     InvalidTypeError,
+    LLMBatchError,
     RequestError,
     ServerInfoError,
 )
 from llmbatch._map import MapInput, MapRunner, check_inputs
-from llmbatch._models import ChatCompletion, Completion, Result
+from llmbatch._models import ChatCompletion, Completion, Embedding, Result
 from llmbatch._progress import ProgressLike, make_tracker
 from llmbatch._request import Kind, Request
 from llmbatch._scheduler import Scheduler
@@ -464,6 +465,95 @@ class Client:
             submitter.request(spec, messages), nowait=nowait
         )
         return value
+
+    @overload
+    async def embed(
+        self,
+        input: str,
+        *,
+        priority: PriorityLike = ...,
+        timeout: float | None = ...,
+        nowait: bool = ...,
+        model: str | None = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
+        extra_query: Mapping[str, str] | None = ...,
+        **params: Any,
+    ) -> Embedding: ...
+
+    @overload
+    async def embed(
+        self,
+        input: Sequence[str],
+        *,
+        priority: PriorityLike = ...,
+        timeout: float | None = ...,
+        nowait: bool = ...,
+        model: str | None = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
+        extra_query: Mapping[str, str] | None = ...,
+        **params: Any,
+    ) -> list[Embedding]: ...
+
+    async def embed(
+        self,
+        input: str | Sequence[str],
+        *,
+        priority: PriorityLike = "normal",
+        timeout: float | None = None,
+        nowait: bool = False,
+        model: str | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str] | None = None,
+        **params: Any,
+    ) -> Embedding | list[Embedding]:
+        """Embed a text (an :class:`Embedding`) or a list of texts (a list, in order).
+
+        Texts from any number of calls are batched into ``/v1/embeddings`` requests
+        like prompts are, with the same tiers, isolation and retries. A list fails as
+        a whole with its first item's error (as openai's ``embeddings.create`` does);
+        for per-item results over a large corpus, use :meth:`map` with
+        ``{"input": text}`` items. Parameters: ``dimensions``, ``encoding_format``,
+        ``user`` and vLLM's ``truncate_prompt_tokens``, ``normalize``.
+        """
+        submitter = self._open()
+        spec = submitter.spec(
+            "embedding",
+            priority,
+            None,
+            timeout,
+            params,
+            model=model,
+            method="embed",
+            extras=_extras(extra_body, extra_headers, extra_query),
+        )
+        if isinstance(input, str):
+            value: Embedding = await submitter.call(submitter.request(spec, input), nowait=nowait)
+            return value
+        if isinstance(input, bytes) or not isinstance(input, Sequence):
+            raise InvalidTypeError(
+                f"input must be a str or a list of str, got {type(input).__name__}", field="input"
+            )
+        requests = [submitter.request(spec, text) for text in input]
+        values: list[Embedding] = []
+        async with anyio.create_task_group() as tg:
+            results: list[Any] = [None] * len(requests)
+
+            async def one(i: int) -> None:
+                try:
+                    results[i] = await submitter.call(requests[i], nowait=nowait)
+                except LLMBatchError as exc:
+                    results[i] = exc
+
+            for i in range(len(requests)):
+                tg.start_soon(one, i)
+        for result in results:
+            if isinstance(result, LLMBatchError):
+                raise result
+            values.append(result)
+        return values
 
     async def stream(
         self,

@@ -44,7 +44,7 @@ from llmbatch._exceptions import (
     TimeoutException,
     TransportError,
 )
-from llmbatch._models import ChatCompletion, Completion, Delivery, make_answer
+from llmbatch._models import ChatCompletion, Completion, Delivery, Embedding, make_answer
 from llmbatch._request import Flight, Request
 from llmbatch._stats import StatsRecorder
 from llmbatch._transports.base import HTTPRequest, HTTPResponse
@@ -55,10 +55,12 @@ from llmbatch._wire import (
     chat_batch_body,
     chat_body,
     completion_body,
+    embedding_body,
     error_from_response,
     parse_chat,
     parse_chat_batch,
     parse_completions,
+    parse_embeddings,
     split_usage,
 )
 
@@ -79,6 +81,13 @@ _INPUT_TOKENS = re.compile(r"(\d+) in the messages|has (\d+) input tokens")
 _PRIORITY_REFUSED = re.compile(r"priority scheduling is not enabled", re.IGNORECASE)
 #: A generation shorter than this says little about the server's step time.
 _MIN_TOKENS_FOR_STEP_SAMPLE = 4
+
+
+_ANSWER_TYPES: dict[str, type[Completion] | type[ChatCompletion] | type[Embedding]] = {
+    "completion": Completion,
+    "chat": ChatCompletion,
+    "embedding": Embedding,
+}
 
 
 class _Unavailable(Exception):
@@ -118,8 +127,10 @@ class Dispatcher:
                 await self._stream(requests[0])
             elif spec.kind == "completion":
                 await self._complete(list(requests))
-            else:
+            elif spec.kind == "chat":
                 await self._chat(list(requests))
+            else:
+                await self._embed(list(requests))
 
     # -- completions -------------------------------------------------------------------
 
@@ -139,6 +150,29 @@ class Dispatcher:
                 await self._complete(live)
                 return
             await self._split(live, exc, self._complete)
+            return
+        except RequestError as exc:
+            self._fail_all(live, exc)
+            return
+        self._deliver(live, answers)
+
+    async def _embed(self, requests: list[Request]) -> None:
+        """Texts in one /v1/embeddings request (``input`` is a list)."""
+        live = [r for r in requests if not r.abandoned]
+        if not live:
+            return
+        body = embedding_body(live, self._rank(live))
+        try:
+            content = await self._with_retries(live, lambda: self._post("/embeddings", live, body))
+            answers = parse_embeddings(content, live)
+        except _Unavailable:
+            self._requeue(live)
+            return
+        except BadRequestError as exc:
+            if self._priority_refused(exc, live):
+                await self._embed(live)
+                return
+            await self._split(live, exc, self._embed)
             return
         except RequestError as exc:
             self._fail_all(live, exc)
@@ -441,7 +475,7 @@ class Dispatcher:
             total_tokens=usage[2] if size == 1 else None,
             system_fingerprint=answers.system_fingerprint,
         )
-        kind = Completion if first.spec.kind == "completion" else ChatCompletion
+        kind = _ANSWER_TYPES[first.spec.kind]
         prompt_parts, completion_parts = split_usage(usage, requests, answers.choices)
         settle = self._stats.settle_value
         for request, choices, prompt, completion in zip(

@@ -32,9 +32,9 @@ from llmbatch._submit import Submitter
 __all__ = ["MapInput", "MapRunner"]
 
 MapInput = str | list[Mapping[str, Any]] | Mapping[str, Any]
-"""A prompt, a chat conversation, or a dict with ``prompt``/``messages``, per-item
-options (``max_tokens``, sampling parameters, ``priority``, ``timeout``) and
-``metadata``."""
+"""A prompt, a chat conversation, or a dict with ``prompt``, ``messages`` or (for an
+embedding) ``input``, per-item options (``max_tokens``, sampling parameters,
+``priority``, ``timeout``, ``model``) and ``metadata``."""
 
 _Item = tuple[int, Result[Any]]
 #: The feeder refills once this share of the window is free (but at least one place).
@@ -310,12 +310,17 @@ class MapRunner:
                 request = submitter.request(spec, item)
             else:
                 kind, payload, options, metadata = _parse_item(item)
+                merged = {**_options(params), **options}
+                extras = tuple(merged.pop(k, None) for k in _EXTRAS)
                 spec = submitter.spec(
                     kind,
                     options.pop("priority", priority),
                     options.pop("max_tokens", params.get("max_tokens")),
                     options.pop("timeout", params.get("timeout")),
-                    {**_options(params), **options},
+                    {k: v for k, v in merged.items() if k not in _OWN},
+                    model=merged.get("model"),
+                    method="map",
+                    extras=None if all(e is None for e in extras) else extras,
                 )
                 request = submitter.request(spec, payload)
         except LLMBatchError as exc:
@@ -336,14 +341,31 @@ class MapRunner:
         """The map's shared spec for plain prompts or conversations (validated once)."""
         spec = run.specs.get(kind)
         if spec is None:
+            options = _options(params)
+            extras = tuple(options.pop(k, None) for k in _EXTRAS)
             spec = run.specs[kind] = self._submitter.spec(
-                kind, priority, params.get("max_tokens"), params.get("timeout"), _options(params)
+                kind,
+                priority,
+                params.get("max_tokens"),
+                params.get("timeout"),
+                {k: v for k, v in options.items() if k != "model"},
+                model=options.get("model"),
+                method="map",
+                extras=None if all(e is None for e in extras) else extras,
             )
         return spec
 
 
+_EXTRAS = ("extra_body", "extra_headers", "extra_query")
+#: Per-item keys that are llmbatch's own, not sampling parameters.
+_OWN = frozenset({"priority", "max_tokens", "timeout", "model"})
+
+
 def _options(params: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if k not in ("max_tokens", "timeout")}
+
+
+_KINDS: dict[str, Kind] = {"prompt": "completion", "messages": "chat", "input": "embedding"}
 
 
 def _parse_item(item: object) -> tuple[Kind, object, dict[str, Any], object]:
@@ -351,12 +373,13 @@ def _parse_item(item: object) -> tuple[Kind, object, dict[str, Any], object]:
     if isinstance(item, Mapping):
         options = dict(item)
         metadata = options.pop("metadata", None)
-        if "prompt" in options and "messages" not in options:
-            return "completion", options.pop("prompt"), options, metadata
-        if "messages" in options and "prompt" not in options:
-            return "chat", options.pop("messages"), options, metadata
+        found = [key for key in ("prompt", "messages", "input") if key in options]
+        if len(found) == 1:
+            kind: Kind = _KINDS[found[0]]
+            return kind, options.pop(found[0]), options, metadata
         raise InvalidRequestError(
-            "a map item dict needs exactly one of 'prompt' or 'messages'", field="inputs"
+            "a map item dict needs exactly one of 'prompt', 'messages' or 'input'",
+            field="inputs",
         )
     raise InvalidTypeError(
         f"a map item must be a str, a list of messages or a dict, got {type(item).__name__}",

@@ -506,6 +506,56 @@ class ChatCompletion(_Answer):
         return self.message.content or ""
 
 
+class Embedding(_Answer):
+    """The answer to :meth:`Client.embed` for one input: its vector, in the OpenAI
+    shape (``object``, ``index``, ``embedding``) plus ``model``, ``usage`` and
+    ``timings``."""
+
+    __slots__ = ("_item",)
+    _FIELDS = ("id", "model", "created", "index", "embedding", "usage", "timings")
+    object = "embedding"
+    _item: Mapping[str, Any]
+
+    def __init__(
+        self,
+        *,
+        embedding: Iterable[float],
+        usage: Usage,
+        timings: Timings,
+        index: int = 0,
+        id: str = "",
+        model: str = "",
+        created: int = 0,
+    ) -> None:
+        _set(self, "_item", {"index": index, "embedding": list(embedding)})
+        self._store(id, model, created, usage, timings, None)
+
+    @property
+    def index(self) -> int:
+        """The input's position in the request that carried it."""
+        return _index(self._item, 0)
+
+    @property
+    def embedding(self) -> list[float]:
+        """The vector (decoded from base64 when ``encoding_format="base64"`` was asked)."""
+        raw = self._item.get("embedding")
+        if isinstance(raw, str):
+            import array
+            import base64
+
+            values = array.array("f")
+            values.frombytes(base64.b64decode(raw))
+            decoded = values.tolist()
+            _set(self, "_item", {**self._item, "embedding": decoded})
+            return decoded
+        return raw if isinstance(raw, list) else []
+
+    @property
+    def text(self) -> str:
+        """Embeddings have no text: always empty (here so every answer has one)."""
+        return ""
+
+
 T = TypeVar("T")
 
 
@@ -597,11 +647,12 @@ def _setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[object, objec
 _ANSWER_SLOTS = ("_delivery", "_created_at", "_prompt_tokens", "_completion_tokens", "_attempts")
 _completion_slots = _setters(Completion, (*_ANSWER_SLOTS, "_choices"))
 _chat_slots = _setters(ChatCompletion, (*_ANSWER_SLOTS, "_choices"))
+_embedding_slots = _setters(Embedding, (*_ANSWER_SLOTS, "_item"))
 _result_slots = _setters(Result, ("index", "value", "error", "metadata"))
 
 
 def make_answer(
-    kind: type[Completion] | type[ChatCompletion],
+    kind: type[Completion] | type[ChatCompletion] | type[Embedding],
     delivery: Delivery,
     created_at: float,
     prompt_tokens: int,
@@ -611,7 +662,13 @@ def make_answer(
 ) -> Any:
     """A Completion (or ChatCompletion) over the server's choice dicts; fields are
     built when first read. ``created_at`` is when the caller asked (for timings)."""
-    setters = _completion_slots if kind is Completion else _chat_slots
+    setters = (
+        _completion_slots
+        if kind is Completion
+        else _chat_slots
+        if kind is ChatCompletion
+        else _embedding_slots
+    )
     s_delivery, s_created_at, s_prompt, s_completion, s_attempts, s_choices = setters
     # n=1 (nearly always): keep the one dict, not a tuple around it.
     kept: object = choices[0] if len(choices) == 1 else choices

@@ -74,8 +74,9 @@ class Submitter:
     def request(self, spec: CallSpec, payload: object) -> Request:
         """One request for a prompt (``spec.kind == "completion"``) or a conversation."""
         max_model_len = self.specs.context_of(spec.model)
-        if spec.kind == "completion":
-            est_tokens = check_prompt(payload, spec, max_model_len)
+        if spec.kind != "chat":
+            name = "prompt" if spec.kind == "completion" else "input"
+            est_tokens = check_prompt(payload, spec, max_model_len, name)
             request = Request(spec, payload, None, est_tokens, self.now())  # type: ignore[arg-type]
         else:
             messages, est_tokens = check_messages(payload, spec)

@@ -248,27 +248,30 @@ def _freeze(value: object) -> object:
     return (type(value), value)
 
 
-def check_prompt(prompt: object, spec: CallSpec, max_model_len: int | None) -> int:
-    """Check one completion prompt; returns its in-flight token estimate."""
+def check_prompt(
+    prompt: object, spec: CallSpec, max_model_len: int | None, name: str = "prompt"
+) -> int:
+    """Check one completion prompt (or embedding ``input``); returns its in-flight
+    token estimate."""
     if not isinstance(prompt, str):
-        raise _wrong_type("prompt", "a str", prompt)
+        raise _wrong_type(name, "a str", prompt)
     if not prompt:
-        raise _bad("prompt must not be empty", "prompt")
+        raise _bad(f"{name} must not be empty", name)
     size = len(prompt)
     if not prompt.isascii():
         try:
             size = len(prompt.encode("utf-8"))
         except UnicodeEncodeError as exc:
-            raise _bad(f"prompt is not valid Unicode text ({exc.reason})", "prompt") from None
+            raise _bad(f"{name} is not valid Unicode text ({exc.reason})", name) from None
     if max_model_len is not None:
         # A lower bound for any common tokenizer: no token spans more than 16 bytes of
         # ordinary text, so this never refuses a prompt the server would take.
         at_least = size // 16
         if at_least + spec.max_tokens > max_model_len:
             raise _bad(
-                f"prompt (at least {at_least} tokens) + max_tokens ({spec.max_tokens}) exceeds "
+                f"{name} (at least {at_least} tokens) + max_tokens ({spec.max_tokens}) exceeds "
                 f"the server's max_model_len of {max_model_len}",
-                "prompt",
+                name,
             )
     return spec.n * (len(prompt) // 4 + 1 + spec.max_tokens)
 

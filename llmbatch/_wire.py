@@ -27,11 +27,13 @@ __all__ = [
     "chat_batch_body",
     "chat_body",
     "completion_body",
+    "embedding_body",
     "error_from_response",
     "error_message",
     "parse_chat",
     "parse_chat_batch",
     "parse_completions",
+    "parse_embeddings",
     "split_usage",
 ]
 
@@ -68,6 +70,13 @@ def completion_body(requests: Sequence[Request], priority: int | None) -> bytes:
 def chat_body(request: Request, priority: int | None) -> bytes:
     """One /v1/chat/completions body (one conversation)."""
     return _body(request.spec, b"messages", request.messages, priority)
+
+
+def embedding_body(requests: Sequence[Request], priority: int | None) -> bytes:
+    """One /v1/embeddings body: ``input`` is the list of texts (or the one text)."""
+    if len(requests) == 1:
+        return _body(requests[0].spec, b"input", requests[0].prompt, priority)
+    return _body(requests[0].spec, b"input", [r.prompt for r in requests], priority)
 
 
 def chat_batch_body(requests: Sequence[Request], priority: int | None) -> bytes:
@@ -164,6 +173,16 @@ def parse_chat(content: bytes, n: int = 1) -> Answers:
     if not all(isinstance(c.get("message"), Mapping) for c in choices[0]):
         raise RemoteProtocolError("the server sent a chat choice without a message")
     return Answers(id_, model, created, choices, _usage(data), _fingerprint(data))
+
+
+def parse_embeddings(content: bytes, requests: Sequence[Request]) -> Answers:
+    """An embeddings response: ``data[i]`` (by its ``index``) is input ``i``'s vector."""
+    data = _load(content)
+    id_, model, created = _header(data)
+    items = _demultiplex(data.get("data"), len(requests), 1)
+    if not all("embedding" in item[0] for item in items):
+        raise RemoteProtocolError("the server sent an embedding without its vector")
+    return Answers(id_, model, created, items, _usage(data))
 
 
 def parse_chat_batch(content: bytes, requests: Sequence[Request]) -> Answers:
