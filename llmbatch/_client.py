@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import anyio
 import sniffio
+from anyio.abc import TaskGroup
 
 from llmbatch._clock import loop_clock
 from llmbatch._config import (
@@ -229,6 +230,7 @@ class Client:
         self._state = _State.UNOPENED
         self._exit_stack: AsyncExitStack | None = None
         self._engine: Engine | None = None
+        self._host: asyncio.Task[None] | None = None
         self._endpoint: Endpoint | None = None
         self._submitter: Submitter | None = None
         self._map: MapRunner | None = None
@@ -284,11 +286,14 @@ class Client:
             self._submitter = Submitter(
                 engine, SpecCache(self.model, self.max_model_len), clock=now, loop=loop
             )
-            tg = await stack.enter_async_context(anyio.create_task_group())
+            if loop is not None:
+                tg = await self._start_host(loop, engine)
+            else:
+                tg = await stack.enter_async_context(anyio.create_task_group())
+                tg.start_soon(engine.run, tg)
             self._task_group = tg
             self._map = MapRunner(self._submitter, tg)
             self._engine = engine
-            tg.start_soon(engine.run, tg)
         except BaseException:
             await stack.aclose()
             raise
@@ -315,9 +320,34 @@ class Client:
                     await engine.wait_idle()
             engine.cancel_queued()
             self._task_group.cancel_scope.cancel()
+            if self._host is not None:
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait({self._host})
+                self._host.result()  # a bug in the background work surfaces here
         finally:
             self._state = _State.CLOSED
             await stack.aclose()
+
+    async def _start_host(self, loop: asyncio.AbstractEventLoop, engine: Engine) -> TaskGroup:
+        """On asyncio, the client's background work runs in a task group hosted by a
+        task of its own, so the client may be closed from another task than the one
+        that opened it (a notebook runs each cell as a task; a drop-in transport opens
+        its client inside a request). trio has no task without a nursery: there the
+        task group lives in the task that opens the client."""
+        started: asyncio.Future[TaskGroup] = loop.create_future()
+
+        async def host() -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(engine.run, tg)
+                started.set_result(tg)
+                await anyio.sleep_forever()  # until __aexit__ cancels the task group
+
+        self._host = loop.create_task(host(), name="llmbatch client")
+        waiting: set[asyncio.Future[Any]] = {self._host, started}
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            self._host.result()  # it failed before starting: raise why
+        return started.result()
 
     def _requeue(self, requests: Sequence[Request]) -> None:
         # The dispatcher hands back a batch that met an outage; the engine queues it.

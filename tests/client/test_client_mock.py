@@ -470,3 +470,20 @@ async def test_leaving_map_unordered_sends_nothing_more() -> None:
         await anyio.wait_all_tasks_blocked()
         in_flight = c.stats().tiers[llmbatch.Priority.BATCH].in_flight
     assert (sent, in_flight) == (["p0"], 0)
+
+
+@pytest.mark.asyncio_only("on trio the task group lives in the task that opens the client")
+async def test_a_client_opened_in_one_task_closes_in_another() -> None:
+    """As a notebook does: each cell runs as a task of its own."""
+    import asyncio
+
+    fake = FakeServer()
+    c = client(fake)
+    await asyncio.create_task(c.__aenter__())  # cell 1
+    answer = await asyncio.create_task(c.complete("hi"))  # cell 2
+    results = await asyncio.create_task(c.map(["a", "b"]))  # cell 3
+    await asyncio.create_task(c.__aexit__(None, None, None))  # cell 4
+    assert answer.text == "echo:hi:0"
+    assert all(r.ok for r in results)
+    with pytest.raises(ClientClosedError):
+        await c.complete("after")
