@@ -367,6 +367,23 @@ class _Answer(_Immutable):
         """The same as :meth:`to_dict` (kept from 0.1, whose results were pydantic)."""
         return self.to_dict()
 
+    def _raw_choices(self) -> list[dict[str, Any]]:
+        """The choices as the server sent them (OpenAI's JSON), each indexed from 0
+        within this answer, for the openai drop-in."""
+        kept = getattr(self, "_choices", None)
+        if kept is None:  # an Embedding
+            return [dict(self._item)]  # type: ignore[attr-defined]
+        raw = (kept,) if isinstance(kept, Mapping) else kept
+        out = []
+        for j, choice in enumerate(raw):
+            if isinstance(choice, Mapping):
+                out.append({**choice, "index": j})
+            else:  # built from objects (a constructed result): their fields, in JSON
+                data = dataclasses.asdict(choice)
+                data["index"] = j
+                out.append(data)
+        return out
+
 
 def _rebuild(cls: type[_Answer], fields: dict[str, Any]) -> _Answer:
     return cls(**fields)

@@ -7,8 +7,34 @@ tests can run llmbatch without a server::
         return MockResponse(json={...})
 
     async with llmbatch.Client(transport=MockTransport(handler), model="m") as client: ...
+
+``BatchingTransport`` goes the other way: an httpx transport that sends any
+httpx-based program's OpenAI calls through an llmbatch client (see
+``llmbatch.openai`` and docs/openai.md).
 """
+
+from typing import TYPE_CHECKING, Any
 
 from llmbatch._transports import HTTPRequest, HTTPResponse, MockResponse, MockTransport, Transport
 
-__all__ = ["HTTPRequest", "HTTPResponse", "MockResponse", "MockTransport", "Transport"]
+if TYPE_CHECKING:
+    from llmbatch._batching_transport import PRIORITY_HEADER, BatchingTransport
+
+__all__ = [
+    "PRIORITY_HEADER",
+    "BatchingTransport",
+    "HTTPRequest",
+    "HTTPResponse",
+    "MockResponse",
+    "MockTransport",
+    "Transport",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: it pulls in httpx, which plain llmbatch use does not need.
+    if name in ("BatchingTransport", "PRIORITY_HEADER"):
+        from llmbatch import _batching_transport
+
+        return getattr(_batching_transport, name)
+    raise AttributeError(f"module 'llmbatch.transports' has no attribute {name!r}")

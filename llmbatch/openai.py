@@ -1,0 +1,63 @@
+"""A one-line drop-in for openai-python: ``from llmbatch.openai import AsyncOpenAI``.
+
+It is openai's own ``AsyncOpenAI``, whose HTTP client sends completions, chat and
+embeddings calls through llmbatch (batching, tiers, fault isolation, retries, the
+closed-loop admission) and everything else to the server unchanged; calls return
+openai's own types. Needs the ``openai`` extra (``pip install 'llmbatch[openai]'``).
+
+    from llmbatch.openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url="http://127.0.0.1:8000/v1", api_key="...")
+    answer = await client.chat.completions.create(
+        model="m", messages=[...], extra_headers={"x-llmbatch-priority": "realtime"}
+    )
+    await client.close()
+
+See docs/openai.md ("Coming from openai-python").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+try:
+    import openai
+except ImportError as exc:  # pragma: no cover - exercised without the extra
+    raise ImportError(
+        "llmbatch.openai needs the openai package: pip install 'llmbatch[openai]'"
+    ) from exc
+
+import httpx
+
+from llmbatch._batching_transport import PRIORITY_HEADER, BatchingTransport
+
+__all__ = ["PRIORITY_HEADER", "AsyncOpenAI"]
+
+
+class AsyncOpenAI(openai.AsyncOpenAI):
+    """openai's ``AsyncOpenAI``, batching through llmbatch.
+
+    Takes openai's arguments, plus ``default_priority`` (the tier of calls without an
+    ``x-llmbatch-priority`` header; ``"normal"``) and ``llmbatch_options`` (keywords
+    for the :class:`llmbatch.Client` it makes: ``limits=``, ``slo=``, ...).
+    ``max_retries`` defaults to 0 because llmbatch retries already (and waits out
+    outages); a passed ``http_client`` is used as it is, without batching.
+    """
+
+    def __init__(
+        self,
+        *,
+        default_priority: str = "normal",
+        llmbatch_options: Mapping[str, Any] | None = None,
+        max_retries: int = 0,
+        http_client: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if http_client is None:
+            transport = BatchingTransport(
+                default_priority=default_priority, **dict(llmbatch_options or {})
+            )
+            # llmbatch bounds each request itself (Client timeouts and deadlines).
+            http_client = httpx.AsyncClient(transport=transport, timeout=None)
+        super().__init__(max_retries=max_retries, http_client=http_client, **kwargs)

@@ -1,0 +1,164 @@
+"""The openai-python drop-in, with the real ``openai`` package against a real
+simulator process: unchanged calls get batched, tiers, isolation, and return
+openai's own types; everything else passes through."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import anyio
+import httpx
+import openai
+import pytest
+
+from llmbatch.openai import AsyncOpenAI
+from llmbatch.transports import BatchingTransport
+from llmbatch_server.testing import SimulatorProcess, run_simulator
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.asyncio_only("the drop-in hosts its client on asyncio"),
+]
+
+MODEL = "llmbatch-sim"
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimulatorProcess]:
+    with run_simulator("--zero-latency", "--max-model-len", "512") as server:
+        yield server
+
+
+class Counting(httpx.AsyncBaseTransport):
+    """The real network transport, counting the HTTP requests that reach the server."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.posts: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            self.posts.append(request.url.path)
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_unchanged_calls_return_openais_types(sim: SimulatorProcess) -> None:
+    client = AsyncOpenAI(base_url=sim.base_url, api_key="unused")
+    try:
+        completion = await client.completions.create(model=MODEL, prompt="hello", max_tokens=4)
+        chat = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, n=2
+        )
+        embeddings = await client.embeddings.create(model=MODEL, input=["a", "b", "c"])
+        listed = [m.id async for m in await client.models.list()]  # passed through
+    finally:
+        await client.close()
+    assert isinstance(completion, openai.types.Completion)
+    assert completion.choices[0].text
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == 4
+    assert isinstance(chat, openai.types.chat.ChatCompletion)
+    assert [c.index for c in chat.choices] == [0, 1]
+    assert chat.choices[0].message.content
+    assert isinstance(embeddings, openai.types.CreateEmbeddingResponse)
+    assert [d.index for d in embeddings.data] == [0, 1, 2]
+    assert len(embeddings.data[0].embedding) == 384
+    assert listed == [MODEL]
+
+
+class Recorder:
+    """llmbatch's own aiohttp transport, counting the POSTs the server receives."""
+
+    def __init__(self) -> None:
+        import llmbatch
+        from llmbatch._transports.aiohttp import AiohttpTransport
+
+        self.inner = AiohttpTransport(
+            limits=llmbatch.DEFAULT_LIMITS, timeout=llmbatch.DEFAULT_TIMEOUT
+        )
+        self.posts = 0
+
+    async def send(self, request: object) -> object:
+        if getattr(request, "method", "") == "POST":
+            self.posts += 1
+        return await self.inner.send(request)  # type: ignore[arg-type]
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_concurrent_calls_are_batched_and_a_bad_one_fails_alone(
+    sim: SimulatorProcess,
+) -> None:
+    wire = Recorder()
+    client = AsyncOpenAI(
+        base_url=sim.base_url, api_key="unused", llmbatch_options={"transport": wire}
+    )
+    outcomes: dict[int, object] = {}
+
+    async def call(i: int) -> None:
+        prompt = "word " * 2000 if i == 13 else f"prompt {i}"
+        try:
+            answer = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+            outcomes[i] = answer.choices[0].text
+        except openai.BadRequestError as exc:
+            outcomes[i] = exc
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for i in range(200):
+                tg.start_soon(call, i)
+    finally:
+        await client.close()
+    assert isinstance(outcomes.pop(13), openai.BadRequestError)  # the server's 400, alone
+    assert len(outcomes) == 199
+    assert all(isinstance(text, str) and text for text in outcomes.values())
+    assert wire.posts <= 200 / 5, wire.posts  # far fewer HTTP requests than calls
+
+
+async def test_the_priority_header_picks_the_tier(sim: SimulatorProcess) -> None:
+    client = AsyncOpenAI(base_url=sim.base_url, api_key="unused", default_priority="batch")
+    transport = client._client._transport  # type: ignore[attr-defined]
+    try:
+        await client.completions.create(model=MODEL, prompt="a", max_tokens=1)
+        await client.completions.create(
+            model=MODEL, prompt="b", max_tokens=1, extra_headers={"x-llmbatch-priority": "realtime"}
+        )
+        stats = transport._client.stats()
+    finally:
+        await client.close()
+    tiers = {tier.value: s.done for tier, s in stats.tiers.items()}
+    assert tiers == {"realtime": 1, "normal": 0, "batch": 1}
+
+
+async def test_a_stream_passes_through(sim: SimulatorProcess) -> None:
+    wire = Counting()
+    client = AsyncOpenAI(
+        base_url=sim.base_url,
+        api_key="unused",
+        http_client=httpx.AsyncClient(transport=BatchingTransport(passthrough=wire)),
+    )
+    try:
+        stream = await client.completions.create(model=MODEL, prompt="x", max_tokens=3, stream=True)
+        chunks = [chunk async for chunk in stream]
+    finally:
+        await client.close()
+    assert chunks
+    assert wire.posts == ["/v1/completions"]
+
+
+def test_the_extra_is_named_when_openai_is_missing() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['openai'] = None\n"
+        "try:\n import llmbatch.openai\nexcept ImportError as e: print(e)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "pip install 'llmbatch[openai]'" in out.stdout
+    assert json.loads("1") == 1
