@@ -65,6 +65,7 @@ from llmbatch._models import (
 )
 from llmbatch._progress import MapProgress, ProgressBar
 from llmbatch._stats import Percentiles, ServerStats, Stats, TierStats
+from llmbatch._sync import SyncClient
 from llmbatch._version import __version__
 
 __all__ = [
@@ -117,6 +118,7 @@ __all__ = [
     "ServerStats",
     "ServiceUnavailableError",
     "Stats",
+    "SyncClient",
     "TierStats",
     "Timeout",
     "TimeoutException",

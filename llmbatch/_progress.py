@@ -168,31 +168,48 @@ def make_tracker(progress: object, inputs: object, clock: Clock) -> ProgressTrac
     return ProgressTracker(progress, total=total, clock=clock)
 
 
+#: Seconds between two progress lines when there is no terminal to draw a bar on.
+LINE_INTERVAL = 10.0
+
+
 class ProgressBar:
-    """A rich progress bar on stderr; ``progress=True`` means ``ProgressBar()``.
+    """Progress on stderr; ``progress=True`` means ``ProgressBar()``.
 
     Shows done / failed / in flight, prompts/s, tokens/s and, when the input has a
-    length, an ETA. It draws nothing when stderr is not a terminal (logs, CI) unless
-    ``force=True``. Needs the optional ``rich`` package
-    (``pip install 'llmbatch[progress]'``)::
+    length, an ETA: as a rich bar in a terminal and in a Jupyter notebook, and as a
+    plain line every ``line_interval`` seconds (and at the end) elsewhere (logs, CI,
+    a script piped to a file). ``force=True`` draws the bar even without a terminal.
+    The bar needs the optional ``rich`` package (``pip install 'llmbatch[progress]'``)::
 
         await client.map(prompts, progress=llmbatch.ProgressBar(description="labels"))
     """
 
-    def __init__(self, *, description: str = "llmbatch", force: bool = False) -> None:
-        try:
-            import rich.progress  # noqa: F401  (fail here, at the call, not mid-run)
-        except ImportError as exc:
-            raise ImportError(
-                "progress=True needs the 'rich' package: pip install 'llmbatch[progress]'"
-            ) from exc
+    def __init__(
+        self,
+        *,
+        description: str = "llmbatch",
+        force: bool = False,
+        line_interval: float = LINE_INTERVAL,
+    ) -> None:
         self.description = description
         self.force = force
+        self.line_interval = line_interval
+        self.mode = _mode(force)
+        """``"terminal"``, ``"notebook"`` or ``"lines"``: how progress is shown here."""
+        if self.mode != "lines":
+            try:
+                import rich.progress  # noqa: F401  (fail here, at the call, not mid-run)
+            except ImportError as exc:
+                raise ImportError(
+                    "progress=True needs the 'rich' package: pip install 'llmbatch[progress]'"
+                ) from exc
         self._bar: Any = None
         self._task: Any = None
+        self._last_line: float | None = None
 
     def __call__(self, snapshot: MapProgress) -> None:
-        if not (self.force or sys.stderr.isatty()):
+        if self.mode == "lines":
+            self._line(snapshot)
             return
         if self._bar is None:
             self._open()
@@ -206,20 +223,46 @@ class ProgressBar:
             self._bar.stop()
             self._bar = self._task = None
 
+    def _line(self, snapshot: MapProgress) -> None:
+        due = self._last_line is None or snapshot.elapsed - self._last_line >= self.line_interval
+        if not (due or snapshot.finished):
+            return
+        self._last_line = snapshot.elapsed
+        total = "?" if snapshot.total is None else f"{snapshot.total:,}"
+        state = "done" if snapshot.finished else "running"
+        print(
+            f"{self.description}: {snapshot.completed:,}/{total} {state} · {describe(snapshot)}",
+            file=sys.stderr,
+            flush=True,
+        )
+
     def _open(self) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+        console = (
+            Console(force_jupyter=True)
+            if self.mode == "notebook"
+            else Console(stderr=True, force_terminal=True if self.force else None)
+        )
         self._bar = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(bar_width=24),
             MofNCompleteColumn(),
             TextColumn("{task.fields[detail]}"),
-            console=Console(stderr=True, force_terminal=True if self.force else None),
+            console=console,
             refresh_per_second=5,
         )
         self._task = self._bar.add_task(self.description, total=None, detail="")
         self._bar.start()
+
+
+def _mode(force: bool) -> str:
+    if force or sys.stderr.isatty():
+        return "terminal"
+    if "ipykernel" in sys.modules:  # a Jupyter kernel: rich renders in the notebook
+        return "notebook"
+    return "lines"
 
 
 def describe(snapshot: MapProgress) -> str:

@@ -139,12 +139,16 @@ async def test_bad_progress_argument_is_rejected() -> None:
             await c.map(["a"], progress="yes")  # type: ignore[arg-type]
 
 
-async def test_progress_true_is_silent_when_stderr_is_not_a_terminal(
+async def test_without_a_terminal_progress_is_a_periodic_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """Logs and CI get a line at the start, every line_interval seconds, and at the end."""
     async with client(FakeServer()) as c:
         await c.map(["a", "b"], progress=True)
-    assert capsys.readouterr().err == ""
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("llmbatch: 0/2 running")
+    assert lines[-1].startswith("llmbatch: 2/2 done · 0 failed")
+    assert len(lines) == 2  # the map took less than line_interval (10 s)
 
 
 async def test_forced_progress_bar_draws_counts_on_stderr(
@@ -163,7 +167,13 @@ async def test_forced_progress_bar_draws_counts_on_stderr(
 def test_progress_bar_without_rich_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(__import__("sys").modules, "rich.progress", None)
     with pytest.raises(ImportError, match=r"llmbatch\[progress\]"):
-        llmbatch.ProgressBar()
+        llmbatch.ProgressBar(force=True)  # a bar needs rich
+    assert llmbatch.ProgressBar().mode == "lines"  # lines do not (no terminal here)
+
+
+def test_in_a_notebook_the_bar_renders_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "ipykernel", object())
+    assert llmbatch.ProgressBar().mode == "notebook"
 
 
 # -- imap: ordered, bounded -----------------------------------------------------------

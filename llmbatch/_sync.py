@@ -1,0 +1,167 @@
+"""``SyncClient``: the client's methods, blocking, for scripts, notebooks and threads.
+
+A sync face over the async core, not a second implementation: the :class:`Client`
+runs on an event loop of its own in a background thread (anyio's blocking portal),
+and each method hands its call to that loop and waits. So calls from many threads
+batch together, a notebook may open the client in one cell and close it in another,
+and a thread that runs its own event loop can use it too (its loop waits while a
+call blocks, but nothing deadlocks: the client's loop is another thread's).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from types import TracebackType
+from typing import Any, TypeVar
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from llmbatch._client import Client
+from llmbatch._exceptions import ClientClosedError
+from llmbatch._map import MapInput
+from llmbatch._models import ChatCompletion, Completion, Embedding, Result
+from llmbatch._stats import Stats
+
+__all__ = ["SyncClient"]
+
+T = TypeVar("T")
+
+
+class SyncClient:
+    """:class:`Client`'s methods, blocking. Takes the same arguments::
+
+        with llmbatch.SyncClient(base_url="http://127.0.0.1:8000/v1") as client:
+            print(client.complete("Hello", max_tokens=16).text)
+            results = client.map(prompts, progress=True)
+
+    In a notebook, ``client = llmbatch.SyncClient(...).open()`` in one cell and
+    ``client.close()`` in another work too.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._client = Client(*args, **kwargs)
+        self._portal_context: AbstractContextManager[BlockingPortal] | None = None
+        self._portal: BlockingPortal | None = None
+
+    def __repr__(self) -> str:
+        return repr(self._client).replace("llmbatch.Client", "llmbatch.SyncClient", 1)
+
+    @property
+    def base_url(self) -> str:
+        """The server's base URL."""
+        return self._client.base_url
+
+    @property
+    def model(self) -> str | None:
+        """The model every request names (read from the server when opened)."""
+        return self._client.model
+
+    # -- lifetime --------------------------------------------------------------------
+
+    def open(self) -> SyncClient:
+        """Start the background loop and open the client (what ``with`` does)."""
+        if self._portal is not None:
+            raise ClientClosedError("this SyncClient is already open")
+        context = start_blocking_portal(backend="asyncio")
+        portal = context.__enter__()
+        try:
+            portal.call(self._client.__aenter__)
+        except BaseException:
+            context.__exit__(None, None, None)
+            raise
+        self._portal_context, self._portal = context, portal
+        return self
+
+    def close(self) -> None:
+        """Drain, close the client, and stop its loop (what leaving ``with`` does)."""
+        self._shut(None, None, None)
+
+    def __enter__(self) -> SyncClient:
+        return self.open()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._shut(exc_type, exc, tb)
+
+    def _shut(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        portal, context = self._portal, self._portal_context
+        if portal is None or context is None:
+            return
+        self._portal = self._portal_context = None
+        try:
+            portal.call(self._client.__aexit__, exc_type, exc, tb)
+        finally:
+            context.__exit__(None, None, None)
+
+    def _call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        portal = self._portal
+        if portal is None:
+            raise ClientClosedError(
+                "the SyncClient is not open; use 'with llmbatch.SyncClient(...)' or .open()"
+            )
+        return portal.call(functools.partial(function, *args, **kwargs))
+
+    def _iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
+        """An async iterator of the client's loop, stepped from this thread."""
+        try:
+            while True:
+                try:
+                    yield self._call(agen.__anext__)
+                except StopAsyncIteration:
+                    return
+        finally:
+            close = getattr(agen, "aclose", None)
+            if close is not None and self._portal is not None:
+                self._call(close)
+
+    # -- calls -----------------------------------------------------------------------
+
+    def complete(self, prompt: str, **kwargs: Any) -> Completion:
+        """:meth:`Client.complete`, blocking."""
+        value: Completion = self._call(self._client.complete, prompt, **kwargs)
+        return value
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> ChatCompletion:
+        """:meth:`Client.chat`, blocking."""
+        value: ChatCompletion = self._call(self._client.chat, messages, **kwargs)
+        return value
+
+    def embed(self, input: str | Sequence[str], **kwargs: Any) -> Embedding | list[Embedding]:
+        """:meth:`Client.embed`, blocking."""
+        value: Embedding | list[Embedding] = self._call(self._client.embed, input, **kwargs)
+        return value
+
+    def stream(self, prompt: str | Sequence[Mapping[str, Any]], **kwargs: Any) -> Iterator[str]:
+        """:meth:`Client.stream`: text deltas as they arrive."""
+        return self._iterate(self._client.stream(prompt, **kwargs))
+
+    def map(self, inputs: Iterable[MapInput], **kwargs: Any) -> list[Result[Any]]:
+        """:meth:`Client.map`, blocking: one :class:`Result` per input, in order."""
+        results: list[Result[Any]] = self._call(self._client.map, inputs, **kwargs)
+        return results
+
+    def map_unordered(
+        self, inputs: Iterable[MapInput], **kwargs: Any
+    ) -> Iterator[tuple[int, Result[Any]]]:
+        """:meth:`Client.map_unordered`: ``(index, Result)`` as items finish."""
+        return self._iterate(self._client.map_unordered(inputs, **kwargs))
+
+    def imap(self, inputs: Iterable[MapInput], **kwargs: Any) -> Iterator[Result[Any]]:
+        """:meth:`Client.imap`: one :class:`Result` per input, in order, bounded memory."""
+        return self._iterate(self._client.imap(inputs, **kwargs))
+
+    def stats(self) -> Stats:
+        """:meth:`Client.stats`."""
+        stats: Stats = self._call(self._client.stats)
+        return stats

@@ -1,0 +1,78 @@
+"""SyncClient: the client's methods, blocking, from plain code, from many threads at
+once (batched together), from inside a thread that runs its own event loop, and
+opened and closed in separate steps (as notebook cells do). Against a real
+simulator process."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+import llmbatch
+from llmbatch_server.testing import SimulatorProcess, run_simulator
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimulatorProcess]:
+    with run_simulator("--zero-latency") as server:
+        yield server
+
+
+def test_every_method_blocks_and_answers(sim: SimulatorProcess) -> None:
+    with llmbatch.SyncClient(sim.base_url) as client:
+        assert client.complete("hello", max_tokens=3).usage.completion_tokens == 3
+        assert client.chat([{"role": "user", "content": "hi"}], max_tokens=3).text
+        assert "".join(client.stream("once upon", max_tokens=4))
+        results = client.map([f"p{i}" for i in range(40)], max_tokens=2)
+        assert [r.index for r in results] == list(range(40))
+        assert sorted(i for i, _ in client.map_unordered(["a", "b", "c"])) == [0, 1, 2]
+        assert len(list(client.imap(["a", "b"]))) == 2
+        assert len(client.embed(["a", "b"])) == 2  # type: ignore[arg-type]
+        assert client.stats().tiers[llmbatch.Priority.BATCH].done == 45
+    with pytest.raises(llmbatch.ClientClosedError):
+        client.complete("after close")
+
+
+def test_calls_from_many_threads_share_batches(sim: SimulatorProcess) -> None:
+    answers: list[str] = []
+    with llmbatch.SyncClient(
+        sim.base_url, batching={"normal": llmbatch.BatchPolicy(max_wait=0.05)}
+    ) as client:
+
+        def worker(n: int) -> None:
+            for i in range(10):
+                answers.append(client.complete(f"thread {n} call {i}", max_tokens=2).text)
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        stats = client.stats()
+    assert len(answers) == 160
+    assert stats.batches_sent < 160  # the threads' calls were batched together
+    assert stats.max_batch_size > 1
+
+
+def test_usable_from_a_thread_that_runs_an_event_loop(sim: SimulatorProcess) -> None:
+    async def handler(client: llmbatch.SyncClient) -> str:
+        # Blocking inside a coroutine stalls this loop, but the client's own loop runs
+        # in another thread, so the call completes.
+        return client.complete("from a loop", max_tokens=2).text
+
+    with llmbatch.SyncClient(sim.base_url) as client:
+        assert asyncio.run(handler(client))
+
+
+def test_opened_and_closed_in_separate_steps(sim: SimulatorProcess) -> None:
+    client = llmbatch.SyncClient(sim.base_url).open()  # one notebook cell
+    try:
+        text = client.complete("cell two", max_tokens=2).text  # another
+    finally:
+        client.close()  # a third
+    assert text
+    client.close()  # closing twice is harmless
+    assert "state=closed" in repr(client)
