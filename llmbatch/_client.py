@@ -405,13 +405,14 @@ class Client:
         if self.model is None:
             if not models:
                 raise ServerInfoError(
-                    f"{self.base_url}/models lists no models; pass model=... to name one"
+                    f"{self.base_url}/models lists no models, so there is none to use by default"
                 )
             self.model = str(models[0]["id"])
         entry = next((m for m in models if m.get("id") == self.model), None)
         if entry is None and models:
             # A server listing nothing tells us nothing; one listing others is sure.
-            raise _unknown_model(self.model, self.base_url, models)
+            available = tuple(str(m["id"]) for m in models)
+            raise UnknownModelError(model=self.model, available=available, base_url=self.base_url)
         if entry is not None and isinstance(entry.get("max_model_len"), int):
             self.max_model_len = entry["max_model_len"]
         if entry is not None and entry.get("owned_by") == "vllm":
@@ -826,22 +827,3 @@ def _policies(batching: object) -> dict[Any, BatchPolicy]:
         except InvalidRequestError as exc:
             raise ConfigError(f"batching: {exc}", field="batching") from None
     return policies
-
-
-#: Model names an unknown-model message lists before "and N more".
-_MODELS_SHOWN = 20
-
-
-def _unknown_model(
-    model: str, base_url: str, models: Sequence[Mapping[str, Any]]
-) -> UnknownModelError:
-    available = tuple(str(m["id"]) for m in models)
-    shown = ", ".join(repr(name) for name in available[:_MODELS_SHOWN])
-    if len(available) > _MODELS_SHOWN:
-        shown += f" and {len(available) - _MODELS_SHOWN} more"
-    return UnknownModelError(
-        f"model {model!r} is not served at {base_url}, which serves {shown}; pass one of "
-        "them as model=..., or model=None for the first",
-        model=model,
-        available=available,
-    )

@@ -126,10 +126,23 @@ class UnknownModelError(ServerInfoError):
     ``model`` is the name asked for; ``available`` the names the server lists.
     """
 
-    def __init__(self, message: str, *, model: str, available: tuple[str, ...]) -> None:
-        super().__init__(message)
+    #: Names the message lists before "and N more" (OpenAI's own list runs to dozens).
+    SHOWN = 20
+
+    def __init__(self, *, model: str, available: tuple[str, ...], base_url: str) -> None:
         self.model = model
         self.available = available
+        super().__init__(
+            f"model {model!r} is not served at {base_url}, which serves {self.served}; "
+            "pass one of them as model=..., or model=None for the first"
+        )
+
+    @property
+    def served(self) -> str:
+        """The server's model names as a short list: ``'a', 'b' and 3 more``."""
+        names = ", ".join(repr(name) for name in self.available[: self.SHOWN])
+        more = len(self.available) - self.SHOWN
+        return f"{names} and {more} more" if more > 0 else names
 
 
 class RequestError(LLMBatchError):

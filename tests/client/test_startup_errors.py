@@ -189,7 +189,7 @@ async def test_a_server_listing_no_models_is_taken_at_its_word_only_without_one(
     transport = MockTransport(lambda request: MockResponse(json={"data": []}))
     async with llmbatch.Client("http://h:1/v1", transport=transport, model="m") as client:
         assert client.model == "m"
-    with pytest.raises(llmbatch.ServerInfoError, match="lists no models; pass model="):
+    with pytest.raises(llmbatch.ServerInfoError, match="lists no models, so there is none"):
         async with llmbatch.Client("http://h:1/v1", transport=transport):
             pass
 
