@@ -136,6 +136,11 @@ class Client:
     ``base_url`` and ``api_key`` default to ``LLMBATCH_BASE_URL``/``LLMBATCH_API_KEY``,
     then ``OPENAI_BASE_URL``/``OPENAI_API_KEY``. ``model=None`` uses the server's
     (first) model from ``/v1/models``, which also tells llmbatch ``max_model_len``.
+    Opening fails, saying what to do, when that list shows no request could succeed:
+    a base URL without its ``/v1`` (:class:`ServerInfoError`), a missing or refused
+    key (:class:`AuthenticationError`, :class:`PermissionDeniedError`), a ``model`` the
+    server does not serve (:class:`UnknownModelError`). A server that cannot be
+    reached fails it only when ``model`` is None (with one, it may come up later).
 
     ``transport`` is ``"aiohttp"`` (default on asyncio: lowest client CPU),
     ``"httpx"`` (default on trio), or any :class:`llmbatch.transports.Transport`.
