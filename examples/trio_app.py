@@ -1,7 +1,7 @@
 """llmbatch under trio: the same API, with the httpx transport.
 
-Everything works on trio except ``RateLimit`` (aiolimiter is asyncio-only):
-passing one raises a clear error at ``Client(...)`` entry.
+Everything works on trio, ``RateLimit`` included; only ``transport="aiohttp"``
+needs asyncio (asking for it here raises a clear ``ConfigError`` at entry).
 
 Run:  LLMBATCH_BASE_URL=http://127.0.0.1:8000/v1 python examples/trio_app.py
 """

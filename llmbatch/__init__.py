@@ -48,6 +48,7 @@ from llmbatch._exceptions import (
     ServiceUnavailableError,
     TimeoutException,
     TransportError,
+    UnknownModelError,
     WriteTimeout,
 )
 from llmbatch._models import (
@@ -125,6 +126,7 @@ __all__ = [
     "Timings",
     "ToolCall",
     "TransportError",
+    "UnknownModelError",
     "Usage",
     "WriteTimeout",
     "__version__",

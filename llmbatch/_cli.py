@@ -7,6 +7,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from llmbatch._version import __version__
+
 #: Shown when ``llmbatch bench`` runs without the separate benchmark package.
 BENCH_MISSING = (
     "llmbatch bench: the benchmark harness is a separate package, llmbatch-bench. "
@@ -20,7 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="llmbatch",
         description="Batch LLM work against an OpenAI-compatible server.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="show the version"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # Subcommands import their own (possibly heavy) modules only when they run.
     from llmbatch._jobs import cli as jobs_cli
 
@@ -30,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench",
         add_help=False,
-        help="benchmark llmbatch against common clients (needs llmbatch-bench)",
+        help="benchmark llmbatch against common clients (needs llmbatch-bench; "
+        "`llmbatch bench --help` lists its options)",
     )
     bench.set_defaults(handler=None)
     return parser

@@ -44,14 +44,18 @@ from llmbatch._dispatcher import Dispatcher
 from llmbatch._endpoint import Endpoint
 from llmbatch._engine import Engine
 from llmbatch._exceptions import (
+    APIStatusError,
+    AuthenticationError,
     ClientClosedError,
     ConfigError,
     ConfigTypeError,
     InvalidRequestError,
     InvalidTypeError,
     LLMBatchError,
+    PermissionDeniedError,
     RequestError,
     ServerInfoError,
+    UnknownModelError,
 )
 from llmbatch._map import MapInput, MapRunner, check_inputs
 from llmbatch._models import ChatCompletion, Completion, Embedding, Result
@@ -132,6 +136,11 @@ class Client:
     ``base_url`` and ``api_key`` default to ``LLMBATCH_BASE_URL``/``LLMBATCH_API_KEY``,
     then ``OPENAI_BASE_URL``/``OPENAI_API_KEY``. ``model=None`` uses the server's
     (first) model from ``/v1/models``, which also tells llmbatch ``max_model_len``.
+    Opening fails, saying what to do, when that list shows no request could succeed:
+    a base URL without its ``/v1`` (:class:`ServerInfoError`), a missing or refused
+    key (:class:`AuthenticationError`, :class:`PermissionDeniedError`), a ``model`` the
+    server does not serve (:class:`UnknownModelError`). A server that cannot be
+    reached fails it only when ``model`` is None (with one, it may come up later).
 
     ``transport`` is ``"aiohttp"`` (default on asyncio: lowest client CPU),
     ``"httpx"`` (default on trio), or any :class:`llmbatch.transports.Transport`.
@@ -379,35 +388,107 @@ class Client:
         return headers
 
     async def _learn_server(self) -> None:
-        """Read /v1/models: the model to use (if none given) and its max_model_len."""
-        assert self._transport is not None
+        """Read /v1/models: the model to use (if none given) and its max_model_len.
+
+        An answer that no request could get past fails the open, whatever ``model``
+        is: a base URL without its ``/v1``, a missing or refused API key (401/403), a
+        model the server does not list. A server that cannot be read at all fails
+        the open only when ``model`` is None: with a model named it may still be
+        starting, and requests retry until it is up.
+        """
         try:
-            response = await self._transport.send(
-                HTTPRequest("GET", self.base_url + "/models", self._headers())
-            )
-            try:
-                content = await response.read()
-            finally:
-                await response.aclose()
-            assert self._endpoint is not None
-            self._endpoint.on_response(response.status, response.headers)
-            if response.status >= 400:
-                raise error_from_response(response.status, response.headers, content)
-            models = json.loads(content)["data"]
-            entry = next((m for m in models if m.get("id") == self.model), None)
-            if self.model is None:
-                entry = models[0]
-                self.model = str(entry["id"])
-            if entry is not None and isinstance(entry.get("max_model_len"), int):
-                self.max_model_len = entry["max_model_len"]
-            if entry is not None and entry.get("owned_by") == "vllm":
-                self._endpoint.is_vllm = True
-        except (RequestError, ValueError, KeyError, IndexError, TypeError) as exc:
+            models = await self._read_models()
+        except (ServerInfoError, AuthenticationError, PermissionDeniedError):
+            raise
+        except (RequestError, ValueError, KeyError, TypeError) as exc:
             if self.model is None:
                 raise ServerInfoError(
                     f"could not read the model list at {self.base_url}/models ({exc}); "
                     "is the server up? Pass model=... to skip this check"
                 ) from exc
+            return
+        if self.model is None:
+            if not models:
+                raise ServerInfoError(
+                    f"{self.base_url}/models lists no models, so there is none to use by default"
+                )
+            self.model = str(models[0]["id"])
+        entry = next((m for m in models if m.get("id") == self.model), None)
+        if entry is None and models:
+            # A server listing nothing tells us nothing; one listing others is sure.
+            available = tuple(str(m["id"]) for m in models)
+            raise UnknownModelError(model=self.model, available=available, base_url=self.base_url)
+        if entry is not None and isinstance(entry.get("max_model_len"), int):
+            self.max_model_len = entry["max_model_len"]
+        if entry is not None and entry.get("owned_by") == "vllm":
+            assert self._endpoint is not None
+            self._endpoint.is_vllm = True
+
+    async def _read_models(self) -> list[Mapping[str, Any]]:
+        """The entries of ``GET {base_url}/models``; typed errors for what no retry fixes."""
+        status, headers, content = await self._get(self.base_url + "/models")
+        assert self._endpoint is not None
+        self._endpoint.on_response(status, headers)
+        if status == 404:
+            # The commonest slip is a base URL without /v1: probe that once, and only
+            # after a 404, so a right URL costs nothing.
+            v1 = self.base_url + "/v1"
+            if not urlsplit(self.base_url).path.endswith("/v1") and await self._lists_models(v1):
+                raise ServerInfoError(
+                    f"{self.base_url}/models answered 404, but {v1}/models lists models: "
+                    f"did you mean {v1}?"
+                )
+        if self._api_key:  # a server that echoes the key must not get it into our errors
+            content = content.replace(self._api_key.encode(), b"***")
+        error = error_from_response(status, headers, content) if status >= 400 else None
+        if isinstance(error, AuthenticationError | PermissionDeniedError):
+            raise self._refused(error)
+        if error is not None:
+            raise error
+        models = json.loads(content)["data"]
+        if not isinstance(models, list) or not all(
+            isinstance(m, Mapping) and isinstance(m.get("id"), str) for m in models
+        ):
+            raise TypeError("'data' is not a list of models with ids")
+        return models
+
+    async def _get(self, url: str) -> tuple[int, Mapping[str, str], bytes]:
+        assert self._transport is not None
+        response = await self._transport.send(HTTPRequest("GET", url, self._headers()))
+        try:
+            content = await response.read()
+        finally:
+            await response.aclose()
+        return response.status, response.headers, content
+
+    async def _lists_models(self, base_url: str) -> bool:
+        try:
+            status, _, content = await self._get(base_url + "/models")
+            return status == 200 and isinstance(json.loads(content)["data"], list)
+        except (RequestError, ValueError, KeyError, TypeError):
+            return False
+
+    def _refused(self, error: APIStatusError) -> APIStatusError:
+        """A 401/403 on the model list, retyped with what to do (the key never shown)."""
+        status = f"{error.status_code}: {error.message}"
+        if not self._api_key:
+            advice = (
+                f"the server at {self.base_url} wants an API key ({status}) and none was "
+                "given; set LLMBATCH_API_KEY (or OPENAI_API_KEY)"
+            )
+        elif error.status_code == 401:
+            advice = (
+                f"the server at {self.base_url} refused the API key ({status}); "
+                "check the key (it is not shown here)"
+            )
+        else:
+            advice = (
+                f"the server at {self.base_url} does not let this API key list its "
+                f"models ({status}); check the key's permissions (it is not shown here)"
+            )
+        return type(error)(
+            advice, status_code=error.status_code, body=error.body, retry_after=error.retry_after
+        )
 
     def _open(self) -> Submitter:
         if self._state is not _State.OPEN or self._submitter is None:

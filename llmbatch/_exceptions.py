@@ -9,7 +9,9 @@ The tree::
     │       └── ConfigTypeError (TypeError) a configuration value of the wrong type
     ├── QueueFull                  the tier's queue is full and the caller asked not to wait
     ├── ClientClosedError          the client is not open (not entered yet, or closed)
-    ├── ServerInfoError            the server's /v1/models could not be read at start-up
+    ├── ServerInfoError            the server's /v1/models could not be read at start-up,
+    │   │                          or says no request can succeed (a base URL without /v1)
+    │   └── UnknownModelError      the server does not list the ``model`` the client was given
     └── RequestError               a request that was accepted and then failed
         ├── DeadlineExceeded (TimeoutError)  its ``timeout`` ran out, queued or in flight
         ├── RequestCancelled       the caller went away, or the client closed before it ran
@@ -21,11 +23,11 @@ The tree::
         │   │   ├── WriteTimeout   the request body could not be sent in time
         │   │   └── PoolTimeout    no free connection in the client's own pool in time
         │   ├── RemoteProtocolError the connection dropped mid-response or the body was garbage
-    │   └── ServerOutageError  the server was unavailable for longer than outage_tolerance
+        │   └── ServerOutageError  the server was unavailable for longer than outage_tolerance
         └── APIStatusError         the server answered with an error status
             ├── BadRequestError         400 (after bisection: this prompt alone is at fault)
-            ├── AuthenticationError     401
-            ├── PermissionDeniedError   403
+            ├── AuthenticationError     401 (also raised at start-up: a missing or refused key)
+            ├── PermissionDeniedError   403 (also raised at start-up)
             ├── NotFoundError           404 (unknown model or endpoint)
             ├── RateLimitError          429, with ``retry_after``
             └── ServerError             5xx
@@ -72,6 +74,7 @@ __all__ = [
     "ServiceUnavailableError",
     "TimeoutException",
     "TransportError",
+    "UnknownModelError",
     "WriteTimeout",
     "status_error_type",
 ]
@@ -113,7 +116,33 @@ class ClientClosedError(LLMBatchError, RuntimeError):
 
 
 class ServerInfoError(LLMBatchError):
-    """The server's model list could not be read when the client opened."""
+    """The server's model list could not be read when the client opened, or it showed
+    that no request could succeed (``base_url`` lacks its ``/v1``)."""
+
+
+class UnknownModelError(ServerInfoError):
+    """The server's model list does not hold the ``model`` the client was given.
+
+    ``model`` is the name asked for; ``available`` the names the server lists.
+    """
+
+    #: Names the message lists before "and N more" (OpenAI's own list runs to dozens).
+    SHOWN = 20
+
+    def __init__(self, *, model: str, available: tuple[str, ...], base_url: str) -> None:
+        self.model = model
+        self.available = available
+        super().__init__(
+            f"model {model!r} is not served at {base_url}, which serves {self.served}; "
+            "pass one of them as model=..., or model=None for the first"
+        )
+
+    @property
+    def served(self) -> str:
+        """The server's model names as a short list: ``'a', 'b' and 3 more``."""
+        names = ", ".join(repr(name) for name in self.available[: self.SHOWN])
+        more = len(self.available) - self.SHOWN
+        return f"{names} and {more} more" if more > 0 else names
 
 
 class RequestError(LLMBatchError):

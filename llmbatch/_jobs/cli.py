@@ -9,8 +9,10 @@ Exit codes:
 - 3: the input was rejected before anything was sent: duplicate custom_ids, or
   malformed lines under ``--on-malformed fail`` (the default).
 - 4: the job stopped early: server unreachable, authentication or unknown model,
-  output file locked by another run or not an output file. A rerun resumes.
-- 130: interrupted (Ctrl-C). A rerun resumes.
+  output file locked by another run or not an output file. The message says what to
+  fix; a rerun then resumes.
+- 130: interrupted (Ctrl-C); the message counts what was saved and what remains. A
+  rerun resumes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 import anyio
 
+from llmbatch._client import DEFAULT_BASE_URL
 from llmbatch._config import DEFAULT_LIMITS, Priority
 from llmbatch._exceptions import InvalidRequestError
 from llmbatch._jobs.output import OutputError
@@ -57,51 +60,99 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
             "exit codes: 0 all succeeded; 1 finished with failed requests or skipped "
             "malformed lines; 2 usage error; 3 input rejected (duplicate custom_ids, "
             "malformed lines), nothing sent; 4 stopped early (server unreachable, auth, "
-            "unknown model, output locked or invalid), rerun to resume; 130 interrupted"
+            "unknown model, output locked or invalid): fix what the message says, then "
+            "rerun to resume; 130 interrupted (Ctrl-C), rerun to resume"
         ),
     )
-    parser.add_argument("input", type=Path, metavar="INPUT.jsonl")
-    parser.add_argument("-o", "--output", type=Path, required=True, metavar="OUTPUT.jsonl")
+    parser.add_argument(
+        "input",
+        type=Path,
+        metavar="INPUT.jsonl",
+        help="the requests: one OpenAI Batch API line each (a file; it is read twice)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        metavar="OUTPUT.jsonl",
+        help="where results are appended as they finish; a rerun resumes from it (required)",
+    )
     server = parser.add_argument_group("server")
     server.add_argument(
-        "--base-url", help="default: $LLMBATCH_BASE_URL, $OPENAI_BASE_URL, 127.0.0.1:8000/v1"
+        "--base-url",
+        metavar="URL",
+        help="the server's OpenAI base URL (default: $LLMBATCH_BASE_URL, then "
+        f"$OPENAI_BASE_URL, then {DEFAULT_BASE_URL})",
     )
     server.add_argument(
-        "--api-key", help="default: $LLMBATCH_API_KEY or $OPENAI_API_KEY (prefer the env)"
+        "--api-key",
+        metavar="KEY",
+        help="bearer token; prefer the environment, since arguments show in `ps` "
+        "(default: $LLMBATCH_API_KEY, then $OPENAI_API_KEY, else none)",
     )
-    server.add_argument("--model", help="run every line with this model (overrides body.model)")
+    server.add_argument(
+        "--model",
+        metavar="NAME",
+        help="run every line with this model, whatever its body.model says (default: the "
+        "lines' body.model, else the server's first model)",
+    )
     sched = parser.add_argument_group("scheduling")
     sched.add_argument(
-        "--priority", choices=[p.value for p in Priority], default=Priority.BATCH.value
+        "--priority",
+        choices=[p.value for p in Priority],
+        default=Priority.BATCH.value,
+        help="the llmbatch tier every request of the job runs in (default: %(default)s)",
     )
     sched.add_argument(
         "--send-priority",
         action="store_true",
-        help="send the tier as vLLM's priority field (server needs --scheduling-policy priority)",
+        help="also send the tier as vLLM's priority field, so the job yields to other "
+        "clients' interactive work (server needs --scheduling-policy priority) "
+        "(default: off)",
     )
     sched.add_argument(
         "--max-in-flight",
         type=_positive_int,
         default=DEFAULT_LIMITS.max_in_flight,
+        metavar="N",
         help="sequences on the server at once; match vLLM's --max-num-seqs (default: %(default)s)",
     )
-    sched.add_argument("--rpm", type=_positive_float, help="requests per minute limit")
-    sched.add_argument("--tpm", type=_positive_float, help="tokens per minute limit (estimated)")
+    sched.add_argument(
+        "--rpm",
+        type=_positive_float,
+        metavar="N",
+        help="requests per minute at most (default: no limit)",
+    )
+    sched.add_argument(
+        "--tpm",
+        type=_positive_float,
+        metavar="N",
+        help="tokens per minute at most, estimated (default: no limit)",
+    )
     job = parser.add_argument_group("job")
     job.add_argument(
         "--on-malformed",
         choices=["skip", "fail"],
         default="fail",
-        help="malformed input lines: reject the job before sending (fail, default) or skip them",
+        help="malformed input lines: refuse the job before sending anything (fail), or "
+        "run the valid lines (skip) (default: %(default)s)",
     )
     job.add_argument(
         "--retry-failed",
         action="store_true",
-        help="remove failed lines from OUTPUT and run those requests again",
+        help="remove failed lines from OUTPUT and run those requests again (default: off)",
     )
-    job.add_argument("--progress", action="store_true", help="show progress on stderr")
     job.add_argument(
-        "--summary-json", metavar="PATH", help="also write the summary as JSON ('-' = stdout)"
+        "--progress",
+        action="store_true",
+        help="show progress on stderr: a bar on a terminal, a line every "
+        f"{LOG_PROGRESS_EVERY:.0f} s in a log (default: off)",
+    )
+    job.add_argument(
+        "--summary-json",
+        metavar="PATH",
+        help="also write the summary as JSON, '-' for stdout (default: none)",
     )
     parser.set_defaults(handler=handle)
     return parser
@@ -132,8 +183,9 @@ def handle(args: argparse.Namespace) -> int:
         retry_failed=args.retry_failed,
         progress=progress,
     )
+    summary = JobSummary()  # filled in as the job runs: still readable after Ctrl-C
     try:
-        summary = anyio.run(lambda: run_job(config, report=_say))
+        anyio.run(lambda: run_job(config, report=_say, summary=summary))
     except JobRejected as exc:
         return _fail(EXIT_REJECTED, str(exc))
     except InvalidRequestError as exc:  # e.g. a --base-url that is not a URL
@@ -141,11 +193,12 @@ def handle(args: argparse.Namespace) -> int:
     except OutputError as exc:
         return _fail(EXIT_STOPPED, str(exc))
     except KeyboardInterrupt:
-        return _fail(EXIT_INTERRUPTED, "interrupted; rerun the same command to resume")
+        return _fail(EXIT_INTERRUPTED, format_interrupted(summary, args.output))
     code = exit_code(summary)
     _say(format_summary(summary))
     if summary.stopped:
-        _say(f"stopped early: {summary.stopped}; rerun the same command to resume")
+        _say(f"stopped early: {summary.stopped}")
+        _say(f"to go on: {summary.hint or 'rerun the same command to resume'}")
     elif summary.earlier_failures:
         _say(f"{summary.earlier_failures} earlier failure(s) kept; --retry-failed reruns them")
     if args.summary_json:
@@ -176,6 +229,18 @@ def format_summary(s: JobSummary) -> str:
         f"{s.already_done:,} already in the output, {s.malformed:,} malformed skipped; "
         f"{s.wall_time:.1f} s ({rate:,.0f}/s); tokens {s.prompt_tokens:,} prompt + "
         f"{s.completion_tokens:,} completion"
+    )
+
+
+def format_interrupted(s: JobSummary, output: Path) -> str:
+    """What an interrupted run saved, what remains, and how to go on."""
+    if not s.input_lines:  # stopped while the input was still being checked
+        return "interrupted before anything was sent; rerun the same command to start"
+    failed = f", {s.failed:,} of them failed" if s.failed else ""
+    return (
+        f"interrupted: {s.saved:,} of {s.input_lines:,} results saved in {output} "
+        f"({s.done + s.failed:,} in this run{failed}), {s.remaining:,} remain; "
+        "rerun the same command to resume"
     )
 
 

@@ -3,7 +3,8 @@
 A request's result is appended as soon as it finishes. A failure that would hit
 every remaining request alike (the server unreachable, a wrong API key, an unknown
 model) stops the job instead of writing a failed line per request; those requests
-stay undone and a rerun picks them up.
+stay undone and a rerun picks them up. The summary then says why it stopped and
+what to do, in the command line's terms (``--model``, ``--base-url``), not Python's.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from llmbatch._exceptions import (
     LLMBatchError,
     NotFoundError,
     PermissionDeniedError,
+    RequestError,
     ServerInfoError,
+    UnknownModelError,
 )
 from llmbatch._jobs.format import failure_record, success_record
 from llmbatch._jobs.input import PendingInputs, scan_input
@@ -87,13 +90,23 @@ class JobSummary:
     wall_time: float = 0.0
     stopped: str | None = None
     """Why the job stopped before the end (then a rerun resumes it)."""
+    hint: str | None = None
+    """What to do about ``stopped`` before that rerun."""
+
+    @property
+    def saved(self) -> int:
+        """Input lines with an output line, from this run and earlier ones."""
+        return self.already_done + self.done + self.failed
+
+    @property
+    def remaining(self) -> int:
+        """Valid input lines still without an output line."""
+        return self.input_lines - self.saved
 
     @property
     def complete(self) -> bool:
         """Every valid input line has an output line."""
-        return self.stopped is None and (
-            self.already_done + self.done + self.failed == self.input_lines
-        )
+        return self.stopped is None and self.remaining == 0
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -104,9 +117,16 @@ class JobSummary:
         return data
 
 
-async def run_job(config: JobConfig, *, report: Callable[[str], None]) -> JobSummary:
-    """Run ``config``'s job; ``report`` receives human-readable notices."""
+async def run_job(
+    config: JobConfig, *, report: Callable[[str], None], summary: JobSummary | None = None
+) -> JobSummary:
+    """Run ``config``'s job; ``report`` receives human-readable notices.
+
+    ``summary``, when given, is filled in as the job runs, so a caller whose run was
+    interrupted (Ctrl-C) can still tell how far it got.
+    """
     started = time.monotonic()
+    summary = JobSummary() if summary is None else summary
     scan = scan_input(config.input, model=config.model)
     problems = [
         f"{config.input}:{m.line_no}: {m.reason}"
@@ -126,7 +146,7 @@ async def run_job(config: JobConfig, *, report: Callable[[str], None]) -> JobSum
             f"{len(scan.malformed)} malformed line(s) in {config.input}; nothing was sent "
             "(--on-malformed skip runs the valid lines)"
         )
-    summary = JobSummary(input_lines=len(scan.ids), malformed=len(scan.malformed))
+    summary.input_lines, summary.malformed = len(scan.ids), len(scan.malformed)
     with OutputFile(config.output, retry_failed=config.retry_failed) as out:
         resumed = out.resumed
         if resumed.dropped_torn_line:
@@ -143,10 +163,37 @@ async def run_job(config: JobConfig, *, report: Callable[[str], None]) -> JobSum
         if pending:
             try:
                 await _run(config, scan.model, inputs, out, summary)
-            except ServerInfoError as exc:
-                summary.stopped = str(exc)
+            except (ServerInfoError, *JOB_FATAL) as exc:  # raised as the client opened
+                summary.stopped, summary.hint = stop_reason(exc, config)
     summary.wall_time = time.monotonic() - started
     return summary
+
+
+def stop_reason(error: LLMBatchError, config: JobConfig) -> tuple[str, str]:
+    """Why a job stopped and what to do about it, in the command line's terms."""
+    rerun = "then rerun the same command to resume"
+    if isinstance(error, UnknownModelError):
+        if config.model:
+            where, fix = "from --model", "pass --model NAME with one of them"
+        else:
+            where = f"from body.model in {config.input}"
+            fix = (
+                "add --model NAME to run every line with one of them, or fix body.model "
+                f"in {config.input}"
+            )
+        why = f"the server does not serve model {error.model!r} ({where}); it serves {error.served}"
+        return why, f"{fix}; nothing was sent"
+    if isinstance(error, ServerInfoError):
+        if error.__cause__ is not None:  # the model list could not be read at all
+            why = f"could not read the server's model list ({error.__cause__})"
+            return why, f"check that the server is up and --base-url points at it; {rerun}"
+        return str(error), f"check --base-url (and --model, if the server lists none); {rerun}"
+    why = f"{type(error).__name__}: {error.message if isinstance(error, RequestError) else error}"
+    if isinstance(error, AuthenticationError | PermissionDeniedError):
+        return why, f"check the API key ($LLMBATCH_API_KEY, $OPENAI_API_KEY or --api-key); {rerun}"
+    if isinstance(error, ConnectError):
+        return why, f"start the server or fix --base-url; {rerun}"
+    return why, f"check --base-url and the model; {rerun}"
 
 
 async def _run(
@@ -179,7 +226,7 @@ async def _run(
             inputs, priority=config.priority, progress=config.progress
         ):
             if isinstance(result.error, JOB_FATAL):
-                summary.stopped = f"{type(result.error).__name__}: {result.error.message}"
+                summary.stopped, summary.hint = stop_reason(result.error, config)
                 break
             _record(result, out, summary)
         # The client's count leaves out the extra requests of a 400 bisection.

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from llmbatch_server import tiny_model
+from llmbatch_server import __version__, tiny_model
 from llmbatch_server.launcher import cli as launcher_cli
 from llmbatch_server.sim import cli as sim_cli
 
@@ -16,7 +16,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="llmbatch-server",
         description="Start an LLM server for llmbatch: a real vLLM or the simulator.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="show the version"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sim_cli.add_parser(sub)
     launcher_cli.add_parser(sub)
     tiny_model.add_parser(sub)

@@ -54,7 +54,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Write a random-weight Llama with a locally trained tokenizer to DIR.",
     )
     p.add_argument("dir", help="output directory (created)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="seeds the random weights (default: %(default)s)"
+    )
     p.set_defaults(handler=run)
     return p
 

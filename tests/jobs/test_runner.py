@@ -236,4 +236,38 @@ async def test_a_wrong_api_key_stops_the_job(tmp_path: Path) -> None:
     fake.intercept = lambda body: MockResponse(status=401, json={"error": {"message": "bad key"}})
     summary = await run(tmp_path, fake)
     assert summary.stopped == "AuthenticationError: bad key"
+    assert summary.hint == (
+        "check the API key ($LLMBATCH_API_KEY, $OPENAI_API_KEY or --api-key); "
+        "then rerun the same command to resume"
+    )
     assert read_output(tmp_path / "out.jsonl") == []
+
+
+async def test_a_key_refused_at_open_stops_the_job_the_same_way(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "in.jsonl", mixed(3))
+
+    def refuse(request: HTTPRequest) -> MockResponse:
+        return MockResponse(status=401, json={"error": "Unauthorized"})
+
+    summary = await run(tmp_path, refuse, base_url="http://h:1/v1", api_key="sk-nope")
+    assert summary.stopped == (
+        "AuthenticationError: the server at http://h:1/v1 refused the API key "
+        "(401: Unauthorized); check the key (it is not shown here)"
+    )
+    assert "--api-key" in str(summary.hint)
+    assert not summary.complete
+
+
+async def test_a_base_url_without_v1_stops_the_job_suggesting_it(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "in.jsonl", mixed(3))
+    fake = FakeServer()
+
+    def v1_only(request: HTTPRequest) -> MockResponse:
+        if request.url.startswith("http://h:1/v1/"):
+            return fake(request)
+        return MockResponse(status=404, json={"detail": "Not Found"})
+
+    summary = await run(tmp_path, v1_only, base_url="http://h:1")
+    assert str(summary.stopped).endswith("did you mean http://h:1/v1?")
+    assert str(summary.hint).startswith("check --base-url")
+    assert fake.bodies == []  # nothing sent

@@ -10,11 +10,12 @@ the server.
 ``example`` is run as written. Python rows are evaluated (top-level ``await``
 allowed) with the names of ``llmbatch`` in scope and these clients: ``client`` (open,
 on MockTransport: a fake server with ``max_model_len`` 4096), ``unopened``, ``closed``
-(opened and closed), ``full`` (its batch queue holds its one allowed request),
-``unreachable`` (a transport that refuses every connection) and ``wrong_model`` (open
-against a real simulator with ``model="no-such-model"``). JSONL rows are one line of
+(opened and closed), ``full`` (its batch queue holds its one allowed request), and the
+URLs ``down`` (a loopback port that refuses connections), ``sim`` (a real simulator
+serving ``llmbatch-sim``) and ``keyed_sim`` (one that wants an API key). JSONL rows are one line of
 an input file for ``llmbatch run``; command-line rows are run as typed. ``message``
-is the exact ``str()`` of the error (request ids shown as ``req-N``), or the exact
+is the exact ``str()`` of the error (request ids shown as ``req-N``, the ports of
+``down`` and the simulators as ``PORT``), or the exact
 line a command prints. The table in docs/errors.md must be the one these rows render:
 
     python tests/reliability/test_bad_input.py    # prints the table to paste into docs/errors.md
@@ -28,6 +29,7 @@ import inspect
 import json
 import re
 import shlex
+import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -41,7 +43,7 @@ import pytest
 import llmbatch
 from llmbatch import ConfigError, ConfigTypeError, InvalidRequestError, InvalidTypeError
 from llmbatch._cli import main as llmbatch_main
-from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
+from llmbatch.transports import MockTransport
 from llmbatch_server.cli import main as server_main
 from llmbatch_server.testing import SimulatorProcess, run_simulator
 
@@ -344,12 +346,48 @@ SECTIONS: dict[str, list[Case]] = {
     "Opening and using the client": [
         Case(
             "open-unreachable",
-            "server unreachable and no `model` given",
-            "await Client(transport=unreachable).__aenter__()",
+            "server unreachable and no `model` given (asyncio: aiohttp's words)",
+            "await Client(down).__aenter__()",
             llmbatch.ServerInfoError,
-            "could not read the model list at http://127.0.0.1:8000/v1/models "
-            "(cannot connect: connection refused); is the server up? "
+            "could not read the model list at http://127.0.0.1:PORT/v1/models (cannot connect: "
+            "Cannot connect to host 127.0.0.1:PORT ssl:default "
+            "[Connect call failed ('127.0.0.1', PORT)]); is the server up? "
             "Pass model=... to skip this check",
+            only="asyncio",
+        ),
+        Case(
+            "open-unreachable-trio",
+            "server unreachable and no `model` given (trio: httpx's words)",
+            "await Client(down).__aenter__()",
+            llmbatch.ServerInfoError,
+            "could not read the model list at http://127.0.0.1:PORT/v1/models (cannot connect: "
+            "all attempts to connect to 127.0.0.1:PORT failed); is the server up? "
+            "Pass model=... to skip this check",
+            only="trio",
+        ),
+        Case(
+            "open-without-v1",
+            "a base URL without its `/v1`",
+            'await Client(sim.removesuffix("/v1")).__aenter__()',
+            llmbatch.ServerInfoError,
+            "http://127.0.0.1:PORT/models answered 404, but http://127.0.0.1:PORT/v1/models "
+            "lists models: did you mean http://127.0.0.1:PORT/v1?",
+        ),
+        Case(
+            "open-wrong-api-key",
+            "a wrong API key (also with a `model` given)",
+            'await Client(keyed_sim, api_key="sk-wrong").__aenter__()',
+            llmbatch.AuthenticationError,
+            "the server at http://127.0.0.1:PORT/v1 refused the API key (401: Unauthorized); "
+            "check the key (it is not shown here)",
+        ),
+        Case(
+            "config-unknown-model",
+            "a `model` the server does not serve",
+            'await Client(sim, model="no-such-model").__aenter__()',
+            llmbatch.UnknownModelError,
+            "model 'no-such-model' is not served at http://127.0.0.1:PORT/v1, which serves "
+            "'llmbatch-sim'; pass one of them as model=..., or model=None for the first",
         ),
         Case(
             "open-aiohttp-on-trio",
@@ -393,14 +431,6 @@ SECTIONS: dict[str, list[Case]] = {
             'await full.complete("Hello", priority="batch", nowait=True)',
             llmbatch.QueueFull,
             "the 'batch' queue is full (1 requests waiting)",
-        ),
-        Case(
-            "config-unknown-model",
-            'a `model` the server does not serve (`Client(model="no-such-model")`, '
-            "refused by the server)",
-            'await wrong_model.complete("Hello")',
-            llmbatch.NotFoundError,
-            "The model `no-such-model` does not exist. (request req-N, attempts=1)",
         ),
     ],
     "`complete` (and `stream` with a prompt)": [
@@ -1124,6 +1154,9 @@ class Ctx:
     monkeypatch: pytest.MonkeyPatch
     capsys: pytest.CaptureFixture[str]
     sim: Callable[[], SimulatorProcess]
+    keyed_sim: Callable[[], SimulatorProcess]
+    #: Ports that differ from run to run, shown as PORT in messages.
+    ports: set[int] = field(default_factory=set)
 
 
 def _params() -> list[Any]:
@@ -1145,6 +1178,13 @@ def sim() -> Iterator[SimulatorProcess]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def keyed_sim() -> Iterator[SimulatorProcess]:
+    """A real simulator that wants an API key, started only for the rows that need one."""
+    with run_simulator("--zero-latency", api_key="sk-right") as server:
+        yield server
+
+
 @pytest.mark.parametrize("case", _params())
 async def test_bad_input_fails_alone(
     case: Case,
@@ -1159,7 +1199,13 @@ async def test_bad_input_fails_alone(
     answers: list[str] = []
     async with llmbatch.Client(URL, transport=MockTransport(server)) as client:
         ctx = Ctx(
-            client, server, tmp_path, monkeypatch, capsys, lambda: request.getfixturevalue("sim")
+            client,
+            server,
+            tmp_path,
+            monkeypatch,
+            capsys,
+            lambda: request.getfixturevalue("sim"),
+            lambda: request.getfixturevalue("keyed_sim"),
         )
 
         async def neighbour(i: int) -> None:
@@ -1237,7 +1283,10 @@ async def _run_python(case: Case, ctx: Ctx) -> Told:
         try:
             results = await evaluate(case.example, names)
         except Exception as exc:
-            return Told(type(exc), [re.sub(r"req-\d+", "req-N", str(exc))])
+            message = re.sub(r"req-\d+", "req-N", str(exc))
+            for port in ctx.ports:
+                message = re.sub(rf"(?<!\d){port}(?!\d)", "PORT", message)
+            return Told(type(exc), [message])
     assert case.item is not None, f"{case.example} raised nothing"
     failed = results[case.item].error
     assert failed is not None, f"{case.example}: item {case.item} did not fail"
@@ -1269,8 +1318,9 @@ async def _names(example: str, ctx: Ctx) -> AsyncIterator[dict[str, Any]]:
     names["client"] = ctx.client
     transport = MockTransport(ctx.server)
     names["unopened"] = llmbatch.Client(URL, transport=transport)
-    names["unreachable"] = MockTransport(_refuse)
     async with contextlib.AsyncExitStack() as stack:
+        if "down" in used:
+            names["down"] = _url(ctx, stack.enter_context(_refusing_port()))
         if "closed" in used:
             closed = llmbatch.Client(URL, transport=transport)
             async with closed:
@@ -1278,9 +1328,9 @@ async def _names(example: str, ctx: Ctx) -> AsyncIterator[dict[str, Any]]:
             names["closed"] = closed
         if "full" in used:
             names["full"] = await stack.enter_async_context(_full_client(transport))
-        if "wrong_model" in used:
-            wrong = llmbatch.Client(ctx.sim().base_url, model="no-such-model")
-            names["wrong_model"] = await stack.enter_async_context(wrong)
+        for name in ("sim", "keyed_sim"):
+            if name in used:
+                names[name] = _url(ctx, getattr(ctx, name)().port)
         yield names
 
 
@@ -1352,8 +1402,18 @@ def _fake_server() -> FakeServer:
     return FakeServer()
 
 
-def _refuse(request: HTTPRequest) -> MockResponse:
-    raise llmbatch.ConnectError("cannot connect: connection refused")
+@contextlib.contextmanager
+def _refusing_port() -> Iterator[int]:
+    """A loopback port bound but not listening: connections to it are refused, and no
+    other process can take it meanwhile."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+def _url(ctx: Ctx, port: int) -> str:
+    ctx.ports.add(port)
+    return f"http://127.0.0.1:{port}/v1"
 
 
 def prompts_sent(server: FakeServer) -> list[str]:

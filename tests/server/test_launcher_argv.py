@@ -129,3 +129,16 @@ def test_cli_missing_vllm(
     err = capsys.readouterr().err
     assert "no `vllm` executable on PATH" in err
     assert "docs/vllm-cpu.md" in err
+
+
+def test_the_launcher_page_quotes_what_the_launcher_prints(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    page = (pathlib.Path(__file__).parents[2] / "docs" / "launcher.md").read_text()
+    model = "meta-llama/Llama-3.1-8B-Instruct"
+    assert main(["vllm", "--model", model, "--profile", "throughput", "--dry-run"]) == 0
+    settings_line = capsys.readouterr().out.splitlines()[-1]
+    assert "reserved_realtime=" in settings_line
+    assert f"\n{settings_line}\n" in page
+    latency = suggested_client_settings(build_argv(model="m", profile="latency"))
+    assert f"\n# {latency!r}\n" in page

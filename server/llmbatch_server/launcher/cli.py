@@ -35,14 +35,41 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="start a real vLLM server with a tuned profile",
         description="Start `vllm serve` with a tuned profile; args after `--` go to vLLM.",
     )
-    p.add_argument("--model", required=True, help="model name or local directory")
-    p.add_argument("--profile", choices=sorted(PROFILES), default="balanced")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="passed to vLLM as VLLM_API_KEY")
-    p.add_argument("--vllm-bin", default=None, help="vLLM executable (default: `vllm` on PATH)")
-    p.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT)
-    p.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    p.add_argument(
+        "--model", required=True, help="model name or local directory to serve (required)"
+    )
+    p.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="balanced",
+        help="engine flags tuned for throughput, latency or between (default: %(default)s)",
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="bind address; a non-loopback one needs --api-key (default: %(default)s, loopback)",
+    )
+    p.add_argument("--port", type=int, default=8000, help="port to serve on (default: %(default)s)")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="require this bearer token; passed to vLLM as VLLM_API_KEY, never on its "
+        "command line (default: none)",
+    )
+    p.add_argument("--vllm-bin", default=None, help="the vLLM executable (default: `vllm` on PATH)")
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=DEFAULT_STARTUP_TIMEOUT,
+        metavar="SECONDS",
+        help="how long to wait for GET /health to answer 200 (default: %(default)g)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the vllm command and the client settings, start nothing (default: off)",
+    )
     p.set_defaults(handler=run)
     return p
 

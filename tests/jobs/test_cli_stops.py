@@ -1,0 +1,126 @@
+"""``llmbatch run`` as a real process that stops: on a model the server lacks it says
+how to fix that in command-line terms; after Ctrl-C it says what was saved, what
+remains and how to resume, and a rerun finishes the job."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jobfiles import completion_line, id_counts, write_jsonl
+
+from llmbatch._jobs import cli
+from llmbatch._jobs.runner import JobSummary
+from llmbatch_server.testing import SimulatorProcess, run_simulator
+
+MODEL = "sim-model"
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimulatorProcess]:
+    # Slow enough that a job of a thousand lines is still running when interrupted.
+    with run_simulator("--speed", "20", "--model", MODEL) as server:
+        yield server
+
+
+def job(src: Path, out: Path, sim: SimulatorProcess, *extra: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "llmbatch", "run", str(src), "-o", str(out)]
+    argv += ["--base-url", sim.base_url, *extra]
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ)
+    )
+
+
+def finish(process: subprocess.Popen[str]) -> tuple[int, list[str]]:
+    _, stderr = process.communicate(timeout=TIMEOUT)
+    return process.returncode, stderr.splitlines()
+
+
+def input_file(tmp_path: Path, n: int, model: str = MODEL) -> Path:
+    lines: list[dict[str, Any] | str] = [
+        completion_line(f"id-{i}", f"prompt {i}", max_tokens=8, model=model) for i in range(n)
+    ]
+    return write_jsonl(tmp_path / "in.jsonl", lines)
+
+
+def test_a_model_the_server_lacks_stops_with_a_command_line_hint(
+    sim: SimulatorProcess, tmp_path: Path
+) -> None:
+    src, out = input_file(tmp_path, 5, model="gpt-4o"), tmp_path / "out.jsonl"
+    code, err = finish(job(src, out, sim))
+    assert code == cli.EXIT_STOPPED
+    assert err[-2:] == [
+        f"stopped early: the server does not serve model 'gpt-4o' (from body.model in {src}); "
+        "it serves 'sim-model'",
+        f"to go on: add --model NAME to run every line with one of them, or fix body.model "
+        f"in {src}; nothing was sent",
+    ]
+    text = "\n".join(err)
+    assert "model=" not in text  # no Python advice in a command line
+    assert "rerun the same command" not in text  # it would stop the same way
+    assert "Traceback" not in text
+    assert out.read_text() == ""
+    # The hint works.
+    code, err = finish(job(src, out, sim, "--model", MODEL))
+    assert code == cli.EXIT_OK, err
+    assert id_counts(out) == {f"id-{i}": 1 for i in range(5)}
+
+
+def test_a_wrong_model_option_names_the_option(sim: SimulatorProcess, tmp_path: Path) -> None:
+    src, out = input_file(tmp_path, 2), tmp_path / "out.jsonl"
+    code, err = finish(job(src, out, sim, "--model", "nope"))
+    assert code == cli.EXIT_STOPPED
+    assert err[-2:] == [
+        "stopped early: the server does not serve model 'nope' (from --model); "
+        "it serves 'sim-model'",
+        "to go on: pass --model NAME with one of them; nothing was sent",
+    ]
+
+
+INTERRUPTED = re.compile(
+    r"llmbatch run: interrupted: (?P<saved>[\d,]+) of 1,000 results saved in (?P<out>\S+) "
+    r"\((?P<this_run>[\d,]+) in this run\), (?P<remain>[\d,]+) remain; "
+    r"rerun the same command to resume"
+)
+
+
+def test_ctrl_c_reports_what_was_saved_and_what_remains(
+    sim: SimulatorProcess, tmp_path: Path
+) -> None:
+    src, out = input_file(tmp_path, 1000), tmp_path / "out.jsonl"
+    running = job(src, out, sim, "--max-in-flight", "32")
+    deadline = time.monotonic() + TIMEOUT
+    while not out.exists() or out.read_bytes().count(b"\n") < 100:
+        assert running.poll() is None, f"the job ended early: {running.communicate()[1]}"
+        assert time.monotonic() < deadline, "the job made no progress"
+        time.sleep(0.005)
+    running.send_signal(signal.SIGINT)
+    code, err = finish(running)
+    assert code == cli.EXIT_INTERRUPTED, err
+    assert "Traceback" not in "\n".join(err)
+    match = INTERRUPTED.fullmatch(err[-1])
+    assert match, err
+    saved = int(match["saved"].replace(",", ""))
+    assert match["out"] == str(out)
+    assert saved == int(match["this_run"].replace(",", "")) == len(id_counts(out))
+    assert 100 <= saved < 1000, "interrupted too late to tell: make the job slower"
+    assert int(match["remain"].replace(",", "")) == 1000 - saved
+    # As it says: the same command resumes, and sends only what remained.
+    code, err = finish(job(src, out, sim, "--max-in-flight", "32"))
+    assert code == cli.EXIT_OK, err
+    assert f"{1000 - saved:,} done, 0 failed" in err[-1]
+    assert id_counts(out) == {f"id-{i}": 1 for i in range(1000)}
+
+
+def test_interrupted_before_the_input_was_checked() -> None:
+    message = cli.format_interrupted(JobSummary(), Path("out.jsonl"))
+    assert message == "interrupted before anything was sent; rerun the same command to start"
