@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import dataclasses
 import enum
 import json
 import math
@@ -59,6 +61,7 @@ from llmbatch._exceptions import (
 )
 from llmbatch._map import MapInput, MapRunner, check_inputs
 from llmbatch._models import ChatCompletion, Completion, Embedding, Result
+from llmbatch._options import NOT_GIVEN, CallDefaults, NotGiven
 from llmbatch._progress import ProgressLike, make_tracker
 from llmbatch._request import Kind, Request
 from llmbatch._scheduler import Scheduler
@@ -166,7 +169,9 @@ class Client:
         limits: Limits = DEFAULT_LIMITS,
         retry: RetryPolicy = DEFAULT_RETRY_POLICY,
         rate_limit: RateLimit | None = None,
-        timeout: Timeout = DEFAULT_TIMEOUT,
+        timeout: Timeout | float = DEFAULT_TIMEOUT,
+        max_retries: int | None = None,
+        default_headers: Mapping[str, str] | None = None,
         slo: SLO | None = None,
         transport: Literal["aiohttp", "httpx"] | Transport | None = None,
         priority_scheduling: bool | None = None,
@@ -183,20 +188,42 @@ class Client:
             raise ConfigTypeError("model must be a str or None", field="model")
         if model == "":
             raise ConfigError("model must be a non-empty str or None", field="model")
-        self.model = model
-        """The model every request names; read from ``/v1/models`` on entry if None."""
-        self.max_model_len: int | None = None
-        """The server's context length from ``/v1/models`` (None if it does not say).
-
-        When known, a prompt plus ``max_tokens`` that cannot fit fails at the call."""
+        self._model = model
+        self._max_model_len: int | None = None
         self._policies = _policies(batching)
         for name, value, kind in (
             ("limits", limits, Limits),
             ("retry", retry, RetryPolicy),
-            ("timeout", timeout, Timeout),
         ):
             if not isinstance(value, kind):
                 raise ConfigTypeError(f"{name} must be a {kind.__name__}", field=name)
+        # openai-python's options: a number is each call's timeout (queueing and
+        # retries included); max_retries and default_headers apply to every request.
+        call_timeout: object = None
+        if not isinstance(timeout, Timeout):
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+                raise ConfigTypeError(
+                    "timeout must be a Timeout or a number of seconds", field="timeout"
+                )
+            call_timeout, timeout = timeout, DEFAULT_TIMEOUT
+        given = CallDefaults.checked(
+            None,
+            {
+                "timeout": call_timeout,
+                "max_retries": max_retries,
+                "default_headers": default_headers,
+            },
+            config=True,
+        )
+        self._default_headers = (given.headers if given else None) or {}
+        if given is not None and given.max_retries is not None:
+            retry = dataclasses.replace(retry, attempts=given.max_retries + 1)
+        self._defaults: CallDefaults | None = (
+            CallDefaults(timeout=given.timeout) if given and given.timeout else None
+        )
+        """What a call gets for the options it leaves out (set by ``with_options``)."""
+        self._root = self
+        """The client that owns the engine: this one, or the one a view was made from."""
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
             raise ConfigTypeError("rate_limit must be a RateLimit or None", field="rate_limit")
         if slo is not None and not isinstance(slo, SLO):
@@ -248,14 +275,76 @@ class Client:
     def __repr__(self) -> str:
         # Never the API key: only whether one is set.
         key = "set" if self._api_key else "none"
+        root = self._root
+        view = "" if root is self else f" view={self._defaults!r}"
         return (
             f"<llmbatch.Client base_url={self.base_url!r} model={self.model!r} "
-            f"api_key={key} state={self._state.value}>"
+            f"api_key={key} state={root._state.value}{view}>"
         )
+
+    @property
+    def model(self) -> str | None:
+        """The model every request names; read from ``/v1/models`` on entry if None."""
+        defaults = self._defaults
+        if defaults is not None and defaults.model is not None:
+            return defaults.model
+        return self._root._model
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The server's context length from ``/v1/models`` (None if it does not say).
+
+        When known, a prompt plus ``max_tokens`` that cannot fit fails at the call."""
+        return self._root._max_model_len
+
+    def with_options(
+        self,
+        *,
+        priority: PriorityLike | NotGiven | None = NOT_GIVEN,
+        model: str | NotGiven | None = NOT_GIVEN,
+        timeout: float | NotGiven | None = NOT_GIVEN,
+        max_retries: int | NotGiven | None = NOT_GIVEN,
+        default_headers: Mapping[str, str] | NotGiven = NOT_GIVEN,
+    ) -> Client:
+        """A view of this client whose calls default to other options.
+
+        The view shares this client's engine, queues, limits and lifetime (use it
+        while the client is open; it has no ``async with`` of its own). What a call
+        passes still wins over the view's defaults::
+
+            urgent = client.with_options(priority="realtime", timeout=5, max_retries=1)
+            answer = await urgent.complete("Hi")
+
+        ``priority`` is the tier of every method (where each otherwise has its own
+        default); ``model`` the model; ``timeout`` each call's deadline in seconds
+        (None: none); ``max_retries`` retries after the first attempt;
+        ``default_headers`` HTTP headers added to every request (a call's
+        ``extra_headers`` override them). A view of a view keeps the first's options
+        that the second does not set. Bad values raise here.
+        """
+        options = {
+            name: value
+            for name, value in (
+                ("priority", priority),
+                ("model", model),
+                ("timeout", timeout),
+                ("max_retries", max_retries),
+                ("default_headers", default_headers),
+            )
+            if value is not NOT_GIVEN
+        }
+        view = copy.copy(self)
+        view._defaults = CallDefaults.checked(self._defaults, options, config=False)
+        return view
 
     # -- lifetime --------------------------------------------------------------------
 
     async def __aenter__(self) -> Client:
+        if self._root is not self:
+            raise ClientClosedError(
+                "a with_options() view shares its client's lifetime: use it inside the "
+                "client's 'async with', without one of its own"
+            )
         if self._state is not _State.UNOPENED:
             raise ClientClosedError("a Client can be opened only once; make a new one")
         stack = AsyncExitStack()
@@ -273,7 +362,7 @@ class Client:
                 slo=self._slo,
             )
             await self._learn_server()
-            assert self.model is not None
+            assert self._model is not None
             now = loop_clock()
             stats = StatsRecorder(now())
             scheduler = Scheduler(
@@ -293,7 +382,7 @@ class Client:
                 asyncio.get_running_loop() if sniffio.current_async_library() == "asyncio" else None
             )
             self._submitter = Submitter(
-                engine, SpecCache(self.model, self.max_model_len), clock=now, loop=loop
+                engine, SpecCache(self._model, self._max_model_len), clock=now, loop=loop
             )
             if loop is not None:
                 tg = await self._start_host(loop, engine)
@@ -316,7 +405,7 @@ class Client:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._state is not _State.OPEN:
+        if self._state is not _State.OPEN or self._root is not self:
             return
         self._state = _State.CLOSING
         engine, stack = self._engine, self._exit_stack
@@ -385,6 +474,7 @@ class Client:
         headers = {"Content-Type": "application/json", "User-Agent": f"llmbatch/{__version__}"}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
+        headers.update(self._default_headers)
         return headers
 
     async def _learn_server(self) -> None:
@@ -401,25 +491,25 @@ class Client:
         except (ServerInfoError, AuthenticationError, PermissionDeniedError):
             raise
         except (RequestError, ValueError, KeyError, TypeError) as exc:
-            if self.model is None:
+            if self._model is None:
                 raise ServerInfoError(
                     f"could not read the model list at {self.base_url}/models ({exc}); "
                     "is the server up? Pass model=... to skip this check"
                 ) from exc
             return
-        if self.model is None:
+        if self._model is None:
             if not models:
                 raise ServerInfoError(
                     f"{self.base_url}/models lists no models, so there is none to use by default"
                 )
-            self.model = str(models[0]["id"])
-        entry = next((m for m in models if m.get("id") == self.model), None)
+            self._model = str(models[0]["id"])
+        entry = next((m for m in models if m.get("id") == self._model), None)
         if entry is None and models:
             # A server listing nothing tells us nothing; one listing others is sure.
             available = tuple(str(m["id"]) for m in models)
-            raise UnknownModelError(model=self.model, available=available, base_url=self.base_url)
+            raise UnknownModelError(model=self._model, available=available, base_url=self.base_url)
         if entry is not None and isinstance(entry.get("max_model_len"), int):
-            self.max_model_len = entry["max_model_len"]
+            self._max_model_len = entry["max_model_len"]
         if entry is not None and entry.get("owned_by") == "vllm":
             assert self._endpoint is not None
             self._endpoint.is_vllm = True
@@ -491,11 +581,12 @@ class Client:
         )
 
     def _open(self) -> Submitter:
-        if self._state is not _State.OPEN or self._submitter is None:
+        root = self._root
+        if root._state is not _State.OPEN or root._submitter is None:
             raise ClientClosedError(
-                f"the client is {self._state.value}; use it inside 'async with Client(...)'"
+                f"the client is {root._state.value}; use it inside 'async with Client(...)'"
             )
-        return self._submitter
+        return root._submitter
 
     # -- calls -----------------------------------------------------------------------
 
@@ -503,11 +594,12 @@ class Client:
         self,
         prompt: str,
         *,
-        priority: PriorityLike = "normal",
+        priority: PriorityLike | None = None,
         max_tokens: int | None = None,
         timeout: float | None = None,
         nowait: bool = False,
         model: str | None = None,
+        max_retries: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str] | None = None,
@@ -525,15 +617,21 @@ class Client:
         raises :class:`QueueFull` instead of waiting when the tier's queue is full.
         """
         submitter = self._open()
+        defaults = self._defaults
+        if defaults is not None:
+            priority, model, timeout, max_retries, extra_headers = defaults.fill(
+                priority, model, timeout, max_retries, extra_headers
+            )
         spec = submitter.spec(
             "completion",
-            priority,
+            "normal" if priority is None else priority,
             max_tokens,
             timeout,
             params,
             model=model,
             method="complete",
             extras=_extras(extra_body, extra_headers, extra_query),
+            max_retries=max_retries,
         )
         value: Completion = await submitter.call(submitter.request(spec, prompt), nowait=nowait)
         return value
@@ -542,11 +640,12 @@ class Client:
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        priority: PriorityLike = "normal",
+        priority: PriorityLike | None = None,
         max_tokens: int | None = None,
         timeout: float | None = None,
         nowait: bool = False,
         model: str | None = None,
+        max_retries: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str] | None = None,
@@ -562,15 +661,21 @@ class Client:
         request each.
         """
         submitter = self._open()
+        defaults = self._defaults
+        if defaults is not None:
+            priority, model, timeout, max_retries, extra_headers = defaults.fill(
+                priority, model, timeout, max_retries, extra_headers
+            )
         spec = submitter.spec(
             "chat",
-            priority,
+            "normal" if priority is None else priority,
             max_tokens,
             timeout,
             params,
             model=model,
             method="chat",
             extras=_extras(extra_body, extra_headers, extra_query),
+            max_retries=max_retries,
         )
         value: ChatCompletion = await submitter.call(
             submitter.request(spec, messages), nowait=nowait
@@ -582,10 +687,11 @@ class Client:
         self,
         input: str,
         *,
-        priority: PriorityLike = ...,
+        priority: PriorityLike | None = ...,
         timeout: float | None = ...,
         nowait: bool = ...,
         model: str | None = ...,
+        max_retries: int | None = ...,
         extra_body: Mapping[str, Any] | None = ...,
         extra_headers: Mapping[str, str] | None = ...,
         extra_query: Mapping[str, str] | None = ...,
@@ -597,10 +703,11 @@ class Client:
         self,
         input: Sequence[str],
         *,
-        priority: PriorityLike = ...,
+        priority: PriorityLike | None = ...,
         timeout: float | None = ...,
         nowait: bool = ...,
         model: str | None = ...,
+        max_retries: int | None = ...,
         extra_body: Mapping[str, Any] | None = ...,
         extra_headers: Mapping[str, str] | None = ...,
         extra_query: Mapping[str, str] | None = ...,
@@ -611,10 +718,11 @@ class Client:
         self,
         input: str | Sequence[str],
         *,
-        priority: PriorityLike = "normal",
+        priority: PriorityLike | None = None,
         timeout: float | None = None,
         nowait: bool = False,
         model: str | None = None,
+        max_retries: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str] | None = None,
@@ -630,15 +738,21 @@ class Client:
         ``user`` and vLLM's ``truncate_prompt_tokens``, ``normalize``.
         """
         submitter = self._open()
+        defaults = self._defaults
+        if defaults is not None:
+            priority, model, timeout, max_retries, extra_headers = defaults.fill(
+                priority, model, timeout, max_retries, extra_headers
+            )
         spec = submitter.spec(
             "embedding",
-            priority,
+            "normal" if priority is None else priority,
             None,
             timeout,
             params,
             model=model,
             method="embed",
             extras=_extras(extra_body, extra_headers, extra_query),
+            max_retries=max_retries,
         )
         if isinstance(input, str):
             value: Embedding = await submitter.call(submitter.request(spec, input), nowait=nowait)
@@ -670,10 +784,11 @@ class Client:
         self,
         prompt: str | Sequence[Mapping[str, Any]],
         *,
-        priority: PriorityLike = "realtime",
+        priority: PriorityLike | None = None,
         max_tokens: int | None = None,
         timeout: float | None = None,
         model: str | None = None,
+        max_retries: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str] | None = None,
@@ -690,9 +805,14 @@ class Client:
         submitter = self._open()
         kind: Kind = "completion" if isinstance(prompt, str) else "chat"
         _check_stream_options(stream_options)
+        defaults = self._defaults
+        if defaults is not None:
+            priority, model, timeout, max_retries, extra_headers = defaults.fill(
+                priority, model, timeout, max_retries, extra_headers
+            )
         spec = submitter.spec(
             kind,
-            priority,
+            "realtime" if priority is None else priority,
             max_tokens,
             timeout,
             params,
@@ -700,6 +820,7 @@ class Client:
             model=model,
             method="stream",
             extras=_extras(extra_body, extra_headers, extra_query),
+            max_retries=max_retries,
         )
         request = submitter.request(spec, prompt)
         send, receive = anyio.create_memory_object_stream[str](64)
@@ -721,7 +842,7 @@ class Client:
         self,
         inputs: Iterable[MapInput] | AsyncIterable[MapInput],
         *,
-        priority: PriorityLike = "batch",
+        priority: PriorityLike | None = None,
         window: int | None = None,
         progress: ProgressLike = None,
         **params: Any,
@@ -739,14 +860,16 @@ class Client:
         terminal); a callable receives a :class:`MapProgress` snapshot at most every
         0.2 s and once at the end.
         """
-        runner, tier, size, tracker = self._map_call(inputs, priority, window, progress)
+        runner, tier, size, tracker, params = self._map_call(
+            inputs, priority, window, progress, params
+        )
         return await runner.collect(inputs, tier, size, params, tracker)
 
     def map_unordered(
         self,
         inputs: Iterable[MapInput] | AsyncIterable[MapInput],
         *,
-        priority: PriorityLike = "batch",
+        priority: PriorityLike | None = None,
         window: int | None = None,
         progress: ProgressLike = None,
         **params: Any,
@@ -758,14 +881,16 @@ class Client:
         the generator is closed; ``async with contextlib.aclosing(...)`` closes it at
         once. ``progress`` works as in :meth:`map`.
         """
-        runner, tier, size, tracker = self._map_call(inputs, priority, window, progress)
+        runner, tier, size, tracker, params = self._map_call(
+            inputs, priority, window, progress, params
+        )
         return runner.iterate(inputs, tier, size, params, ordered=False, tracker=tracker)
 
     async def imap(
         self,
         inputs: Iterable[MapInput] | AsyncIterable[MapInput],
         *,
-        priority: PriorityLike = "batch",
+        priority: PriorityLike | None = None,
         window: int | None = None,
         progress: ProgressLike = None,
         **params: Any,
@@ -778,7 +903,9 @@ class Client:
         :meth:`map_unordered` for throughput, ``imap`` when order matters and the
         input is too large for :meth:`map`'s list.
         """
-        runner, tier, size, tracker = self._map_call(inputs, priority, window, progress)
+        runner, tier, size, tracker, params = self._map_call(
+            inputs, priority, window, progress, params
+        )
         results = runner.iterate(inputs, tier, size, params, ordered=True, tracker=tracker)
         async with contextlib.aclosing(results):
             async for _index, result in results:
@@ -787,23 +914,30 @@ class Client:
     def _map_call(
         self,
         inputs: object,
-        priority: PriorityLike,
+        priority: PriorityLike | None,
         window: int | None,
         progress: ProgressLike,
-    ) -> tuple[MapRunner, Any, int, Any]:
+        params: dict[str, Any],
+    ) -> tuple[MapRunner, Any, int, Any, dict[str, Any]]:
         """Check a map call's arguments at the call site."""
         submitter = self._open()
-        assert self._map is not None
+        runner = self._root._map
+        assert runner is not None
         size = window if window is not None else 2 * self.limits.max_in_flight
         check_inputs(inputs, size)
-        tier = parse_priority(priority)
-        return self._map, tier, size, make_tracker(progress, inputs, submitter.now)
+        defaults = self._defaults
+        if defaults is not None:
+            priority = defaults.priority if priority is None else priority
+            params = defaults.fill_map(params)
+        tier = parse_priority("batch" if priority is None else priority)
+        return runner, tier, size, make_tracker(progress, inputs, submitter.now), params
 
     def stats(self) -> Stats:
         """An immutable snapshot of queues, outcomes, batches, latencies and tokens."""
-        if self._engine is None:
+        engine = self._root._engine
+        if engine is None:
             raise ClientClosedError("stats() is available once the client has been opened")
-        return self._engine.snapshot()
+        return engine.snapshot()
 
 
 def _extras(body: object, headers: object, query: object) -> tuple[object, object, object] | None:

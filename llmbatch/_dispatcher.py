@@ -399,7 +399,7 @@ class Dispatcher:
     ) -> T:
         """``call()``, retried with backoff on 429, 5xx and network errors; raises
         :class:`_Unavailable` when the server is down and worth waiting for."""
-        attempts = self._retry.attempts
+        attempts = requests[0].spec.attempts or self._retry.attempts
         attempt = 1
         while True:
             retried = attempt > 1

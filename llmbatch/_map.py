@@ -321,6 +321,7 @@ class MapRunner:
                     model=merged.get("model"),
                     method="map",
                     extras=None if all(e is None for e in extras) else extras,
+                    max_retries=merged.get("max_retries"),
                 )
                 request = submitter.request(spec, payload)
         except LLMBatchError as exc:
@@ -348,17 +349,18 @@ class MapRunner:
                 priority,
                 params.get("max_tokens"),
                 params.get("timeout"),
-                {k: v for k, v in options.items() if k != "model"},
+                {k: v for k, v in options.items() if k not in _OWN},
                 model=options.get("model"),
                 method="map",
                 extras=None if all(e is None for e in extras) else extras,
+                max_retries=options.get("max_retries"),
             )
         return spec
 
 
 _EXTRAS = ("extra_body", "extra_headers", "extra_query")
 #: Per-item keys that are llmbatch's own, not sampling parameters.
-_OWN = frozenset({"priority", "max_tokens", "timeout", "model"})
+_OWN = frozenset({"priority", "max_tokens", "timeout", "model", "max_retries"})
 
 
 def _options(params: Mapping[str, Any]) -> dict[str, Any]:

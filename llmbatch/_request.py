@@ -43,6 +43,7 @@ class CallSpec:
     """The validated options of a call, shared by every request made with them."""
 
     __slots__ = (
+        "attempts",
         "body_prefix",
         "compat_key",
         "headers",
@@ -73,6 +74,7 @@ class CallSpec:
         stream: bool,
         headers: tuple[tuple[str, str], ...] = (),
         query: str = "",
+        attempts: int | None = None,
     ) -> None:
         self.kind = kind
         self.priority = priority
@@ -89,13 +91,23 @@ class CallSpec:
         """``extra_headers``: sent with the HTTP request that carries it."""
         self.query = query
         """``extra_query`` as ``?a=1``, appended to the endpoint's path."""
+        self.attempts = attempts
+        """HTTP attempts for this call (``max_retries + 1``); None: the client's policy."""
         # Streams never share an HTTP request: each caller reads its own SSE response.
         self.max_batch = 1 if stream else 1024
         # Only requests with the same endpoint, model, parameters and mode share a batch.
         # One string, not a tuple: a string caches its hash, and the scheduler looks
         # the key up for every request it queues.
         self.compat_key = "\x00".join(
-            (kind, model, params_json, "stream" if stream else "", repr(headers), query)
+            (
+                kind,
+                model,
+                params_json,
+                "stream" if stream else "",
+                repr(headers),
+                query,
+                str(attempts),
+            )
         )
         self.body_prefix: bytes | None = None
         """The JSON body up to the prompt, made once by the wire module."""

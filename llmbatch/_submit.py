@@ -57,6 +57,7 @@ class Submitter:
         model: object = None,
         method: str = "complete",
         extras: tuple[object, object, object] | None = None,
+        max_retries: object = None,
     ) -> CallSpec:
         """The validated options of a call (raises :class:`InvalidRequestError`)."""
         return self.specs.get(
@@ -69,6 +70,7 @@ class Submitter:
             model=model,
             method=method,
             extras=extras,
+            max_retries=max_retries,
         )
 
     def request(self, spec: CallSpec, payload: object) -> Request:

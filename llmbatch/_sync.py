@@ -10,6 +10,7 @@ call blocks, but nothing deadlocks: the client's loop is another thread's).
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -19,9 +20,11 @@ from typing import Any, TypeVar
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from llmbatch._client import Client
+from llmbatch._config import PriorityLike
 from llmbatch._exceptions import ClientClosedError
 from llmbatch._map import MapInput
 from llmbatch._models import ChatCompletion, Completion, Embedding, Result
+from llmbatch._options import NOT_GIVEN, NotGiven
 from llmbatch._stats import Stats
 
 __all__ = ["SyncClient"]
@@ -44,6 +47,8 @@ class SyncClient:
         self._client = Client(*args, **kwargs)
         self._portal_context: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
+        self._root = self
+        """The SyncClient that owns the loop: this one, or the one a view was made from."""
 
     def __repr__(self) -> str:
         return repr(self._client).replace("llmbatch.Client", "llmbatch.SyncClient", 1)
@@ -58,10 +63,35 @@ class SyncClient:
         """The model every request names (read from the server when opened)."""
         return self._client.model
 
+    def with_options(
+        self,
+        *,
+        priority: PriorityLike | NotGiven | None = NOT_GIVEN,
+        model: str | NotGiven | None = NOT_GIVEN,
+        timeout: float | NotGiven | None = NOT_GIVEN,
+        max_retries: int | NotGiven | None = NOT_GIVEN,
+        default_headers: Mapping[str, str] | NotGiven = NOT_GIVEN,
+    ) -> SyncClient:
+        """A view with other call defaults, sharing this client's loop and engine:
+        see :meth:`Client.with_options`."""
+        view = copy.copy(self)
+        view._client = self._client.with_options(
+            priority=priority,
+            model=model,
+            timeout=timeout,
+            max_retries=max_retries,
+            default_headers=default_headers,
+        )
+        return view
+
     # -- lifetime --------------------------------------------------------------------
 
     def open(self) -> SyncClient:
         """Start the background loop and open the client (what ``with`` does)."""
+        if self._root is not self:
+            raise ClientClosedError(
+                "a with_options() view shares its client's lifetime; open and close the client"
+            )
         if self._portal is not None:
             raise ClientClosedError("this SyncClient is already open")
         context = start_blocking_portal(backend="asyncio")
@@ -96,7 +126,7 @@ class SyncClient:
         tb: TracebackType | None,
     ) -> None:
         portal, context = self._portal, self._portal_context
-        if portal is None or context is None:
+        if portal is None or context is None or self._root is not self:
             return
         self._portal = self._portal_context = None
         try:
@@ -105,7 +135,7 @@ class SyncClient:
             context.__exit__(None, None, None)
 
     def _call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        portal = self._portal
+        portal = self._root._portal
         if portal is None:
             raise ClientClosedError(
                 "the SyncClient is not open; use 'with llmbatch.SyncClient(...)' or .open()"
@@ -122,7 +152,7 @@ class SyncClient:
                     return
         finally:
             close = getattr(agen, "aclose", None)
-            if close is not None and self._portal is not None:
+            if close is not None and self._root._portal is not None:
                 self._call(close)
 
     # -- calls -----------------------------------------------------------------------

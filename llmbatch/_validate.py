@@ -75,6 +75,29 @@ def _number(params: Mapping[str, Any], name: str, lo: float, hi: float) -> None:
         raise _bad(f"{name} must be a finite number between {lo} and {hi}, got {value!r}", name)
 
 
+def check_timeout(value: object) -> float | None:
+    """A call's deadline in seconds: a positive finite number, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _wrong_type("timeout", "a number of seconds or None", value)
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise _bad(f"timeout must be a positive number of seconds, got {value!r}", "timeout")
+    return seconds
+
+
+def check_max_retries(value: object) -> int | None:
+    """Retries after the first attempt: an int >= 0, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _wrong_type("max_retries", "an int >= 0", value)
+    if value < 0:
+        raise _bad(f"max_retries must be >= 0, got {value}", "max_retries")
+    return value
+
+
 def validate_options(
     *,
     kind: Kind,
@@ -88,6 +111,7 @@ def validate_options(
     extra_body: object = None,
     extra_headers: object = None,
     extra_query: object = None,
+    max_retries: object = None,
 ) -> CallSpec:
     """Check a call's options and build its :class:`CallSpec`, or raise."""
     tier = parse_priority(priority)
@@ -121,17 +145,15 @@ def validate_options(
         isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
     ):
         raise _wrong_type("stop", "a str or a list of str", stop)
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise _wrong_type("timeout", "a number of seconds or None", timeout)
-        if not math.isfinite(timeout) or timeout <= 0:
-            raise _bad(f"timeout must be a positive number of seconds, got {timeout!r}", "timeout")
+    deadline = check_timeout(timeout)
     try:
         params_json = json.dumps(checked, sort_keys=True, allow_nan=False)
     except TypeError as exc:  # a value JSON has no type for (an object, a set)
         raise InvalidTypeError(f"parameters must be JSON-serialisable: {exc}") from None
     except ValueError as exc:  # the right type, a bad value (NaN, infinity)
         raise InvalidRequestError(f"parameters must be JSON-serialisable: {exc}") from None
+    retries = check_max_retries(max_retries)
+    attempts = None if retries is None else retries + 1
     assert isinstance(model, str)
     return CallSpec(
         kind=kind,
@@ -141,10 +163,11 @@ def validate_options(
         params_json=params_json,
         max_tokens=int(max_tokens_given or DEFAULT_MAX_TOKENS[kind]),
         n=n,
-        timeout=None if timeout is None else float(timeout),
+        timeout=deadline,
         stream=stream,
         headers=headers,
         query=query,
+        attempts=attempts,
     )
 
 
@@ -188,6 +211,7 @@ class SpecCache:
         model: object = None,
         method: str = "complete",
         extras: tuple[object, object, object] | None = None,
+        max_retries: object = None,
     ) -> CallSpec:
         """The spec for these options (validated on first sight; raises if invalid).
 
@@ -204,6 +228,8 @@ class SpecCache:
                 stream,
                 model,
                 method,
+                type(max_retries),
+                max_retries,
                 tuple([(k, type(v), v) for k, v in params.items()]),
                 None if extras is None else tuple(_freeze(e) for e in extras),
             )
@@ -228,6 +254,7 @@ class SpecCache:
             extra_body=extra_body,
             extra_headers=extra_headers,
             extra_query=extra_query,
+            max_retries=max_retries,
         )
         if key is not None:
             if len(self._specs) >= self._size:

@@ -76,3 +76,15 @@ def test_opened_and_closed_in_separate_steps(sim: SimulatorProcess) -> None:
     assert text
     client.close()  # closing twice is harmless
     assert "state=closed" in repr(client)
+
+
+def test_with_options_view_shares_the_loop(sim: SimulatorProcess) -> None:
+    client = llmbatch.SyncClient(sim.base_url)
+    urgent = client.with_options(priority="realtime", max_retries=0)
+    with pytest.raises(llmbatch.ClientClosedError):
+        urgent.open()
+    with client:
+        assert urgent.complete("hi", max_tokens=2).text
+        assert client.stats().tiers[llmbatch.Priority.REALTIME].done == 1
+    with pytest.raises(llmbatch.ClientClosedError):
+        urgent.complete("after close")

@@ -189,11 +189,25 @@ SECTIONS: dict[str, list[Case]] = {
             "limits must be a Limits",
         ),
         Case(
-            "config-timeout-number",
-            "a number instead of `Timeout`",
-            "Client(timeout=30)",
+            "config-timeout-str",
+            "a str instead of `Timeout` or seconds",
+            'Client(timeout="30")',
             ConfigTypeError,
-            "timeout must be a Timeout",
+            "timeout must be a Timeout or a number of seconds",
+        ),
+        Case(
+            "config-negative-max-retries",
+            "negative `max_retries`",
+            "Client(max_retries=-1)",
+            ConfigError,
+            "max_retries must be >= 0, got -1",
+        ),
+        Case(
+            "config-default-headers-int",
+            "a header value that is not a str",
+            'Client(default_headers={"X-Team": 7})',
+            ConfigTypeError,
+            "default_headers['X-Team'] must be a str",
         ),
         Case(
             "config-retry-dict",
@@ -639,6 +653,27 @@ SECTIONS: dict[str, list[Case]] = {
             InvalidRequestError,
             "parameters must be JSON-serialisable: Out of range float values are not JSON "
             "compliant",
+        ),
+        Case(
+            "complete-negative-max-retries",
+            "negative `max_retries`",
+            'await client.complete("Hello", max_retries=-1)',
+            InvalidRequestError,
+            "max_retries must be >= 0, got -1",
+        ),
+        Case(
+            "with-options-unknown-priority",
+            "an unknown tier in `with_options`",
+            'client.with_options(priority="urgent")',
+            InvalidRequestError,
+            "unknown priority 'urgent'; expected one of 'realtime', 'normal', 'batch'",
+        ),
+        Case(
+            "with-options-unknown-option",
+            "an option `with_options` does not have",
+            "client.with_options(temperature=0.2)",
+            TypeError,
+            "Client.with_options() got an unexpected keyword argument 'temperature'",
         ),
         Case(
             "complete-zero-timeout",
