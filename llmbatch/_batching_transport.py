@@ -39,6 +39,8 @@ __all__ = ["PRIORITY_HEADER", "BatchingTransport"]
 
 #: The request header naming a call's tier (``realtime``, ``normal``, ``batch``).
 PRIORITY_HEADER = "x-llmbatch-priority"
+"""The request header that names a call's tier (``realtime``, ``normal``, ``batch``);
+llmbatch reads it and does not send it on."""
 _ROUTES = {"/chat/completions": "chat", "/completions": "completion", "/embeddings": "embedding"}
 _JSON_HEADERS = {"content-type": "application/json"}
 #: Request fields that are not parameters.
@@ -75,6 +77,8 @@ class BatchingTransport(httpx.AsyncBaseTransport):
         self._opening: anyio.Lock | None = None
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Batch a completions, chat or embeddings request through the client; send
+        anything else through the pass-through transport unchanged."""
         kind = _route(request)
         if kind is None:
             return await self._passthrough.handle_async_request(request)
