@@ -65,7 +65,7 @@ from llmbatch._models import (
     Usage,
 )
 from llmbatch._progress import MapProgress, ProgressBar
-from llmbatch._stats import Percentiles, ServerStats, Stats, TierStats
+from llmbatch._stats import Histogram, Percentiles, ServerStats, Stats, TierStats
 from llmbatch._sync import SyncClient
 from llmbatch._version import __version__
 
@@ -93,6 +93,7 @@ __all__ = [
     "DeadlineExceeded",
     "Embedding",
     "FunctionCall",
+    "Histogram",
     "InvalidRequestError",
     "InvalidTypeError",
     "LLMBatchError",

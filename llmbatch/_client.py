@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import copy
 import dataclasses
@@ -10,17 +11,19 @@ import enum
 import json
 import math
 import os
+import threading
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
     AsyncIterator,
+    Callable,
     Iterable,
     Mapping,
     Sequence,
 )
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 from urllib.parse import urlsplit
 
 import anyio
@@ -67,6 +70,7 @@ from llmbatch._request import Kind, Request
 from llmbatch._scheduler import Scheduler
 from llmbatch._stats import Stats, StatsRecorder
 from llmbatch._submit import Submitter
+from llmbatch._tracing import Tracer
 from llmbatch._transports.base import HTTPRequest, Transport
 from llmbatch._validate import SpecCache
 from llmbatch._version import __version__
@@ -77,6 +81,10 @@ __all__ = ["Client"]
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 #: How long ``async with`` waits on exit for queued and in-flight work by default.
 DEFAULT_DRAIN_TIMEOUT = 60.0
+#: How long ``stats()`` called from another thread waits for the client's loop.
+STATS_TIMEOUT = 5.0
+
+T = TypeVar("T")
 
 
 class _State(enum.Enum):
@@ -271,6 +279,8 @@ class Client:
         self._submitter: Submitter | None = None
         self._map: MapRunner | None = None
         self._transport: Transport | None = None
+        self._in_loop: _LoopCaller | None = None
+        self._tracer: Tracer | None = None
 
     def __repr__(self) -> str:
         # Never the API key: only whether one is set.
@@ -390,12 +400,14 @@ class Client:
                 tg = await stack.enter_async_context(anyio.create_task_group())
                 tg.start_soon(engine.run, tg)
             self._task_group = tg
+            self._install_tracer(self._tracer, dispatcher, stats)
             self._map = MapRunner(self._submitter, tg)
             self._engine = engine
         except BaseException:
             await stack.aclose()
             raise
         self._exit_stack = stack
+        self._in_loop = _loop_caller(loop)
         self._state = _State.OPEN
         return self
 
@@ -446,6 +458,21 @@ class Client:
         if not started.done():
             self._host.result()  # it failed before starting: raise why
         return started.result()
+
+    def _set_tracer(self, tracer: Tracer | None) -> None:
+        """Record this client's requests and HTTP requests with ``tracer`` (None: stop);
+        ``llmbatch.otel.instrument`` calls it, before or after the client opens."""
+        root = self._root
+        root._tracer = tracer
+        engine = root._engine
+        if engine is not None:
+            root._install_tracer(tracer, engine.dispatcher, engine.stats_recorder)
+
+    def _install_tracer(
+        self, tracer: Tracer | None, dispatcher: Dispatcher, stats: StatsRecorder
+    ) -> None:
+        assert self._submitter is not None
+        self._submitter.tracer = dispatcher.tracer = stats.tracer = tracer
 
     def _requeue(self, requests: Sequence[Request]) -> None:
         # The dispatcher hands back a batch that met an outage; the engine queues it.
@@ -933,11 +960,60 @@ class Client:
         return runner, tier, size, make_tracker(progress, inputs, submitter.now), params
 
     def stats(self) -> Stats:
-        """An immutable snapshot of queues, outcomes, batches, latencies and tokens."""
-        engine = self._root._engine
+        """An immutable snapshot of queues, outcomes, batches, latencies and tokens.
+
+        Safe from any thread (a metrics exporter's, a web framework's): from outside
+        the client's event loop it is taken on the loop, waiting for it up to 5 s
+        (then ``TimeoutError``)."""
+        root = self._root
+        engine = root._engine
         if engine is None:
             raise ClientClosedError("stats() is available once the client has been opened")
+        if root._state is _State.OPEN and root._in_loop is not None:
+            return root._in_loop(engine.snapshot)
         return engine.snapshot()
+
+
+class _LoopCaller:
+    """Runs a function on the client's event loop from another thread and waits for
+    its result; on the loop's own thread, just runs it."""
+
+    __slots__ = ("_loop", "_thread", "_token")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None, token: object) -> None:
+        self._thread = threading.get_ident()
+        self._loop = loop
+        self._token = token
+
+    def __call__(self, function: Callable[[], T]) -> T:
+        if threading.get_ident() == self._thread:
+            return function()
+        if self._loop is None:
+            import trio
+
+            return trio.from_thread.run_sync(function, trio_token=self._token)  # type: ignore[arg-type]
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(function())
+                except BaseException as exc:  # handed to the waiting thread
+                    future.set_exception(exc)
+
+        try:
+            self._loop.call_soon_threadsafe(run)
+        except RuntimeError:  # the loop has closed: nothing mutates any more
+            return function()
+        return future.result(timeout=STATS_TIMEOUT)
+
+
+def _loop_caller(loop: asyncio.AbstractEventLoop | None) -> _LoopCaller:
+    if loop is not None:
+        return _LoopCaller(loop, None)
+    import trio
+
+    return _LoopCaller(None, trio.lowlevel.current_trio_token())
 
 
 def _extras(body: object, headers: object, query: object) -> tuple[object, object, object] | None:

@@ -44,9 +44,11 @@ from llmbatch._exceptions import (
     TimeoutException,
     TransportError,
 )
+from llmbatch._logs import BISECTION, Bisection, Throttle, logger
 from llmbatch._models import ChatCompletion, Completion, Delivery, Embedding, make_answer
 from llmbatch._request import Flight, Request
 from llmbatch._stats import StatsRecorder
+from llmbatch._tracing import Tracer
 from llmbatch._transports.base import HTTPRequest, HTTPResponse
 from llmbatch._validate import TOKEN_OVERHEAD, input_bytes
 from llmbatch._wire import (
@@ -66,7 +68,6 @@ from llmbatch._wire import (
 
 __all__ = ["Dispatcher"]
 
-logger = logging.getLogger("llmbatch")
 
 T = TypeVar("T")
 
@@ -109,6 +110,7 @@ class Dispatcher:
         clock: Clock = time.monotonic,
     ) -> None:
         self._now = clock
+        self._retry_log = Throttle(clock)
         self.endpoint = endpoint
         self._retry = retry
         self._stats = stats
@@ -117,6 +119,8 @@ class Dispatcher:
         self._priority_scheduling = priority_scheduling
         self.chat_batch: bool | None = None
         """Whether the server has /chat/completions/batch: None until the first try."""
+        self.tracer: Tracer | None = None
+        """Records each HTTP request as a span, when tracing is on."""
 
     async def send(self, requests: Sequence[Request], flight: Flight) -> None:
         """Answer every request of a batch (or put it back in the queue if the server
@@ -214,22 +218,40 @@ class Dispatcher:
             ordered = sorted(requests, key=_size, reverse=True)
             middle = len(ordered) // 2
             parts = [ordered[:middle], ordered[middle:]]
-        logger.info(
+        logger.debug(
             "400 on a batch of %d, resending in %d parts: %s",
             len(requests),
             len(parts),
             error.message,
         )
-        if self._reserve_resend is not None:
-            # New HTTP requests: they count against the rate limits.
-            now = self._now()
-            delay = max(
-                self._reserve_resend(now, sum(r.est_tokens for r in part)) for part in parts
-            )
-            await anyio.sleep(delay)
-        async with anyio.create_task_group() as tg:
-            for part in parts:
-                tg.start_soon(again, part)
+        outer = BISECTION.get()
+        split = outer or Bisection(len(requests), error.message)
+        split.requests += len(parts)
+        token = BISECTION.set(split) if outer is None else None
+        try:
+            if self._reserve_resend is not None:
+                # New HTTP requests: they count against the rate limits.
+                now = self._now()
+                delay = max(
+                    self._reserve_resend(now, sum(r.est_tokens for r in part)) for part in parts
+                )
+                await anyio.sleep(delay)
+            async with anyio.create_task_group() as tg:
+                for part in parts:
+                    tg.start_soon(again, part)
+        finally:
+            if token is not None:
+                BISECTION.reset(token)
+                failed = sum(r.error is not None for r in requests)
+                logger.info(
+                    "400 on a batch of %d (%s): split into %d more requests; "
+                    "%d failed alone, %d answered",
+                    split.size,
+                    split.error,
+                    split.requests,
+                    failed,
+                    len(requests) - failed,
+                )
 
     # -- chat ------------------------------------------------------------------------
 
@@ -375,9 +397,18 @@ class Dispatcher:
         headers = endpoint.headers
         if spec.headers:  # extra_headers
             headers = {**headers, **dict(spec.headers)}
-        response = await endpoint.transport.send(
-            HTTPRequest("POST", endpoint.base_url + path + spec.query, headers, body)
-        )
+        url = endpoint.base_url + path + spec.query
+        tracer = self.tracer
+        if tracer is None:
+            response = await endpoint.transport.send(HTTPRequest("POST", url, headers, body))
+        else:
+            handle = tracer.http_started(path, url, requests)
+            try:
+                response = await endpoint.transport.send(HTTPRequest("POST", url, headers, body))
+            except BaseException as exc:
+                tracer.http_ended(handle, None, exc)
+                raise
+            tracer.http_ended(handle, response.status, None)
         endpoint.on_response(response.status, response.headers)
         return response
 
@@ -421,16 +452,40 @@ class Dispatcher:
             if self._reserve_resend is not None:
                 tokens = sum(r.est_tokens for r in requests)
                 delay = max(delay, self._reserve_resend(self._now(), tokens))
-            logger.debug(
-                "retrying in %.3fs (%d request(s), attempt %d of %d failed: %s)",
-                delay,
-                len(requests),
-                attempt,
-                attempts,
-                exc,
-            )
+            self._stats.retries += 1
+            self._log_retry(requests, attempt, attempts, delay, exc)
             await anyio.sleep(delay)
             attempt += 1
+
+    def _log_retry(
+        self,
+        requests: Sequence[Request],
+        attempt: int,
+        attempts: int,
+        delay: float,
+        error: RequestError,
+    ) -> None:
+        """One WARNING per retried batch (its first retry), at most one per interval
+        with a count of those held back; every retry at DEBUG."""
+        held = self._retry_log.allow() if attempt == 1 else None
+        if held is None:
+            logger.debug(
+                "retrying %d request(s) in %.3fs (attempt %d of %d failed: %s)",
+                len(requests),
+                delay,
+                attempt,
+                attempts,
+                error,
+            )
+            return
+        logger.warning(
+            "%s: a batch of %d failed (%s); retrying, %d attempt(s) left%s",
+            self.endpoint.base_url,
+            len(requests),
+            error,
+            attempts - attempt,
+            f" ({held} more retried batch(es) since the last warning)" if held else "",
+        )
 
     def _retryable(self, exc: RequestError, requests: Sequence[Request], can_retry: bool) -> bool:
         if not can_retry or all(r.abandoned for r in requests):

@@ -65,6 +65,10 @@ class Engine:
         self._dispatcher = dispatcher
         self._stats = stats
         self.endpoint = endpoint
+        self.dispatcher = dispatcher
+        """The dispatcher its batches go to (the client wires tracing into it)."""
+        self.stats_recorder = stats
+        """Its counters (the client wires tracing into them)."""
         scheduler.set_bulk_limit(endpoint.controller.limit)
         self._probing = False
         self._isolating = False

@@ -81,6 +81,8 @@ class _Run:
         self.specs: dict[Kind, CallSpec] = {}
         """The map's own options validated once, per kind of plain input."""
         self.on_done = self.finished  # one bound method for every item
+        self.trace_parent: object = None
+        """The caller's trace context, for the items' spans (when tracing is on)."""
         self._room = anyio.Event()
         self._feeder_waiting = False
         self._news = anyio.Event()
@@ -162,6 +164,8 @@ class MapRunner:
     ) -> list[Result[Any]]:
         """Every input's result, in input order (``map``)."""
         run = _Run(window, tracker, collect=True)
+        if self._submitter.tracer is not None:
+            run.trace_parent = self._submitter.tracer.capture()
         scope = anyio.CancelScope()
         self._tg.start_soon(self._feed, scope, run, inputs, priority, params)
         try:
@@ -197,6 +201,8 @@ class MapRunner:
     ) -> AsyncGenerator[_Item, None]:
         """Yield ``(index, result)`` as items finish, or in input order if ``ordered``."""
         run = _Run(window, tracker, collect=False)
+        if self._submitter.tracer is not None:
+            run.trace_parent = self._submitter.tracer.capture()
         # The feeder lives in the client's task group, not in this generator, so no
         # task group ever spans a yield; leaving the loop early cancels the feeder.
         scope = anyio.CancelScope()
@@ -304,10 +310,10 @@ class MapRunner:
         try:
             if isinstance(item, str):
                 spec = self._spec(run, "completion", priority, params)
-                request = submitter.request(spec, item)
+                request = submitter.request(spec, item, run.trace_parent)
             elif isinstance(item, list):
                 spec = self._spec(run, "chat", priority, params)
-                request = submitter.request(spec, item)
+                request = submitter.request(spec, item, run.trace_parent)
             else:
                 kind, payload, options, metadata = _parse_item(item)
                 merged = {**_options(params), **options}
@@ -323,7 +329,7 @@ class MapRunner:
                     extras=None if all(e is None for e in extras) else extras,
                     max_retries=merged.get("max_retries"),
                 )
-                request = submitter.request(spec, payload)
+                request = submitter.request(spec, payload, run.trace_parent)
         except LLMBatchError as exc:
             run.emit(index, make_result(index, None, exc, metadata))
             return

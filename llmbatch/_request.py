@@ -146,6 +146,7 @@ class Request:
         "seq",
         "spec",
         "state",
+        "trace",
         "value",
     )
 
@@ -194,6 +195,8 @@ class Request:
         """A map item's position in the inputs."""
         self.metadata: object = None
         """A map item's metadata, handed back in its Result."""
+        self.trace: object = None
+        """The tracer's record of it (a span), when tracing is on."""
 
     def travel_alone(self) -> None:
         """Join a queue group of its own, so it is sent in a batch of one."""

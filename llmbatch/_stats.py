@@ -6,8 +6,9 @@ it happen in one call, so no outcome goes uncounted or is counted twice.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
@@ -18,11 +19,52 @@ from llmbatch._exceptions import DeadlineExceeded, LLMBatchError, RequestCancell
 if TYPE_CHECKING:
     from llmbatch._request import Request
     from llmbatch._scheduler import Batch
+    from llmbatch._tracing import Tracer
 
-__all__ = ["Percentiles", "ServerStats", "Stats", "StatsRecorder", "TierStats"]
+__all__ = ["Histogram", "Percentiles", "ServerStats", "Stats", "StatsRecorder", "TierStats"]
 
 #: Latency samples kept per tier for percentiles (a sliding window, bounded memory).
 SAMPLE_WINDOW = 8192
+#: Seconds over which ``Stats`` rates are measured (the most recent ones).
+RATE_WINDOW = 10
+#: Histogram bucket upper bounds. Latency spans a realtime answer (tens of ms) to a
+#: long bulk generation (minutes); queue waits start lower; batch sizes are powers of 2.
+LATENCY_BOUNDS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
+QUEUE_WAIT_BOUNDS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
+BATCH_SIZE_BOUNDS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
 
 
 class _Frozen(BaseModel):
@@ -35,6 +77,29 @@ class Percentiles(_Frozen):
     p50: float = 0.0
     p95: float = 0.0
     p99: float = 0.0
+
+
+class Histogram(_Frozen):
+    """Observations counted by bucket, as Prometheus histograms keep them.
+
+    ``counts[i]`` is how many observations were ``<= bounds[i]`` and above the bound
+    before it; the last count is those above every bound. Counts only grow, from
+    the client's open.
+    """
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    sum: float
+    count: int
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """``(upper bound, observations <= it)`` pairs, ending with ``(inf, count)``."""
+        pairs: list[tuple[float, int]] = []
+        total = 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            total += n
+            pairs.append((bound, total))
+        return pairs
 
 
 class TierStats(_Frozen):
@@ -59,6 +124,10 @@ class TierStats(_Frozen):
     """From the call until the request's batch was sent."""
     latency: Percentiles
     """From the call until the answer was complete (successful requests)."""
+    queue_wait_histogram: Histogram
+    """Every queue wait since the client opened (``queue_wait`` is recent ones)."""
+    latency_histogram: Histogram
+    """Every successful request's latency since the client opened."""
 
 
 class ServerStats(_Frozen):
@@ -99,16 +168,30 @@ class Stats(_Frozen):
     mean_batch_size: float
     """Prompts per HTTP request sent, on average."""
     max_batch_size: int
+    batch_size_histogram: Histogram
+    """Prompts per HTTP request sent."""
+    retries: int
+    """HTTP requests sent again after a failed attempt (429, 5xx, network errors)."""
     bisections: int
     """400-answered batches that were split to find the offending prompts."""
     prompt_tokens: int
     completion_tokens: int
     uptime: float
     """Seconds since the client opened."""
+    rate_window: float
+    """The seconds the rates below are measured over: the most recent ones, up to
+    ``RATE_WINDOW`` (10), fewer just after the client opened."""
     tokens_per_second: float
-    """Completion tokens per second of uptime."""
+    """Completion tokens per second over the last ``rate_window`` seconds."""
+    requests_per_second: float
+    """Requests answered successfully per second over the last ``rate_window`` seconds."""
     server: ServerStats | None = None
     """The server's admission state (None before the client opened)."""
+
+    def __str__(self) -> str:
+        from llmbatch._stats_table import render
+
+        return render(self)
 
 
 def _percentiles(samples: deque[float]) -> Percentiles:
@@ -123,13 +206,82 @@ def _percentiles(samples: deque[float]) -> Percentiles:
     return Percentiles(p50=pick(0.50), p95=pick(0.95), p99=pick(0.99))
 
 
+class _Buckets:
+    """A histogram being filled: one bisect and two additions per observation."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def frozen(self) -> Histogram:
+        return Histogram(
+            bounds=self.bounds, counts=tuple(self.counts), sum=self.sum, count=sum(self.counts)
+        )
+
+
+class _Rates:
+    """Answers and completion tokens per second over the last ``RATE_WINDOW`` seconds:
+    a ring of one-second slots, so memory and cost stay constant."""
+
+    __slots__ = ("_done", "_second", "_tokens")
+
+    SLOTS = 16  # a power of two above RATE_WINDOW
+
+    def __init__(self) -> None:
+        self._second = [-1] * self.SLOTS
+        self._done = [0] * self.SLOTS
+        self._tokens = [0] * self.SLOTS
+
+    def add(self, now: float, tokens: int) -> None:
+        second = int(now)
+        slot = second & (self.SLOTS - 1)
+        if self._second[slot] != second:
+            self._second[slot] = second
+            self._done[slot] = self._tokens[slot] = 0
+        self._done[slot] += 1
+        self._tokens[slot] += tokens
+
+    def per_second(self, now: float, started_at: float) -> tuple[float, float, float]:
+        """``(window, answers/s, tokens/s)``: the window covers the slots from
+        ``RATE_WINDOW - 1`` whole seconds ago to now (less just after the start)."""
+        current = int(now)
+        oldest = current - (RATE_WINDOW - 1)
+        window = now - max(oldest, started_at)
+        if window <= 0:
+            return 0.0, 0.0, 0.0
+        done = tokens = 0
+        for slot in range(self.SLOTS):
+            if oldest <= self._second[slot] <= current:
+                done += self._done[slot]
+                tokens += self._tokens[slot]
+        return window, done / window, tokens / window
+
+
 class _TierCounters:
-    __slots__ = ("cancelled", "done", "failed", "latency", "queue_wait", "retried")
+    __slots__ = (
+        "cancelled",
+        "done",
+        "failed",
+        "latency",
+        "latency_buckets",
+        "queue_wait",
+        "queue_wait_buckets",
+        "retried",
+    )
 
     def __init__(self) -> None:
         self.done = self.failed = self.retried = self.cancelled = 0
         self.queue_wait: deque[float] = deque(maxlen=SAMPLE_WINDOW)
         self.latency: deque[float] = deque(maxlen=SAMPLE_WINDOW)
+        self.queue_wait_buckets = _Buckets(QUEUE_WAIT_BOUNDS)
+        self.latency_buckets = _Buckets(LATENCY_BOUNDS)
 
 
 class StatsRecorder:
@@ -141,18 +293,29 @@ class StatsRecorder:
         self.batches_sent = 0
         self._batch_items = 0
         self.max_batch_size = 0
+        self._batch_sizes = _Buckets(BATCH_SIZE_BOUNDS)
+        self.retries = 0
         self.bisections = 0
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self._rates = _Rates()
+        self.tracer: Tracer | None = None
+        """Ends each request's span as it settles, when tracing is on."""
 
     def batch_sent(self, size: int) -> None:
         self.batches_sent += 1
         self._batch_items += size
-        self.max_batch_size = max(self.max_batch_size, size)
+        self._batch_sizes.observe(size)
+        if size > self.max_batch_size:
+            self.max_batch_size = size
 
     def dispatched(self, batch: Batch, now: float) -> None:
-        waits = self._tiers[batch.priority].queue_wait
-        waits.extend(now - r.created_at for r in batch.requests)
+        tier = self._tiers[batch.priority]
+        waits = [now - r.created_at for r in batch.requests]
+        tier.queue_wait.extend(waits)
+        observe = tier.queue_wait_buckets.observe
+        for wait in waits:
+            observe(wait)
 
     def settle_value(
         self, request: Request, value: object, latency: float, prompt: int, completion: int
@@ -163,9 +326,13 @@ class StatsRecorder:
         tier = self._tiers[request.priority]
         tier.done += 1
         tier.latency.append(latency)
+        tier.latency_buckets.observe(latency)
         tier.retried += request.retried
         self.prompt_tokens += prompt
         self.completion_tokens += completion
+        self._rates.add(request.created_at + latency, completion)
+        if self.tracer is not None:
+            self.tracer.request_settled(request)
         return True
 
     def settle_error(self, request: Request, error: LLMBatchError) -> bool:
@@ -179,6 +346,8 @@ class StatsRecorder:
         else:
             tier.failed += 1
         tier.retried += request.retried
+        if self.tracer is not None:
+            self.tracer.request_settled(request)
         return True
 
     def snapshot(
@@ -189,6 +358,9 @@ class StatsRecorder:
         server: ServerStats | None = None,
     ) -> Stats:
         uptime = max(0.0, now - self._started_at)
+        window, requests_per_second, tokens_per_second = self._rates.per_second(
+            now, self._started_at
+        )
         return Stats(
             tiers={
                 p: TierStats(
@@ -200,16 +372,22 @@ class StatsRecorder:
                     cancelled=t.cancelled,
                     queue_wait=_percentiles(t.queue_wait),
                     latency=_percentiles(t.latency),
+                    queue_wait_histogram=t.queue_wait_buckets.frozen(),
+                    latency_histogram=t.latency_buckets.frozen(),
                 )
                 for p, t in self._tiers.items()
             },
             batches_sent=self.batches_sent,
             mean_batch_size=self._batch_items / self.batches_sent if self.batches_sent else 0.0,
             max_batch_size=self.max_batch_size,
+            batch_size_histogram=self._batch_sizes.frozen(),
+            retries=self.retries,
             bisections=self.bisections,
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
             uptime=uptime,
-            tokens_per_second=self.completion_tokens / uptime if uptime > 0 else 0.0,
+            rate_window=window,
+            tokens_per_second=tokens_per_second,
+            requests_per_second=requests_per_second,
             server=server,
         )

@@ -14,6 +14,7 @@ from typing import Any
 from llmbatch._clock import Clock
 from llmbatch._engine import Engine
 from llmbatch._request import CallSpec, Kind, Request
+from llmbatch._tracing import Tracer
 from llmbatch._validate import (
     TOKEN_OVERHEAD,
     SpecCache,
@@ -44,6 +45,8 @@ class Submitter:
         self.specs = specs
         self.now = clock
         self._loop = loop
+        self.tracer: Tracer | None = None
+        """Starts each request's span, when tracing is on."""
 
     def spec(
         self,
@@ -73,8 +76,9 @@ class Submitter:
             max_retries=max_retries,
         )
 
-    def request(self, spec: CallSpec, payload: object) -> Request:
-        """One request for a prompt (``spec.kind == "completion"``) or a conversation."""
+    def request(self, spec: CallSpec, payload: object, parent: object = None) -> Request:
+        """One request for a prompt (``spec.kind == "completion"``) or a conversation;
+        ``parent``: the trace context to record it under (default: the current one)."""
         max_model_len = self.specs.context_of(spec.model)
         if spec.kind != "chat":
             name = "prompt" if spec.kind == "completion" else "input"
@@ -83,6 +87,8 @@ class Submitter:
         else:
             messages, est_tokens = check_messages(payload, spec)
             request = Request(spec, None, messages, est_tokens, self.now())
+        if self.tracer is not None:
+            self.tracer.request_started(request, parent)
         if max_model_len is not None:
             size = input_bytes(request.prompt, request.messages)
             if size + TOKEN_OVERHEAD + spec.max_tokens > max_model_len:

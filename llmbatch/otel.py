@@ -1,0 +1,171 @@
+"""OpenTelemetry spans for llmbatch (``pip install 'llmbatch[otel]'``).
+
+::
+
+    import llmbatch.otel
+
+    async with llmbatch.Client() as client:
+        llmbatch.otel.instrument(client)   # the global tracer provider, or pass one
+        ...
+
+Each request is a span (``text_completion MODEL``, ``chat MODEL``, ``embeddings
+MODEL``), a child of the caller's current span (for ``map``, of the span current
+when ``map`` was called), from the call until its answer or error. Each HTTP
+request is a span of its own (``POST /completions``, kind CLIENT) linked to the
+spans of every request it carries; a request's span has an ``llmbatch.http``
+event for each HTTP request it went in, with that span's ids, so a trace can be
+followed both ways. A batch of one is also the child of its request's span.
+Attributes follow OpenTelemetry's GenAI and HTTP conventions where they apply
+(``gen_ai.*``, ``http.*``, ``url.full``, ``server.*``) and ``llmbatch.*``
+otherwise. Prompts and answers are never recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "llmbatch.otel needs opentelemetry-api: pip install 'llmbatch[otel]'"
+    ) from exc
+
+from llmbatch._exceptions import ConfigTypeError, DeadlineExceeded, RequestCancelled
+from llmbatch._version import __version__
+
+if TYPE_CHECKING:
+    from llmbatch._client import Client
+    from llmbatch._request import Request
+
+__all__ = ["instrument", "uninstrument"]
+
+_OPERATIONS = {"completion": "text_completion", "chat": "chat", "embedding": "embeddings"}
+
+
+def instrument(client: Client, tracer_provider: trace.TracerProvider | None = None) -> None:
+    """Record ``client``'s requests and HTTP requests as spans.
+
+    ``tracer_provider`` defaults to OpenTelemetry's global one. Works before or
+    after the client opens; a ``with_options`` view shares its client's tracing.
+    """
+    from llmbatch._client import Client
+
+    if not isinstance(client, Client):
+        raise ConfigTypeError(
+            f"instrument() takes a llmbatch.Client, got {type(client).__name__}", field="client"
+        )
+    tracer = trace.get_tracer("llmbatch", __version__, tracer_provider=tracer_provider)
+    client._set_tracer(_SpanTracer(tracer))
+
+
+def uninstrument(client: Client) -> None:
+    """Stop recording spans for ``client`` (requests already started still end)."""
+    client._set_tracer(None)
+
+
+class _SpanTracer:
+    """llmbatch's tracing hooks (``llmbatch._tracing.Tracer``) as OpenTelemetry spans."""
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self._tracer = tracer
+
+    def capture(self) -> object:
+        return otel_context.get_current()
+
+    def request_started(self, request: Request, parent: object = None) -> None:
+        spec = request.spec
+        operation = _OPERATIONS[spec.kind]
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": operation,
+            "gen_ai.request.model": spec.model,
+            "llmbatch.tier": spec.priority.value,
+            "llmbatch.request.id": request.id,
+        }
+        if spec.kind != "embedding":
+            attributes["gen_ai.request.max_tokens"] = spec.max_tokens
+        if spec.stream:
+            attributes["llmbatch.stream"] = True
+        request.trace = self._tracer.start_span(
+            f"{operation} {spec.model}",
+            context=parent,  # type: ignore[arg-type]  # None: the current context
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+        )
+
+    def request_settled(self, request: Request) -> None:
+        span = request.trace
+        if span is None:
+            return
+        request.trace = None
+        assert isinstance(span, trace.Span)
+        span.set_attribute("llmbatch.attempts", request.attempts)
+        error = request.error
+        if error is None:
+            span.set_attribute("llmbatch.outcome", "done")
+            usage = getattr(request.value, "usage", None)
+            if usage is not None:
+                span.set_attribute("gen_ai.usage.input_tokens", usage.prompt_tokens)
+                span.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)
+            response_id = getattr(request.value, "id", None)
+            if response_id:
+                span.set_attribute("gen_ai.response.id", response_id)
+            finish = getattr(request.value, "finish_reason", None)
+            if finish:
+                span.set_attribute("gen_ai.response.finish_reasons", [finish])
+        else:
+            cancelled = isinstance(error, RequestCancelled | DeadlineExceeded)
+            span.set_attribute("llmbatch.outcome", "cancelled" if cancelled else "failed")
+            span.set_attribute("error.type", type(error).__name__)
+            span.set_status(Status(StatusCode.ERROR, str(error)))
+        span.end()
+
+    def http_started(self, path: str, url: str, requests: Sequence[Request]) -> object:
+        spans = [r.trace for r in requests if isinstance(r.trace, trace.Span)]
+        parts = urlsplit(url)
+        attributes: dict[str, Any] = {
+            "http.request.method": "POST",
+            "url.full": url,
+            "server.address": parts.hostname or "",
+            "llmbatch.batch.size": len(requests),
+            "llmbatch.tier": requests[0].priority.value,
+        }
+        if parts.port is not None:
+            attributes["server.port"] = parts.port
+        # A batch of one belongs under its request; a larger one under none of them.
+        parent = (
+            trace.set_span_in_context(spans[0])
+            if len(requests) == 1 and spans
+            else otel_context.Context()
+        )
+        span = self._tracer.start_span(
+            f"POST {path}",
+            context=parent,
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
+            links=[Link(s.get_span_context()) for s in spans],
+        )
+        ids = span.get_span_context()
+        event = {
+            "llmbatch.http.trace_id": trace.format_trace_id(ids.trace_id),
+            "llmbatch.http.span_id": trace.format_span_id(ids.span_id),
+        }
+        for request_span in spans:
+            request_span.add_event("llmbatch.http", event)
+        return span
+
+    def http_ended(self, handle: object, status: int | None, error: BaseException | None) -> None:
+        assert isinstance(handle, trace.Span)
+        if status is not None:
+            handle.set_attribute("http.response.status_code", status)
+            if status >= 400:
+                handle.set_attribute("error.type", str(status))
+                handle.set_status(Status(StatusCode.ERROR))
+        elif error is not None:
+            handle.set_attribute("error.type", type(error).__name__)
+            handle.set_status(Status(StatusCode.ERROR, str(error)))
+        handle.end()

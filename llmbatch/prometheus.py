@@ -1,0 +1,299 @@
+"""Prometheus metrics for llmbatch clients (``pip install 'llmbatch[prometheus]'``).
+
+::
+
+    import prometheus_client
+    import llmbatch.prometheus
+
+    async with llmbatch.Client() as client:
+        llmbatch.prometheus.register(client)
+        prometheus_client.start_http_server(9464, addr="127.0.0.1")
+        ...
+
+``register`` adds a collector to a ``prometheus_client`` registry (the default one
+unless told otherwise). It reads ``client.stats()`` at each scrape, so the request
+path pays nothing for it. Several clients may share a registry, told apart by
+``labels`` (the same label names for all of them). Every metric is named
+``llmbatch_*``; docs/metrics.md lists them.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+try:
+    from prometheus_client.core import (
+        REGISTRY,
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        Metric,
+    )
+    from prometheus_client.registry import Collector, CollectorRegistry
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "llmbatch.prometheus needs prometheus-client: pip install 'llmbatch[prometheus]'"
+    ) from exc
+
+from llmbatch._exceptions import ConfigError, ConfigTypeError
+
+if TYPE_CHECKING:
+    from llmbatch._client import Client
+    from llmbatch._stats import Histogram, Stats
+
+__all__ = ["LLMBatchCollector", "register", "unregister"]
+
+_BREAKER_STATES = ("closed", "open", "half_open")
+
+
+class LLMBatchCollector(Collector):
+    """Collects every registered client's ``stats()`` at scrape time.
+
+    One per registry (``register`` makes it); clients are held weakly, so a client
+    that is gone stops being reported instead of being kept alive.
+    """
+
+    def __init__(self) -> None:
+        self._clients: list[tuple[weakref.ref[Client], tuple[tuple[str, str], ...]]] = []
+        self._lock = threading.Lock()
+
+    def add(self, client: Client, labels: Mapping[str, str]) -> None:
+        """Report ``client`` with these constant labels."""
+        key = tuple(sorted(labels.items()))
+        with self._lock:
+            self._prune()
+            for ref, other in self._clients:
+                if ref() is client:
+                    raise ConfigError("this client is already registered", field="client")
+                if [k for k, _ in other] != [k for k, _ in key]:
+                    raise ConfigError(
+                        "every client in one registry needs the same label names: "
+                        f"{[k for k, _ in other]} registered, {[k for k, _ in key]} given",
+                        field="labels",
+                    )
+                if other == key:
+                    raise ConfigError(
+                        f"a client with labels {dict(key)} is already registered; give this "
+                        "one labels that tell it apart",
+                        field="labels",
+                    )
+            self._clients.append((weakref.ref(client), key))
+
+    def remove(self, client: Client) -> bool:
+        """Stop reporting ``client``; False if it was not registered."""
+        with self._lock:
+            before = len(self._clients)
+            self._clients = [(r, k) for r, k in self._clients if r() not in (client, None)]
+            return len(self._clients) < before
+
+    def _prune(self) -> None:
+        self._clients = [(r, k) for r, k in self._clients if r() is not None]
+
+    def describe(self) -> Iterator[Metric]:
+        # Nothing up front: the registry then skips its duplicate-name check for this
+        # collector, and metric families are built per scrape.
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            self._prune()
+            clients = [(r(), dict(k)) for r, k in self._clients]
+        snapshots: list[tuple[Stats, dict[str, str]]] = []
+        for client, labels in clients:
+            if client is None:
+                continue
+            try:
+                snapshots.append((client.stats(), labels))
+            except Exception:  # not open yet, or closed and gone: nothing to report
+                continue
+        names = sorted(snapshots[0][1]) if snapshots else []
+        return iter(_families(snapshots, names))
+
+
+_collectors: weakref.WeakKeyDictionary[CollectorRegistry, LLMBatchCollector] = (
+    weakref.WeakKeyDictionary()
+)
+_registry_lock = threading.Lock()
+
+
+def register(
+    client: Client,
+    registry: CollectorRegistry | None = None,
+    *,
+    labels: Mapping[str, str] | None = None,
+) -> LLMBatchCollector:
+    """Report ``client``'s metrics in ``registry`` (default: prometheus_client's).
+
+    ``labels`` are constant labels on every series of this client (``{"app":
+    "search"}``), needed to tell several clients in one registry apart. A client
+    may be registered before it opens; it is reported while it is open and after
+    it closes (its final counts), until :func:`unregister` or until it is gone.
+    A ``with_options`` view reports its client's figures: register the client.
+    """
+    from llmbatch._client import Client
+
+    if not isinstance(client, Client):
+        raise ConfigTypeError(
+            f"register() takes a llmbatch.Client, got {type(client).__name__}", field="client"
+        )
+    checked = _check_labels(labels)
+    target = REGISTRY if registry is None else registry
+    with _registry_lock:
+        collector = _collectors.get(target)
+        if collector is None:
+            collector = _collectors[target] = LLMBatchCollector()
+            target.register(collector)
+    collector.add(client._root, checked)
+    return collector
+
+
+def unregister(client: Client, registry: CollectorRegistry | None = None) -> bool:
+    """Stop reporting ``client`` in ``registry``; False if it was not registered."""
+    collector = _collectors.get(REGISTRY if registry is None else registry)
+    return collector is not None and collector.remove(client._root)
+
+
+_RESERVED = frozenset({"tier", "outcome", "server", "state", "result", "le"})
+
+
+def _check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    if labels is None:
+        return {}
+    if not isinstance(labels, Mapping):
+        raise ConfigTypeError("labels must be a dict of str to str", field="labels")
+    for name, value in labels.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ConfigTypeError("labels must be a dict of str to str", field="labels")
+        if not name.isidentifier() or name.startswith("__"):
+            raise ConfigError(f"{name!r} is not a valid Prometheus label name", field="labels")
+        if name in _RESERVED:
+            raise ConfigError(f"label {name!r} is used by llmbatch's own metrics", field="labels")
+    return dict(labels)
+
+
+def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -> list[Metric]:
+    """Every metric family, one sample per client (and tier, outcome, server...)."""
+
+    def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
+        return GaugeMetricFamily(f"llmbatch_{name}", doc, labels=[*names, *extra])
+
+    def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> CounterMetricFamily:
+        return CounterMetricFamily(f"llmbatch_{name}", doc, labels=[*names, *extra])
+
+    def histogram(name: str, doc: str, extra: tuple[str, ...] = ()) -> HistogramMetricFamily:
+        return HistogramMetricFamily(f"llmbatch_{name}", doc, labels=[*names, *extra])
+
+    queued = gauge("queued_requests", "Requests waiting in the client, by tier.", ("tier",))
+    in_flight = gauge("in_flight_requests", "Requests sent and not yet answered.", ("tier",))
+    requests = counter(
+        "requests",
+        "Requests finished, by tier and outcome (done, failed, cancelled).",
+        ("tier", "outcome"),
+    )
+    retried = counter(
+        "retried_requests", "Requests that needed more than one HTTP attempt.", ("tier",)
+    )
+    latency = histogram(
+        "request_duration_seconds",
+        "From the call to the complete answer, successful requests.",
+        ("tier",),
+    )
+    queue_wait = histogram(
+        "queue_wait_seconds", "From the call until the request's batch was sent.", ("tier",)
+    )
+    http = counter("http_requests", "HTTP requests sent (retries and bisection parts included).")
+    retries = counter("http_retries", "HTTP requests sent again after a failed attempt.")
+    bisections = counter("bisections", "400-answered batches split to isolate bad items.")
+    batch_size = histogram("batch_size", "Prompts per HTTP request sent.")
+    prompt_tokens = counter("prompt_tokens", "Prompt tokens of answered requests.")
+    completion_tokens = counter("completion_tokens", "Completion tokens of answered requests.")
+    server = ("server",)
+    limit = gauge(
+        "admission_limit",
+        "Sequences normal and batch work may have in flight on the server now.",
+        server,
+    )
+    ceiling = gauge("admission_ceiling", "Limits.max_in_flight: the limit's ceiling.", server)
+    reserve = gauge("realtime_reserve", "In-flight seats kept free for realtime now.", server)
+    step = gauge("server_step_seconds", "Observed time per output token on the server.", server)
+    ttft = gauge("server_ttft_seconds", "Observed realtime time to first token.", server)
+    waiting = gauge("server_waiting_requests", "Requests in the server's own queue.", server)
+    kv = gauge("server_kv_cache_usage_ratio", "The server's KV-cache use, 0 to 1.", server)
+    breaker = gauge(
+        "breaker_state", "1 for the circuit breaker's current state.", ("server", "state")
+    )
+    outages = counter("outages", "Times the server became unavailable.", server)
+    slo = counter(
+        "slo_answers", "Realtime answers within the SLO (met) or not (missed).", (*server, "result")
+    )
+
+    for stats, labels in snapshots:
+        own = [labels[n] for n in names]
+        for tier, t in stats.tiers.items():
+            at = [*own, tier.value]
+            queued.add_metric(at, t.queued)
+            in_flight.add_metric(at, t.in_flight)
+            for outcome, n in (("done", t.done), ("failed", t.failed), ("cancelled", t.cancelled)):
+                requests.add_metric([*at, outcome], n)
+            retried.add_metric(at, t.retried)
+            _observe(latency, at, t.latency_histogram)
+            _observe(queue_wait, at, t.queue_wait_histogram)
+        http.add_metric(own, stats.batches_sent)
+        retries.add_metric(own, stats.retries)
+        bisections.add_metric(own, stats.bisections)
+        _observe(batch_size, own, stats.batch_size_histogram)
+        prompt_tokens.add_metric(own, stats.prompt_tokens)
+        completion_tokens.add_metric(own, stats.completion_tokens)
+        # A list, so the many servers of later versions report the same way.
+        for s in [stats.server] if stats.server is not None else []:
+            at = [*own, s.base_url]
+            limit.add_metric(at, s.bulk_limit)
+            ceiling.add_metric(at, s.ceiling)
+            reserve.add_metric(at, s.realtime_reserve)
+            for family, value in ((step, s.step_time), (ttft, s.ttft), (waiting, s.waiting)):
+                if value is not None:
+                    family.add_metric(at, value)
+            if s.kv_cache_usage is not None:
+                kv.add_metric(at, s.kv_cache_usage)
+            for state in _BREAKER_STATES:
+                breaker.add_metric([*at, state], 1.0 if s.breaker == state else 0.0)
+            outages.add_metric(at, s.outages)
+            slo.add_metric([*at, "met"], s.slo_met)
+            slo.add_metric([*at, "missed"], s.slo_missed)
+    families: list[Any] = [
+        queued,
+        in_flight,
+        requests,
+        retried,
+        latency,
+        queue_wait,
+        http,
+        retries,
+        bisections,
+        batch_size,
+        prompt_tokens,
+        completion_tokens,
+        limit,
+        ceiling,
+        reserve,
+        step,
+        ttft,
+        waiting,
+        kv,
+        breaker,
+        outages,
+        slo,
+    ]
+    return families
+
+
+def _observe(family: HistogramMetricFamily, labels: list[str], h: Histogram) -> None:
+    buckets = [(_bound(bound), float(count)) for bound, count in h.cumulative()]
+    family.add_metric(labels, buckets, h.sum)
+
+
+def _bound(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)

@@ -1,0 +1,139 @@
+"""llmbatch.prometheus against the real prometheus-client: a registry served over
+HTTP on 127.0.0.1 and scraped from another thread, as Prometheus would, while the
+client works against a real simulator process."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.parser import text_string_to_metric_families
+
+import llmbatch
+import llmbatch.prometheus
+from llmbatch_server.testing import SimulatorProcess, run_simulator
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimulatorProcess]:
+    with run_simulator("--zero-latency", "--poison", "POISON") as server:
+        yield server
+
+
+@pytest.fixture
+def exporter() -> Iterator[tuple[CollectorRegistry, str]]:
+    registry = CollectorRegistry()
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        yield registry, f"http://127.0.0.1:{server.server_port}/metrics"
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+
+
+def scrape(url: str) -> dict[str, Any]:
+    """``{metric name: [(labels, value), ...]}`` from one scrape."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    samples: dict[str, Any] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
+
+
+def value(samples: dict[str, Any], name: str, **labels: str) -> float:
+    matches = [v for got, v in samples[name] if all(got.get(k) == w for k, w in labels.items())]
+    assert len(matches) == 1, (name, labels, samples.get(name))
+    return float(matches[0])
+
+
+async def test_scraped_metrics_match_the_clients_stats(
+    sim: SimulatorProcess, exporter: tuple[CollectorRegistry, str]
+) -> None:
+    registry, url = exporter
+    async with llmbatch.Client(sim.base_url) as client:
+        llmbatch.prometheus.register(client, registry)
+        results = await client.map([f"prompt {i}" for i in range(100)], max_tokens=3)
+        await client.complete("hello", priority="realtime", max_tokens=2)
+        bad = await client.map(["fine", "POISON this one"], max_tokens=2)
+        # Scraped from another thread: stats() hops onto the client's loop.
+        samples = await anyio.to_thread.run_sync(scrape, url)
+        stats = client.stats()
+    assert all(r.ok for r in results)
+    assert not bad[1].ok
+    assert value(samples, "llmbatch_requests_total", tier="batch", outcome="done") == 101
+    assert value(samples, "llmbatch_requests_total", tier="batch", outcome="failed") == 1
+    assert value(samples, "llmbatch_requests_total", tier="realtime", outcome="done") == 1
+    assert value(samples, "llmbatch_http_requests_total") == stats.batches_sent
+    assert value(samples, "llmbatch_bisections_total") == stats.bisections >= 1
+    assert value(samples, "llmbatch_completion_tokens_total") == stats.completion_tokens
+    assert value(samples, "llmbatch_queued_requests", tier="batch") == 0
+    # Histograms: cumulative buckets, a count equal to the answers.
+    assert value(samples, "llmbatch_request_duration_seconds_count", tier="batch") == 101
+    assert (
+        value(samples, "llmbatch_request_duration_seconds_bucket", tier="batch", le="+Inf") == 101
+    )
+    assert value(samples, "llmbatch_batch_size_count") == stats.batches_sent
+    assert value(samples, "llmbatch_queue_wait_seconds_count", tier="realtime") == 1
+    # The server's admission state, per server.
+    assert value(samples, "llmbatch_admission_ceiling", server=sim.base_url) == 256
+    assert value(samples, "llmbatch_breaker_state", server=sim.base_url, state="closed") == 1
+    assert value(samples, "llmbatch_breaker_state", server=sim.base_url, state="open") == 0
+    # Names follow Prometheus conventions: counters end in _total, units are named.
+    assert all(name.startswith("llmbatch_") for name in samples)
+
+
+async def test_two_clients_share_a_registry_told_apart_by_labels(
+    sim: SimulatorProcess, exporter: tuple[CollectorRegistry, str]
+) -> None:
+    registry, url = exporter
+    async with (
+        llmbatch.Client(sim.base_url) as search,
+        llmbatch.Client(sim.base_url) as ads,
+    ):
+        llmbatch.prometheus.register(search, registry, labels={"app": "search"})
+        llmbatch.prometheus.register(ads, registry, labels={"app": "ads"})
+        with pytest.raises(llmbatch.ConfigError, match="already registered"):
+            llmbatch.prometheus.register(ads, registry, labels={"app": "other"})
+        with pytest.raises(llmbatch.ConfigError, match="same label names"):
+            llmbatch.prometheus.register(llmbatch.Client(sim.base_url), registry)
+        await search.map(["a", "b", "c"], max_tokens=2)
+        await ads.complete("x", max_tokens=2)
+        samples = await anyio.to_thread.run_sync(scrape, url)
+        assert llmbatch.prometheus.unregister(ads, registry)
+        after = await anyio.to_thread.run_sync(scrape, url)
+    done = "llmbatch_requests_total"
+    assert value(samples, done, app="search", tier="batch", outcome="done") == 3
+    assert value(samples, done, app="ads", tier="normal", outcome="done") == 1
+    assert {labels["app"] for labels, _ in after[done]} == {"search"}
+
+
+def test_bad_registrations_raise_typed_errors() -> None:
+    registry = CollectorRegistry()
+    client = llmbatch.Client("http://127.0.0.1:1/v1", model="m")
+    with pytest.raises(llmbatch.ConfigTypeError):
+        llmbatch.prometheus.register("not a client", registry)  # type: ignore[arg-type]
+    with pytest.raises(llmbatch.ConfigError, match="used by llmbatch"):
+        llmbatch.prometheus.register(client, registry, labels={"tier": "x"})
+    with pytest.raises(llmbatch.ConfigError, match="not a valid"):
+        llmbatch.prometheus.register(client, registry, labels={"bad-name": "x"})
+    # Registered before it opens: nothing reported yet, and no error at scrape.
+    llmbatch.prometheus.register(client, registry)
+    assert registry.get_sample_value("llmbatch_http_requests_total") is None
+
+
+def test_import_llmbatch_does_not_import_prometheus_client() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, llmbatch; print('prometheus_client' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,138 @@
+"""``Stats``: histograms, windowed rates, outcome counting and the printed table.
+
+The recorder is driven with explicit times (the client passes its loop clock), so
+the sliding window is tested without waiting; the end-to-end part runs a client
+through MockTransport."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from factories import make_request
+from fake_server import FakeServer
+
+from llmbatch import (
+    Client,
+    DeadlineExceeded,
+    Histogram,
+    Priority,
+    RequestCancelled,
+    RetryPolicy,
+    ServerError,
+)
+from llmbatch._stats import LATENCY_BOUNDS, RATE_WINDOW, StatsRecorder
+from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
+
+QUIET = {p: 0 for p in Priority}
+
+
+def settle(recorder: StatsRecorder, at: float, latency: float, tokens: int = 10) -> None:
+    request = make_request(Priority.BATCH, at=at - latency)
+    assert recorder.settle_value(request, object(), latency, 3, tokens)
+
+
+def test_rates_cover_only_the_last_window() -> None:
+    recorder = StatsRecorder(started_at=0.0)
+    for second in range(30):  # one answer of 10 tokens a second for 30 s
+        settle(recorder, at=second + 0.5, latency=0.1)
+    stats = recorder.snapshot(30.0, QUIET, QUIET)
+    assert RATE_WINDOW - 1 <= stats.rate_window <= RATE_WINDOW
+    assert stats.requests_per_second == pytest.approx(1.0)
+    assert stats.tokens_per_second == pytest.approx(10.0)
+    # Quiet for a whole window: the rates fall to zero; the totals stay.
+    later = recorder.snapshot(30.0 + RATE_WINDOW + 1, QUIET, QUIET)
+    assert later.tokens_per_second == 0.0
+    assert later.completion_tokens == 300
+
+
+def test_rates_just_after_open_use_the_time_since_open() -> None:
+    recorder = StatsRecorder(started_at=100.0)
+    for i in range(20):
+        settle(recorder, at=100.0 + i * 0.1, latency=0.05)
+    stats = recorder.snapshot(102.0, QUIET, QUIET)
+    assert stats.rate_window == pytest.approx(2.0)
+    assert stats.requests_per_second == pytest.approx(10.0)
+
+
+def test_histograms_count_every_observation_in_its_bucket() -> None:
+    recorder = StatsRecorder(started_at=0.0)
+    latencies = [0.001, 0.005, 0.02, 0.3, 7.0, 1000.0]
+    for i, latency in enumerate(latencies):
+        settle(recorder, at=10.0 + i, latency=latency)
+    for size in (1, 3, 64, 2000):
+        recorder.batch_sent(size)
+    stats = recorder.snapshot(20.0, QUIET, QUIET)
+    histogram = stats.tiers[Priority.BATCH].latency_histogram
+    assert histogram.bounds == LATENCY_BOUNDS
+    assert histogram.count == len(latencies)
+    assert histogram.sum == pytest.approx(sum(latencies))
+    cumulative = dict(histogram.cumulative())
+    assert cumulative[0.005] == 2  # "less than or equal", as Prometheus counts
+    assert cumulative[0.025] == 3
+    assert cumulative[0.5] == 4
+    assert cumulative[10.0] == 5
+    assert cumulative[float("inf")] == 6
+    sizes = stats.batch_size_histogram
+    assert dict(sizes.cumulative())[1.0] == 1
+    assert dict(sizes.cumulative())[4.0] == 2
+    assert dict(sizes.cumulative())[64.0] == 3
+    assert sizes.counts[-1] == 1  # 2000: above every bound
+    assert stats.max_batch_size == 2000
+
+
+def test_cancellations_and_deadlines_count_as_cancelled_not_failed() -> None:
+    recorder = StatsRecorder(started_at=0.0)
+    for error in (
+        DeadlineExceeded("late"),
+        RequestCancelled("gone"),
+        ServerError("boom", status_code=500),
+    ):
+        assert recorder.settle_error(make_request(Priority.NORMAL), error)
+    tier = recorder.snapshot(1.0, QUIET, QUIET).tiers[Priority.NORMAL]
+    assert (tier.cancelled, tier.failed, tier.done) == (2, 1, 0)
+    assert tier.latency_histogram.count == 0  # failures are not latency samples
+
+
+def test_histogram_is_public_and_immutable() -> None:
+    h = Histogram(bounds=(1.0,), counts=(1, 2), sum=5.0, count=3)
+    assert h.cumulative() == [(1.0, 1), (float("inf"), 3)]
+    with pytest.raises(Exception, match="frozen"):
+        h.count = 4  # type: ignore[misc]
+
+
+class FlakyOnce:
+    """A 500 on the first POST, then answers."""
+
+    def __init__(self) -> None:
+        self.fake = FakeServer()
+        self.failed = False
+
+    def __call__(self, request: HTTPRequest) -> Any:
+        if request.method == "POST" and not self.failed:
+            self.failed = True
+            return MockResponse(status=500, json={"error": {"message": "boom"}})
+        return self.fake(request)
+
+
+@pytest.mark.anyio
+async def test_client_stats_print_as_a_table_and_count_retries() -> None:
+    retry = RetryPolicy(initial_backoff=0.0, max_backoff=0.0, outage_tolerance=0)
+    client = Client("http://127.0.0.1:1/v1", transport=MockTransport(FlakyOnce()), retry=retry)
+    async with client:
+        await client.map([f"p{i}" for i in range(10)], max_tokens=2)
+        await client.complete("hi", priority="realtime")
+        stats = client.stats()
+    assert stats.retries == 1
+    assert stats.tiers[Priority.BATCH].retried == 10
+    assert stats.tiers[Priority.BATCH].queue_wait_histogram.count == 10
+    assert stats.tiers[Priority.BATCH].latency_histogram.count == 10
+    assert stats.requests_per_second > 0
+    text = str(stats)
+    lines = text.splitlines()
+    assert lines[1].split()[:3] == ["tier", "queued", "in"]
+    assert [line.split()[0] for line in lines[2:5]] == ["realtime", "normal", "batch"]
+    assert lines[4].split()[1:7] == ["0", "0", "10", "0", "0", "10"]
+    assert "retries 1" in text
+    assert "Priority." not in text  # no reprs
+    assert "server http://127.0.0.1:1/v1" in text
