@@ -61,6 +61,13 @@ QUEUE_ALLOWANCE = 0.05
 KV_FULL = 0.97
 #: Starting limit with an SLO, grown while the target holds (slow start).
 SLO_START = 8
+#: Under an SLO, the limit grows only while the server runs at least this share of it.
+CAUGHT_UP = 0.8
+#: ... for this many step-time samples (vLLM's /metrics, read every 0.5 s).
+FRESH_SAMPLES = 2
+#: A realtime request's TTFT in server steps: on average half the step under way,
+#: then the step that runs its prefill.
+TTFT_STEPS = 1.5
 #: A realtime request must find a seat at once: bulk leaves at least this many,
 #: and more while realtime has recently used more (up to Limits.reserved_realtime).
 MIN_RESERVE = 1
@@ -113,6 +120,10 @@ class AdmissionController:
         self._slow_start = self.slo is not None
         self._last_change: float | None = None
         self.step_time: float | None = None
+        self._last_step: float | None = None
+        self._fresh = 0
+        """Step-time samples since the limit last changed, taken while the server ran
+        about what the limit allows: only those show what the limit does."""
         self.ttft: float | None = None
         self.waiting: int | None = None
         self.running: int | None = None
@@ -131,6 +142,9 @@ class AdmissionController:
         """The server's time per output token, measured over a recent span."""
         if math.isfinite(seconds) and seconds > 0:
             self.step_time = _ewma(self.step_time, seconds)
+            self._last_step = seconds
+            if self.running is not None and self.running >= CAUGHT_UP * self._limit:
+                self._fresh += 1
 
     def on_ttft(self, seconds: float) -> None:
         """A realtime request's time to first token."""
@@ -166,6 +180,11 @@ class AdmissionController:
     def on_overload(self) -> None:
         """A 429 or 503: the server may be past what it can take."""
         self._overloads += 1
+
+    def on_outage(self) -> None:
+        """The server went down (the breaker opened): its 503s said so, not that it
+        was overloaded, so they must not shrink the limit."""
+        self._overloads = 0
 
     def on_blocked(self) -> None:
         """Bulk work waited because of the limit (evidence that more would be used)."""
@@ -211,31 +230,54 @@ class AdmissionController:
         self._overloads = self._answers = 0
         if int(self._limit) != int(before):
             self._last_change = now
+            self._fresh = 0
             return True
         return False
 
     def _follow_slo(self) -> None:
         assert self.slo is not None
         ratios = []
-        if self.slo.tpot is not None and self.step_time:
-            ratios.append(self.slo.tpot * SLO_HEADROOM / self.step_time)
-        if self.slo.ttft is not None and self.ttft:  # (a TTFT of 0 says nothing)
-            ratios.append(self.slo.ttft * SLO_HEADROOM / self.ttft)
-        if self.waiting:
+        # The latest sample as well as the average: a rise shows at once, a fall
+        # only once it lasts.
+        step = max(self.step_time or 0.0, self._last_step or 0.0) or None
+        if self.slo.tpot is not None and step:
+            ratios.append(self.slo.tpot * SLO_HEADROOM / step)
+        if self.slo.ttft is not None:
+            # What realtime answers measured, and what one arriving now would see: the
+            # rest of the step under way, then a step for its prefill (vLLM runs it
+            # next under priority scheduling). The step time moves with the bulk
+            # load at once; measured TTFTs follow only as answers come back.
+            predicted = TTFT_STEPS * step if step else 0.0
+            ttft = max(self.ttft or 0.0, predicted)
+            if ttft:  # (a TTFT of 0 says nothing)
+                ratios.append(self.slo.ttft * SLO_HEADROOM / ttft)
+        if self.waiting is not None and self.waiting > self._queue_allowance():
             # The server queues: past its capacity, whatever the latencies say yet.
+            # (A few waiting is normal: requests arrive between steps.)
             ratios.append(MAX_SHRINK)
         if not ratios:
             return
         ratio = min(ratios)
+        running = self.running
         if ratio < 1.0:
-            self._limit *= max(MAX_SHRINK, ratio)
+            # The latencies describe what runs on the server now. Sequences already
+            # running cannot be recalled (vLLM does not preempt for priority), so the
+            # limit shrinks from that count, not again and again while they drain.
+            base = self._limit if running is None else float(running)
+            self._limit = min(self._limit, base * max(MAX_SHRINK, ratio))
             self._slow_start = False
-        elif self._blocked:
+        elif self._blocked and (running is None or self._fresh >= FRESH_SAMPLES):
+            # Grow only once the server has run about what the limit allows for a
+            # while: before that the step time shows a lighter load than the limit
+            # will make, and sequences admitted too many cannot be recalled.
             growth = 1.5 if self._slow_start else min(MAX_GROWTH, ratio)
             self._limit = max(self._limit + 1, self._limit * growth)
 
+    def _queue_allowance(self) -> float:
+        return max(4.0, QUEUE_ALLOWANCE * self._limit)
+
     def _follow_queue(self) -> None:
-        allowance = max(4.0, QUEUE_ALLOWANCE * self._limit)
+        allowance = self._queue_allowance()
         full = self.kv_usage is not None and self.kv_usage >= KV_FULL
         if self.waiting is not None and (self.waiting > allowance or full):
             excess = max(self.waiting - allowance, 0.05 * self._limit)

@@ -558,8 +558,14 @@ class Dispatcher:
             ttft = first_token_at - (now - latency)
             if tokens > 1:
                 tpot = (now - first_token_at) / (tokens - 1)
-        elif tokens >= _MIN_TOKENS_FOR_STEP_SAMPLE:
-            tpot = latency / tokens  # an upper bound: it includes the prefill
+        else:
+            if tokens >= _MIN_TOKENS_FOR_STEP_SAMPLE:
+                tpot = latency / tokens  # an upper bound: it includes the prefill
+            step = controller.step_time
+            if tier is Priority.REALTIME and step is not None and tokens >= 1:
+                # Not streamed: the answer's time less its decode steps estimates the
+                # first token's (the SLO's TTFT needs realtime callers to stream no more).
+                ttft = max(step, latency - (tokens - 1) * step)
         if tier is Priority.REALTIME:
             if ttft is not None:
                 controller.on_ttft(ttft)

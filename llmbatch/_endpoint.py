@@ -74,7 +74,8 @@ class Endpoint:
     def on_response(self, status: int, headers: Mapping[str, str]) -> None:
         """An HTTP response arrived (any status): the server is reachable."""
         if status in (429, 503):
-            self.controller.on_overload()
+            if self.breaker.state is BreakerState.CLOSED:  # (not an outage's 503s)
+                self.controller.on_overload()
         else:
             self.controller.on_answer()
         if status == 503:
@@ -96,6 +97,7 @@ class Endpoint:
             return False
         opened = self.breaker.on_failure(now, str(error))
         if opened:
+            self.controller.on_outage()
             logger.warning(
                 "%s is unavailable (%s); holding requests and probing every %.1fs for up to %.0fs",
                 self.base_url,
