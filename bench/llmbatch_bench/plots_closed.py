@@ -111,24 +111,34 @@ def plot_slo(figure: Any, report: Mapping[str, Any]) -> bool:
     labels = [r["label"] for r in runs]
     colors = ["#2a6f97" if r["contender"] == "llmbatch" else "#999999" for r in runs]
     p99 = [tpot_p99(r) * 1e3 for r in runs]
-    left.bar(labels, p99, color=colors)
+    _bars(left, labels, p99, colors, "{:.1f} ms", "no stream finished")
     slo = runs[0]["extra"].get("slo_tpot_s")
     if slo:
         left.axhline(slo * 1e3, color=_SLO, linestyle="--", linewidth=1, label="SLO")
-        left.legend(fontsize=8)
-    left.set_yscale("log")
-    left.set_ylabel("realtime TPOT p99, ms (log)")
-    left.set_title("Realtime per-token time")
-    tokens = [_num([r["output_tokens_per_s"]])[0] for r in runs]
-    right.bar(labels, tokens, color=colors)
+        left.legend(fontsize=8, loc="upper left")
+    left.set_ylabel("realtime time per output token, p99 (ms)")
+    left.set_title("Realtime per-token time (p99)")
+    tokens = _num([r["output_tokens_per_s"] for r in runs])
+    _bars(right, labels, tokens, colors, "{:,.0f}", "-")
     bound = runs[0]["extra"].get("bound")
     if bound:
         right.axhline(
             bound["tokens_per_s"], color=_SLO, linestyle="--", linewidth=1, label="best under SLO"
         )
-        right.legend(fontsize=8)
-    right.set_ylabel("bulk tokens/s")
+        right.legend(fontsize=8, loc="upper left")
+    right.set_ylabel("bulk tokens/s (realtime window)")
     right.set_title("Bulk throughput")
-    for ax in (left, right):
-        ax.tick_params(axis="x", labelsize=8)
     return True
+
+
+def _bars(
+    ax: Any, labels: list[str], values: list[float], colors: list[str], fmt: str, missing: str
+) -> None:
+    drawn = [v if math.isfinite(v) else 0.0 for v in values]
+    bars = ax.bar(labels, drawn, color=colors)
+    for bar, value in zip(bars, values, strict=True):
+        text = fmt.format(value) if math.isfinite(value) else missing
+        x = bar.get_x() + bar.get_width() / 2
+        ax.annotate(text, (x, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.margins(y=0.15)
