@@ -21,9 +21,22 @@ Run = Mapping[str, Any]
 
 
 def write_json(report: Mapping[str, Any], path: Path) -> None:
-    """The report as indented JSON (``nan`` already mapped to ``null``)."""
+    """The report as indented JSON (``nan`` already mapped to ``null``); a list of
+    plain values (a time series' row, an exchange) stays on one line."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    path.write_text(_dumps(report, "") + "\n")
+
+
+def _dumps(value: Any, indent: str) -> str:
+    inner = indent + "  "
+    if isinstance(value, Mapping) and value:
+        items = (f"{inner}{json.dumps(str(k))}: {_dumps(v, inner)}" for k, v in value.items())
+        return "{\n" + ",\n".join(items) + f"\n{indent}}}"
+    if isinstance(value, list | tuple) and value:
+        if not any(isinstance(v, Mapping | list | tuple) for v in value):
+            return json.dumps(list(value), allow_nan=False)
+        return "[\n" + ",\n".join(inner + _dumps(v, inner) for v in value) + f"\n{indent}]"
+    return json.dumps(value, allow_nan=False)
 
 
 def runs_of(report: Mapping[str, Any], scenario: str) -> list[Run]:
