@@ -58,7 +58,6 @@ class Runner(Protocol):
     config: BenchConfig
     server: ServerInfo
     notes: list[str]
-    priority: bool
 
     def job(self, **fields: Any) -> Job: ...
 
