@@ -4,6 +4,7 @@ llmbatch-bench                                  # starts the simulators itself
 llmbatch-bench --url http://127.0.0.1:8000/v1   # any OpenAI-compatible server
 llmbatch-bench --scenario bulk --n 200 --json out.json
 llmbatch-bench --scenario overhead,single,chat  # the hot-path scenarios only
+llmbatch-bench --scenario slo,saturate,outage,control --smoke   # closed loop, short
 llmbatch-bench --scale                          # all, plus 1M prompts through map_unordered
 """
 
@@ -17,7 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from llmbatch_bench.config import DEFAULT_SIM_ARGS, EXTRA_SCENARIOS, SCENARIOS, BenchConfig
+from llmbatch_bench.config import (
+    CLOSED_SIM_ARGS,
+    DEFAULT_SIM_ARGS,
+    EXTRA_SCENARIOS,
+    SCENARIOS,
+    SMOKE,
+    BenchConfig,
+)
 from llmbatch_bench.contenders import CONTENDERS
 
 __all__ = ["build_parser", "config_from_args", "main", "run"]
@@ -102,6 +110,44 @@ def _configure(p: argparse.ArgumentParser) -> None:
     mixed.add_argument("--realtime-max-tokens", type=int, default=d.realtime_max_tokens)
     mixed.add_argument("--realtime-grace", type=float, default=d.realtime_grace)
     mixed.add_argument("--mixed-n", type=int, help="bulk prompts (default: from capacity)")
+    closed = p.add_argument_group(
+        "closed loop (slo, saturate, outage, control)",
+        "Judge the admission controller and the breaker on a simulator whose step model "
+        "gives the bound; defaults are the full form, --smoke the short one.",
+    )
+    closed.add_argument(
+        "--closed-sim",
+        metavar="ARGS",
+        help=f"simulator arguments for these scenarios (default: {' '.join(CLOSED_SIM_ARGS)!r})",
+    )
+    closed.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the short form: each closed-loop job a few seconds (CI)",
+    )
+    closed.add_argument(
+        "--slo-factor", type=float, help="SLO = this x the idle per-token time (default 3)"
+    )
+    closed.add_argument("--slo-warmup", type=float, help="seconds of bulk before realtime")
+    closed.add_argument("--slo-duration", type=float, help="seconds of realtime arrivals")
+    closed.add_argument(
+        "--slo-baselines",
+        type=_csv(str, CONTENDERS[1:], allow_empty=True),
+        help="baselines in the slo scenario (default: aiohttp; '' for none)",
+    )
+    closed.add_argument("--saturate-n", type=int, help="prompts per saturate run")
+    closed.add_argument("--saturate-sweep", type=_csv(int), help="probe concurrencies")
+    closed.add_argument("--saturate-rounds", type=int, help="interleaved rounds (median)")
+    closed.add_argument("--outage-n", type=int, help="prompts in each outage map")
+    closed.add_argument("--outage-503", type=float, help="seconds of 503 (default 15)")
+    closed.add_argument(
+        "--outage-restart", type=float, help="seconds from kill to restart (default 20)"
+    )
+    closed.add_argument(
+        "--control-phases",
+        type=_csv(float),
+        help="seconds of bulk alone, with realtime, of outage, of recovery (default 8,12,6,12)",
+    )
     hot = p.add_argument_group(
         "hot path (overhead, chat, single, burst, transport, scale)",
         "These run against a zero-latency server and measure llmbatch's own cost.",
@@ -210,6 +256,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         raise ValueError("--overhead-batch must be <= 1024 (vLLM's list-prompt limit)")
     if args.scale is not None and args.scale < 1:
         raise ValueError("--scale must be >= 1")
+    closed = _closed(args)
     return BenchConfig(
         url=args.url,
         sim_args=tuple(shlex.split(args.sim)) if args.sim is not None else DEFAULT_SIM_ARGS,
@@ -245,11 +292,49 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         overhead_n=args.overhead_n,
         overhead_max_tokens=args.overhead_max_tokens,
         overhead_url=args.overhead_url,
+        **closed,
         max_in_flight=args.max_in_flight,
         priority_scheduling=args.priority_scheduling,
         isolate=not args.in_process,
         seed=args.seed,
     )
+
+
+def _closed(args: argparse.Namespace) -> dict[str, Any]:
+    """The closed-loop fields: given options, else ``--smoke``'s, else the defaults."""
+    names = (
+        "slo_factor",
+        "slo_warmup",
+        "slo_duration",
+        "slo_baselines",
+        "saturate_n",
+        "saturate_sweep",
+        "saturate_rounds",
+        "outage_n",
+        "outage_503",
+        "outage_restart",
+        "control_phases",
+    )
+    out: dict[str, Any] = {}
+    for name in names:
+        value = getattr(args, name)
+        if value is None:
+            value = SMOKE[name] if args.smoke and name in SMOKE else getattr(_DEFAULTS, name)
+        out[name] = tuple(value) if isinstance(value, list | tuple) else value
+    for name in ("saturate_n", "saturate_rounds", "outage_n"):
+        if out[name] < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    for name in ("slo_factor", "slo_duration", "outage_503", "outage_restart"):
+        if not out[name] > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+    if out["slo_warmup"] < 0:
+        raise ValueError("--slo-warmup must be >= 0")
+    phases = out["control_phases"]
+    if len(phases) != 4 or any(x <= 0 for x in phases):
+        raise ValueError("--control-phases takes four positive numbers of seconds")
+    if args.closed_sim is not None:
+        out["closed_sim_args"] = tuple(shlex.split(args.closed_sim))
+    return out
 
 
 def run(args: argparse.Namespace) -> int:

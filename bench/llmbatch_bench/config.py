@@ -1,10 +1,14 @@
 """What a bench run is asked to do: :class:`BenchConfig` and the scenario names.
 
-Scenarios come in two groups by the server they need. The *server* scenarios
+Scenarios come in three groups by the server they need. The *server* scenarios
 (sweep, bulk, mixed) measure throughput and latency on a server with realistic
-timing: ``--url``, or the simulator at ``DEFAULT_SIM_ARGS``. The *hot-path*
-scenarios (overhead, chat, single, burst, and on request transport and scale)
-measure llmbatch's own cost per call: they run against a zero-latency server
+timing: ``--url``, or the simulator at ``DEFAULT_SIM_ARGS``. The *closed-loop*
+scenarios (slo, saturate, outage, control) judge the client's admission controller
+and circuit breaker on a slower simulator (``CLOSED_SIM_ARGS``) whose step timing
+this machine can hold, so the bound its step model predicts is the real one;
+``outage`` and ``control`` start their own simulator, since they take it down. The
+*hot-path* scenarios (overhead, chat, single, burst, and on request transport and
+scale) measure llmbatch's own cost per call: they run against a zero-latency server
 (``--overhead-url``, or ``llmbatch-server sim --zero-latency``), in a process of
 their own, so the client's CPU is all that the measurement contains.
 """
@@ -18,23 +22,30 @@ from typing import Any
 from llmbatch_bench.contenders import CONTENDERS
 
 __all__ = [
+    "CLOSED_SCENARIOS",
+    "CLOSED_SIM_ARGS",
     "DEFAULT_SIM_ARGS",
     "EXTRA_SCENARIOS",
     "HOT_SCENARIOS",
     "HOT_SIM_ARGS",
     "SCENARIOS",
     "SERVER_SCENARIOS",
+    "SMOKE",
     "BenchConfig",
 ]
 
 SERVER_SCENARIOS = ("sweep", "bulk", "mixed")
+CLOSED_SCENARIOS = ("slo", "saturate", "outage", "control")
 HOT_SCENARIOS = ("overhead", "chat", "single", "burst", "transport", "scale")
 #: What "all" (the default) leaves out: diagnostics and the long 1M-prompt run.
 EXTRA_SCENARIOS = ("transport", "scale")
 #: Every scenario, in the order a run takes them.
-SCENARIOS = (*SERVER_SCENARIOS, *HOT_SCENARIOS)
+SCENARIOS = (*SERVER_SCENARIOS, *CLOSED_SCENARIOS, *HOT_SCENARIOS)
 #: The simulator's calibrated default profile, 100x faster so a full run takes minutes.
 DEFAULT_SIM_ARGS = ("--speed", "100")
+#: The closed-loop scenarios' simulator: 10x faster than the modelled GPU, slow enough
+#: that a 2-core machine holds its step timing while a client runs beside it.
+CLOSED_SIM_ARGS = ("--speed", "10")
 #: The hot-path server: answers at once, so the client's CPU is the bottleneck.
 HOT_SIM_ARGS = ("--zero-latency",)
 
@@ -60,6 +71,21 @@ class BenchConfig:
     realtime_max_tokens: int = 32
     realtime_grace: float = 10.0
     mixed_n: int | None = None
+    # -- closed loop (slo, saturate, outage, control) -----------------------------------
+    closed_sim_args: tuple[str, ...] = CLOSED_SIM_ARGS
+    #: The SLO: this many times the idle per-token time (of the step model, or measured).
+    slo_factor: float = 3.0
+    slo_warmup: float = 8.0
+    slo_duration: float = 20.0
+    slo_baselines: tuple[str, ...] = ("aiohttp",)
+    saturate_n: int = 2_000
+    saturate_sweep: tuple[int, ...] = (192, 256, 320, 384)
+    saturate_rounds: int = 3
+    outage_n: int = 3_000
+    outage_503: float = 15.0
+    outage_restart: float = 20.0
+    #: Seconds of bulk alone, with realtime arrivals, of a 503 outage, of recovery.
+    control_phases: tuple[float, float, float, float] = (8.0, 12.0, 6.0, 12.0)
     # -- hot path (zero-latency server) -------------------------------------------------
     #: Rounds of every repeated hot-path measurement; the report shows the median.
     repeat: int = 3
@@ -89,3 +115,19 @@ class BenchConfig:
         data = dataclasses.asdict(self)
         data["api_key"] = "***" if self.api_key else None
         return data
+
+
+#: The closed-loop scenarios' short form (``--smoke``): the same jobs, each a few
+#: seconds, for CI. Options given explicitly still win.
+SMOKE: dict[str, Any] = {
+    "slo_warmup": 3.0,
+    "slo_duration": 4.0,
+    "slo_baselines": (),
+    "saturate_n": 400,
+    "saturate_sweep": (256, 384),
+    "saturate_rounds": 1,
+    "outage_n": 600,
+    "outage_503": 3.0,
+    "outage_restart": 3.0,
+    "control_phases": (3.0, 4.0, 3.0, 4.0),
+}

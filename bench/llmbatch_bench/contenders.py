@@ -61,7 +61,8 @@ class LlmbatchContender:
         params: dict[str, Any] | None = None,
         mode: Literal["map", "gather"] = "map",
         max_in_flight: int | None = None,
-        priority_scheduling: bool = False,
+        priority_scheduling: bool | None = False,
+        slo_tpot: float | None = None,
         transport: Any = None,
     ) -> None:
         import llmbatch
@@ -78,6 +79,7 @@ class LlmbatchContender:
             api_key=api_key,
             limits=limits,
             priority_scheduling=priority_scheduling,
+            slo=llmbatch.SLO(tpot=slo_tpot) if slo_tpot is not None else None,
             transport=transport,
             # A mixed run ends by abandoning its bulk work; don't drain it.
             on_close="cancel",
@@ -127,6 +129,11 @@ class LlmbatchContender:
         )
         await record_stream(rec, deltas, start)
 
+    @property
+    def client(self) -> Any:
+        """The :class:`llmbatch.Client` itself (the closed-loop jobs stream through it)."""
+        return self._client
+
     def stats(self) -> Any:
         """The client's own :class:`llmbatch.Stats` (batch sizes for the report)."""
         return self._client.stats()
@@ -150,7 +157,8 @@ def make_contender(
     concurrency: int | None = 64,
     mode: Literal["map", "gather"] = "map",
     max_in_flight: int | None = None,
-    priority_scheduling: bool = False,
+    priority_scheduling: bool | None = False,
+    slo_tpot: float | None = None,
 ) -> Contender:
     """Build contender ``name`` (``llmbatch``, ``httpx``, ``aiohttp`` or ``openai``)."""
     if name == "llmbatch":
@@ -162,6 +170,7 @@ def make_contender(
             mode=mode,
             max_in_flight=max_in_flight,
             priority_scheduling=priority_scheduling,
+            slo_tpot=slo_tpot,
         )
     try:
         baseline = BASELINES[name]

@@ -2,9 +2,11 @@
 
 Order matters: the capacity sweep runs first (the bulk ratio needs it and the mixed
 scenario sizes its bulk work from it), then bulk and mixed (with its idle twin) on
-the main server; then the hot-path scenarios (:mod:`.hotplan`) on a zero-latency
-server of their own. After every job the harness waits until the server reports
-nothing running, so no job inherits another's leftovers.
+the main server; then the closed-loop scenarios (:mod:`.closedplan`) on a slower
+simulator (``outage`` and ``control`` start their own); then the hot-path scenarios
+(:mod:`.hotplan`) on a zero-latency server of their own. After every job the
+harness waits until the server reports nothing running, so no job inherits
+another's leftovers.
 """
 
 from __future__ import annotations
@@ -21,14 +23,21 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from llmbatch import __version__
-from llmbatch_bench import hotplan
-from llmbatch_bench.config import HOT_SCENARIOS, HOT_SIM_ARGS, SERVER_SCENARIOS, BenchConfig
+from llmbatch_bench import closedplan, hotplan
+from llmbatch_bench.config import (
+    CLOSED_SCENARIOS,
+    HOT_SCENARIOS,
+    HOT_SIM_ARGS,
+    SERVER_SCENARIOS,
+    BenchConfig,
+)
 from llmbatch_bench.contenders import available
 from llmbatch_bench.jobs import HARD_STOP_GRACE, Job
 from llmbatch_bench.metrics import RunMetrics
 from llmbatch_bench.server import MetricsSampler, ServerInfo, discover, simulator, wait_idle
 from llmbatch_bench.summary import summarize
 from llmbatch_bench.targets import capacity, evaluate
+from llmbatch_bench.targets_closed import evaluate_closed
 from llmbatch_bench.worker import WorkerError, run_in_process, run_in_worker
 
 __all__ = ["SCHEMA", "run_bench"]
@@ -48,9 +57,14 @@ def run_bench(
         progress(f"skipping {name}: its library is not installed")
     runs: list[RunMetrics] = []
     notes: list[str] = []
-    servers: dict[str, dict[str, Any] | None] = {"server": None, "hot_server": None}
+    servers: dict[str, dict[str, Any] | None] = {
+        "server": None,
+        "closed_loop_server": None,
+        "hot_server": None,
+    }
     main = [s for s in SERVER_SCENARIOS if s in config.scenarios]
     hot = [s for s in HOT_SCENARIOS if s in config.scenarios]
+    closed = [s for s in CLOSED_SCENARIOS if s in config.scenarios]
     if main:
         with _main_server(config) as server:
             progress(f"server: {server.base_url} model={server.model} sim_args={server.sim_args}")
@@ -58,6 +72,8 @@ def run_bench(
             runner = _Runner(config, server, runs, notes, progress)
             for scenario in main:
                 getattr(runner, scenario)(contenders)
+    if closed:
+        _closed_loop(config, closed, contenders, runs, notes, progress, servers)
     if hot:
         with _hot_server(config) as zero:
             progress(f"hot-path server: {zero.base_url} sim_args={zero.sim_args}")
@@ -67,6 +83,8 @@ def run_bench(
                 for job in hotplan.jobs_for(scenario, config, runner.job):
                     if job.contender not in skipped:
                         runner.run(job)
+    # The closed-loop targets are listed when their scenarios were asked for.
+    closed_targets = evaluate_closed([r.to_json() for r in runs]) if closed else []
     return {
         "schema": SCHEMA,
         "llmbatch_version": __version__,
@@ -85,7 +103,7 @@ def run_bench(
         "notes": notes,
         "runs": [r.to_json() for r in runs],
         "summaries": [s.to_json() for s in summarize(runs)],
-        "targets": [t.to_json() for t in evaluate(runs)],
+        "targets": [t.to_json() for t in (*evaluate(runs), *closed_targets)],
     }
 
 
@@ -110,6 +128,35 @@ def _main_server(config: BenchConfig) -> Iterator[ServerInfo]:
         return
     with simulator(config.sim_args) as info:
         yield info
+
+
+def _closed_loop(
+    config: BenchConfig,
+    scenarios: Sequence[str],
+    contenders: list[str],
+    runs: list[RunMetrics],
+    notes: list[str],
+    progress: Callable[[str], None],
+    servers: dict[str, dict[str, Any] | None],
+) -> None:
+    """slo and saturate on one simulator (or ``--url``); outage and control each start
+    their own (``--url`` cannot be taken down, so they need the simulator)."""
+    own = None if config.url else config.closed_sim_args
+    shared = [s for s in scenarios if s in ("slo", "saturate")]
+    if shared:
+        with _main_server(dataclasses.replace(config, sim_args=config.closed_sim_args)) as server:
+            progress(f"closed-loop server: {server.base_url} sim_args={server.sim_args}")
+            servers["closed_loop_server"] = _describe(server, config.url)
+            runner = _Runner(config, server, runs, notes, progress)
+            for scenario in shared:
+                getattr(closedplan, scenario)(runner, contenders)
+    rest = [s for s in scenarios if s in ("outage", "control")]
+    if rest:
+        # A stand-in: these jobs carry their simulator's arguments and start it.
+        placeholder = ServerInfo("http://127.0.0.1:0/v1", "llmbatch-sim", sim_args=own)
+        runner = _Runner(config, placeholder, runs, notes, progress)
+        for scenario in rest:
+            getattr(closedplan, scenario)(runner, own)
 
 
 @contextlib.contextmanager
@@ -167,7 +214,11 @@ class _Runner:
         }
         return Job(**{**base, **fields})
 
-    def run(self, job: Job) -> RunMetrics | None:
+    def run(self, job: Job, context: dict[str, Any] | None = None) -> RunMetrics | None:
+        """Run ``job`` in its worker; ``context`` (what its numbers are judged in)
+        joins its ``extra``."""
+        if job.sim_args is not None:
+            return self._run_own_server(job, context)
         with MetricsSampler(self.server, self.config.api_key) as sampler:
             try:
                 metrics = (
@@ -181,7 +232,7 @@ class _Runner:
                 self.progress(f"[{job.scenario}] {job.name}: FAILED: {exc}")
                 wait_idle(self.server, self.config.api_key)
                 return None
-        extra = {**metrics.extra, **sampler.summary()}
+        extra = {**metrics.extra, **sampler.summary(), **(context or {})}
         if "machine_busy_cores" in extra and metrics.wall_s > 0:
             ours = metrics.cpu_s + extra.get("server_cpu_s", 0.0)
             extra["other_load_cores"] = round(
@@ -189,6 +240,23 @@ class _Runner:
             )
         metrics = dataclasses.replace(metrics, extra=extra)
         wait_idle(self.server, self.config.api_key)
+        self.runs.append(metrics)
+        self.progress(_line(metrics))
+        return metrics
+
+    def _run_own_server(self, job: Job, context: dict[str, Any] | None) -> RunMetrics | None:
+        """A job that starts (and takes down) its own simulator: nothing to sample."""
+        try:
+            metrics = (
+                run_in_worker(job, timeout=_worker_timeout(job))
+                if self.config.isolate
+                else run_in_process(job)
+            )
+        except WorkerError as exc:
+            self.notes.append(str(exc))
+            self.progress(f"[{job.scenario}] {job.name}: FAILED: {exc}")
+            return None
+        metrics = dataclasses.replace(metrics, extra={**metrics.extra, **(context or {})})
         self.runs.append(metrics)
         self.progress(_line(metrics))
         return metrics

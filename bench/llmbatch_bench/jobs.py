@@ -17,7 +17,11 @@ Job kinds (the runner of each is named in parentheses):
 - ``raw``: one raw aiohttp request at a time, the reference for ``single``
   (:mod:`.references`);
 - ``bare``: ``asyncio.gather`` of ``n`` coroutines that only wait, the memory
-  baseline of the burst (:mod:`.references`).
+  baseline of the burst (:mod:`.references`);
+- ``outage``: a ``map`` through a recording transport while the job's own simulator
+  answers 503 or is killed and restarted (:mod:`.closedloop`);
+- ``control``: bulk work, then realtime arrivals, an outage and recovery on the job's
+  own simulator, with the controller's time series (:mod:`.closedloop`).
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ __all__ = [
     "within_limit",
 ]
 
-JobKind = Literal["bulk", "mixed", "idle", "llmbatch", "probe", "per_prompt", "raw", "bare"]
+JobKind = Literal[
+    "bulk", "mixed", "idle", "llmbatch", "probe", "per_prompt", "raw", "bare", "outage", "control"
+]
 Tier = Literal["realtime", "normal", "batch"]
 #: llmbatch's public calls a ``llmbatch`` job can measure.
 Api = Literal["map", "map_unordered", "imap", "gather", "single"]
@@ -74,7 +80,12 @@ class Job:
     mode: Literal["map", "gather"] = "map"
     #: llmbatch ``Limits.max_in_flight`` (None: the library's default).
     max_in_flight: int | None = None
-    priority_scheduling: bool = False
+    #: llmbatch ``priority_scheduling`` (None: the library's default).
+    priority_scheduling: bool | None = False
+    #: llmbatch ``SLO(tpot=...)`` in seconds (None: no SLO).
+    slo_tpot: float | None = None
+    #: Record the controller's time series (:mod:`.trace`) while the job runs.
+    trace: bool = False
     #: Prompts per request for ``probe``; ``BatchPolicy.max_batch_size`` for ``llmbatch``.
     batch: int = 16
     #: What a ``llmbatch`` job calls, at which tier, over which transport.
@@ -97,6 +108,16 @@ class Job:
     #: Which round of an interleaved, repeated measurement this is.
     repeat: int = 0
     seed: int = 0
+    # -- jobs that start their own simulator (outage, control) ------------------------
+    #: ``llmbatch-server sim`` arguments; None: the job uses ``base_url``.
+    sim_args: tuple[str, ...] | None = None
+    #: ``outage``: ``"503"`` (the simulator answers 503) or ``"restart"`` (it is
+    #: killed, and restarted ``outage_seconds`` later).
+    outage_mode: Literal["503", "restart"] = "503"
+    outage_seconds: float = 15.0
+    #: ``control``: seconds of bulk alone, with realtime arrivals, of outage (503),
+    #: and of recovery.
+    phases: tuple[float, float, float, float] = (8.0, 12.0, 6.0, 12.0)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -147,6 +147,8 @@ class RunMetrics:
     peak_rss_mb: float | None
     rss_before_mb: float | None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: Per-request time per output token of streams, after the first token.
+    tpot: Mapping[str, Percentiles] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict; ``nan`` becomes ``None`` so the JSON is standard."""
@@ -178,6 +180,7 @@ class RunMetrics:
                 fields[name] = math.nan
         fields["latency"] = tiers(fields["latency"])
         fields["ttft"] = tiers(fields["ttft"])
+        fields["tpot"] = tiers(fields.get("tpot", {}))  # absent in older reports
         return cls(**fields)
 
 
@@ -209,6 +212,7 @@ class Recorder:
     def __init__(self) -> None:
         self._latency: dict[str, array[float]] = {}
         self._ttft: dict[str, array[float]] = {}
+        self._tpot: dict[str, array[float]] = {}
         self.ok = 0
         self.failed = 0
         self.done: Counter[str] = Counter()
@@ -227,15 +231,23 @@ class Recorder:
         return self.done[tier]
 
     def success(
-        self, tier: str, latency: float, output_tokens: int, ttft: float | None = None
+        self,
+        tier: str,
+        latency: float,
+        output_tokens: int,
+        ttft: float | None = None,
+        tpot: float | None = None,
     ) -> None:
-        """One request answered after ``latency`` seconds (``ttft`` for streams)."""
+        """One request answered after ``latency`` seconds (``ttft`` and ``tpot``, its
+        time per output token after the first, for streams)."""
         self.ok += 1
         self.done[tier] += 1
         self.tokens[tier] += output_tokens
         self._latency.setdefault(tier, array("d")).append(latency)
         if ttft is not None:
             self._ttft.setdefault(tier, array("d")).append(ttft)
+        if tpot is not None:
+            self._tpot.setdefault(tier, array("d")).append(tpot)
 
     def success_many(
         self, tier: str, count: int, output_tokens: int, latency: float | None = None
@@ -314,23 +326,35 @@ class Recorder:
             output_tokens_per_s=produced / seconds if seconds > 0 else math.nan,
             latency={t: percentiles(v) for t, v in sorted(self._latency.items())},
             ttft={t: percentiles(v) for t, v in sorted(self._ttft.items())},
+            tpot={t: percentiles(v) for t, v in sorted(self._tpot.items())},
             peak_rss_mb=meter.peak_rss_mb,
             rss_before_mb=meter.rss_before_mb,
             extra={**(extra or {}), **({"censored": dict(self.censored)} if self.censored else {})},
         )
 
 
-async def record_stream(rec: Recorder, deltas: AsyncIterator[str], start: float) -> None:
+async def record_stream(
+    rec: Recorder, deltas: AsyncIterator[str], start: float
+) -> tuple[float | None, float | None] | None:
     """Consume one realtime stream into ``rec``: latency and time to first text from
-    ``start`` (a ``time.perf_counter()`` reading), or the failure."""
+    ``start`` (a ``time.perf_counter()`` reading), time per output token after the
+    first (each non-empty delta is a token on vLLM and the simulator), or the failure.
+    Returns the stream's (TTFT, time per output token), None if it failed."""
     first: float | None = None
-    chunks = 0
+    last = 0.0
+    chunks = texts = 0
     try:
         async for delta in deltas:
-            if delta and first is None:
-                first = time.perf_counter() - start
+            if delta:
+                last = time.perf_counter()
+                if first is None:
+                    first = last
+                texts += 1
             chunks += 1
     except Exception as exc:
         rec.failure(exc)
-        return
-    rec.success("realtime", time.perf_counter() - start, chunks, ttft=first)
+        return None
+    tpot = (last - first) / (texts - 1) if first is not None and texts > 1 else None
+    ttft = first - start if first is not None else None
+    rec.success("realtime", time.perf_counter() - start, chunks, ttft=ttft, tpot=tpot)
+    return ttft, tpot

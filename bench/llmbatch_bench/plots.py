@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from llmbatch_bench import plots_closed
 from llmbatch_bench.report import capacity_run, runs_of
 from llmbatch_bench.report_hot import summaries_of
 from llmbatch_bench.targets import BURST_RSS_MB, CPU_US
@@ -25,14 +26,17 @@ def write_plots(report: Mapping[str, Any], directory: Path) -> list[Path]:
         return []
     directory.mkdir(parents=True, exist_ok=True)
     written = []
-    plots: list[tuple[str, Callable[[Any, Mapping[str, Any]], bool]]] = [
-        ("bench-throughput.png", _plot_throughput),
-        ("bench-realtime.png", _plot_realtime),
-        ("bench-cpu.png", _plot_cpu),
-        ("bench-burst.png", _plot_burst),
+    wide = (9.0, 4.2)
+    plots: list[tuple[str, Callable[[Any, Mapping[str, Any]], bool], tuple[float, float]]] = [
+        ("bench-throughput.png", _plot_throughput, wide),
+        ("bench-realtime.png", _plot_realtime, wide),
+        ("slo.png", plots_closed.plot_slo, wide),
+        ("control.png", plots_closed.plot_control, (10.0, 8.0)),
+        ("bench-cpu.png", _plot_cpu, wide),
+        ("bench-burst.png", _plot_burst, wide),
     ]
-    for name, draw in plots:
-        figure = plt.figure(figsize=(9, 4.2), dpi=110)
+    for name, draw, size in plots:
+        figure = plt.figure(figsize=size, dpi=110)
         try:
             if draw(figure, report):
                 figure.tight_layout()

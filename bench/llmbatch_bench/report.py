@@ -1,7 +1,8 @@
 """Turns a bench report (the JSON dict) into tables and a JSON file.
 
 Sections for the server scenarios (sweep, bulk, mixed) and the targets are here;
-the hot-path scenarios' sections are in :mod:`.report_hot`, plots in :mod:`.plots`.
+the closed-loop scenarios' sections are in :mod:`.report_closed`, the hot-path
+scenarios' in :mod:`.report_hot`, plots in :mod:`.plots`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from llmbatch_bench import report_hot
+from llmbatch_bench import report_closed, report_hot
 from llmbatch_bench.tables import num, section, table
 
 __all__ = ["capacity_run", "render", "runs_of", "write_json"]
@@ -20,9 +21,22 @@ Run = Mapping[str, Any]
 
 
 def write_json(report: Mapping[str, Any], path: Path) -> None:
-    """The report as indented JSON (``nan`` already mapped to ``null``)."""
+    """The report as indented JSON (``nan`` already mapped to ``null``); a list of
+    plain values (a time series' row, an exchange) stays on one line."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    path.write_text(_dumps(report, "") + "\n")
+
+
+def _dumps(value: Any, indent: str) -> str:
+    inner = indent + "  "
+    if isinstance(value, Mapping) and value:
+        items = (f"{inner}{json.dumps(str(k))}: {_dumps(v, inner)}" for k, v in value.items())
+        return "{\n" + ",\n".join(items) + f"\n{indent}}}"
+    if isinstance(value, list | tuple) and value:
+        if not any(isinstance(v, Mapping | list | tuple) for v in value):
+            return json.dumps(list(value), allow_nan=False)
+        return "[\n" + ",\n".join(inner + _dumps(v, inner) for v in value) + f"\n{indent}]"
+    return json.dumps(value, allow_nan=False)
 
 
 def runs_of(report: Mapping[str, Any], scenario: str) -> list[Run]:
@@ -47,6 +61,7 @@ def render(report: Mapping[str, Any]) -> str:
         _sweep(report),
         _bulk(report),
         _mixed(report),
+        *report_closed.sections(report),
         *report_hot.sections(report),
         _targets(report),
     ]
@@ -157,7 +172,7 @@ def _targets(report: Mapping[str, Any]) -> str:
     for t in report["targets"]:
         unit = t.get("unit", "")
         suffix = unit if unit == "x" else f" {unit}"
-        digits = 0 if unit in ("calls", "MB") else (1 if unit == "µs" else 2)
+        digits = 0 if unit in ("calls", "MB", "prompts") else (1 if unit == "µs" else 2)
         op = ops.get(t.get("op", ""), t.get("op", ""))
         rows.append(
             [

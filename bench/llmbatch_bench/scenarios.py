@@ -3,9 +3,11 @@
 ``bulk`` sends ``n`` prompts through a contender's bulk path (the bulk scenario, and
 the burst's unbounded baselines with ``concurrency=None``); ``mixed`` adds streamed
 realtime requests arriving as a Poisson process to saturating bulk work and measures
-a window after a warm-up; ``idle`` sends the same arrivals to an idle server.
+a window after a warm-up (the ``slo`` scenario too, with ``Job.slo_tpot`` and the
+controller's time series); ``idle`` sends the same arrivals to an idle server.
 :func:`run_job` also dispatches the steady-state kinds of :mod:`.hotpath` and
-:mod:`.references`, so a worker runs any :class:`~llmbatch_bench.jobs.Job`.
+:mod:`.references` and the closed-loop kinds of :mod:`.closedloop`, so a worker
+runs any :class:`~llmbatch_bench.jobs.Job`.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from llmbatch_bench import hotpath, references
+from llmbatch_bench import closedloop, hotpath, references
 from llmbatch_bench.contenders import Contender, make_contender
 from llmbatch_bench.jobs import Job, poisson_arrivals, prompt, prompts, watchdog, within_limit
 from llmbatch_bench.metrics import Recorder, RunMetrics, measure
+from llmbatch_bench.trace import Trace, window_summary
 
 __all__ = ["run_job"]
 
@@ -33,6 +36,8 @@ async def run_job(job: Job, contender: Contender | None = None) -> RunMetrics:
         "per_prompt": references.run_per_prompt,
         "raw": references.run_raw,
         "bare": references.run_bare,
+        "outage": closedloop.run_outage,
+        "control": closedloop.run_control,
     }.get(job.kind)
     if steady is not None:
         return await steady(job)
@@ -47,6 +52,7 @@ async def run_job(job: Job, contender: Contender | None = None) -> RunMetrics:
             mode=job.mode,
             max_in_flight=job.max_in_flight,
             priority_scheduling=job.priority_scheduling,
+            slo_tpot=job.slo_tpot,
         )
     runner = {"bulk": _bulk, "mixed": _mixed, "idle": _idle}[job.kind]
     return await runner(job, contender)
@@ -124,15 +130,23 @@ def _realtime(
 
 async def _mixed(job: Job, contender: Contender) -> RunMetrics:
     rec = Recorder()
+    stats = getattr(contender, "stats", None)
+    trace = Trace(time.monotonic()) if job.trace and stats is not None else None
     with measure() as meter:
         async with contender:
+            tracing = (
+                asyncio.ensure_future(trace.run(stats, closedloop.metrics_url(job.base_url)))
+                if trace is not None and stats is not None
+                else None
+            )
             bulk = asyncio.ensure_future(contender.bulk(prompts(job.n), job.max_tokens, rec))
             await asyncio.sleep(job.realtime_warmup)
             # Bulk completions are counted only while realtime traffic arrives.
             before = (rec.count("batch"), rec.tokens["batch"])
-            window: dict[str, Any] = {}
+            window: dict[str, Any] = {"t0": time.monotonic()}
 
             def close_window() -> None:
+                window["t1"] = time.monotonic()
                 window["prompts"] = rec.count("batch") - before[0]
                 window["tokens"] = rec.tokens["batch"] - before[1]
                 # Bulk work that ran out early did not saturate the whole window.
@@ -144,7 +158,16 @@ async def _mixed(job: Job, contender: Contender) -> RunMetrics:
             bulk.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await bulk
+            if tracing is not None:
+                tracing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await tracing
             extra = _extra(contender)
+    if trace is not None:
+        data = trace.to_json()
+        # The window in the trace's time (it started with the client).
+        w0, w1 = window["t0"] - trace.origin, window["t1"] - trace.origin
+        extra.update(trace=data, window_in_trace=[w0, w1], controller=window_summary(data, w0, w1))
     extra.update(
         realtime_requests=arrivals,
         realtime_ok=rec.count("realtime"),

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-__all__ = ["MetricsSampler", "ServerInfo", "discover", "simulator", "wait_idle"]
+__all__ = ["MetricsSampler", "ServerInfo", "discover", "parse_metrics", "simulator", "wait_idle"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +133,9 @@ class MetricsSampler:
                     text = http.get(self._url).text
                 except httpx.HTTPError:
                     continue
-                values = _gauges(text, ("vllm:num_requests_running", "vllm:num_requests_waiting"))
+                values = parse_metrics(
+                    text, ("vllm:num_requests_running", "vllm:num_requests_waiting")
+                )
                 if len(values) != 2:
                     return  # not a vLLM-style server: nothing to learn
                 self._running.append(values["vllm:num_requests_running"])
@@ -150,8 +152,11 @@ def _machine_busy() -> float | None:
     return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
 
 
-def _gauges(text: str, names: Sequence[str]) -> dict[str, float]:
-    """Sum each named metric over its label sets in Prometheus text format."""
+_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+def parse_metrics(text: str, names: Sequence[str]) -> dict[str, float]:
+    """Sum each named series over its label sets (Prometheus text format)."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
@@ -171,9 +176,7 @@ def wait_idle(info: ServerInfo, api_key: str | None = None, timeout: float = 30.
     with httpx.Client(headers=headers, timeout=5) as http:
         while time.monotonic() < deadline:
             try:
-                values = _gauges(
-                    http.get(url).text, ("vllm:num_requests_running", "vllm:num_requests_waiting")
-                )
+                values = parse_metrics(http.get(url).text, _GAUGES)
             except httpx.HTTPError:
                 return
             if len(values) != 2 or not any(values.values()):

@@ -74,8 +74,10 @@ class Target:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        if self.value is not None and not math.isfinite(self.value):
-            data["value"] = None
+        for name in ("value", "threshold"):
+            # A threshold can depend on the run too (the slo scenario's SLO).
+            if data[name] is not None and not math.isfinite(data[name]):
+                data[name] = None
         return data
 
 

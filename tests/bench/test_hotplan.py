@@ -101,7 +101,8 @@ def config(*argv: str) -> BenchConfig:
 
 def test_all_leaves_out_transport_and_scale_unless_asked() -> None:
     assert config().scenarios == (
-        "sweep", "bulk", "mixed", "overhead", "chat", "single", "burst",
+        "sweep", "bulk", "mixed", "slo", "saturate", "outage", "control",
+        "overhead", "chat", "single", "burst",
     )  # fmt: skip
     assert "scale" in config("--scale").scenarios
     assert config("--scale").scale_n == 1_000_000

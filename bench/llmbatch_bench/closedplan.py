@@ -1,0 +1,207 @@
+"""The closed-loop scenarios as runs: what each measures side by side, under which
+labels (targets and the report find runs by them), and the context each run's
+numbers are judged in (the SLO and the bound of the simulator's step model).
+
+- ``slo``: realtime alone on the idle server (the reference), then a saturating bulk
+  ``map`` with Poisson realtime streams, with ``SLO(tpot=factor x idle per-token
+  time)`` and without, then the baselines under the same load.
+- ``saturate``: llmbatch's bulk ``map`` with the library's defaults beside the lean
+  probe at several concurrencies, in interleaved rounds (the report takes medians).
+- ``outage``: a ``map`` that meets 503s for ``outage_503`` seconds, and one whose
+  server is killed and restarted ``outage_restart`` seconds later.
+- ``control``: the time series behind docs/concepts.md's plot.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+from llmbatch_bench.config import BenchConfig
+from llmbatch_bench.jobs import Job, prompt
+from llmbatch_bench.metrics import RunMetrics
+from llmbatch_bench.server import ServerInfo
+from llmbatch_bench.stepmodel import SimModel, sim_model
+
+__all__ = [
+    "CONTROL",
+    "IDLE",
+    "OUTAGE_503",
+    "OUTAGE_RESTART",
+    "SATURATE",
+    "SLO_OFF",
+    "SLO_ON",
+    "control",
+    "model_of",
+    "outage",
+    "probe_label",
+    "saturate",
+    "slo",
+]
+
+IDLE = "realtime alone (idle)"
+SLO_ON = "llmbatch, SLO"
+SLO_OFF = "llmbatch, no SLO"
+SATURATE = "llmbatch (defaults)"
+OUTAGE_503 = "503 outage"
+OUTAGE_RESTART = "kill + restart"
+CONTROL = "llmbatch, SLO"
+
+
+def probe_label(concurrency: int) -> str:
+    return f"probe c={concurrency}"
+
+
+class Runner(Protocol):
+    """What the harness's runner offers a plan (see :mod:`.harness`)."""
+
+    config: BenchConfig
+    server: ServerInfo
+    notes: list[str]
+
+    def job(self, **fields: Any) -> Job: ...
+
+    def run(self, job: Job, context: dict[str, Any] | None = None) -> RunMetrics | None: ...
+
+
+def model_of(sim_args: tuple[str, ...] | None, max_tokens: int) -> SimModel | None:
+    """The step model of a simulator the harness started (None for ``--url``)."""
+    if sim_args is None:
+        return None
+    try:
+        return sim_model(sim_args, max_tokens, prompt(1000))
+    except (RuntimeError, ValueError):
+        return None
+
+
+def slo(runner: Runner, contenders: list[str]) -> None:
+    c = runner.config
+    model = model_of(runner.server.sim_args, c.max_tokens)
+    realtime = {
+        "realtime_warmup": c.slo_warmup,
+        "realtime_duration": c.slo_duration,
+        "trace": True,
+    }
+    idle = runner.run(
+        runner.job(kind="idle", scenario="slo", contender="llmbatch", label=IDLE, **realtime)
+    )
+    if model is not None:
+        idle_token = model.idle_token_seconds
+        source = "step model"
+    else:
+        measured = idle.tpot.get("realtime") if idle else None
+        if measured is None or not math.isfinite(measured.p50):
+            runner.notes.append("slo: no idle per-token time measured; scenario skipped")
+            return
+        idle_token, source = measured.p50, "measured idle p50"
+    tpot = c.slo_factor * idle_token
+    bound = model.bound(tpot) if model else None
+    context = {
+        "slo_tpot_s": tpot,
+        "idle_token_s": idle_token,
+        "idle_token_source": source,
+        "slo_factor": c.slo_factor,
+        "model": model.to_json() if model else None,
+        "bound": bound.to_json() if bound else None,
+    }
+    # Bulk prompts to outlast warm-up and window at the server's full speed (llmbatch
+    # reads them lazily; the baselines gather them all).
+    full = model.bound(math.inf) if model else None
+    seconds = c.slo_warmup + c.slo_duration
+    n = max(1_000, math.ceil(full.prompts_per_s * seconds * 1.5)) if full else 50_000
+    plan = [("llmbatch", SLO_ON, tpot), ("llmbatch", SLO_OFF, None)]
+    plan += [(b, b, None) for b in c.slo_baselines if b in contenders]
+    for name, label, slo_tpot in plan:
+        job = runner.job(
+            kind="mixed",
+            scenario="slo",
+            contender=name,
+            label=label,
+            n=n,
+            max_tokens=c.max_tokens,
+            slo_tpot=slo_tpot,
+            **realtime,
+        )
+        runner.run(job, context)
+
+
+def saturate(runner: Runner, contenders: list[str]) -> None:
+    """Default settings: no --max-in-flight, the library's priority_scheduling."""
+    c = runner.config
+    for r in range(c.saturate_rounds):
+        for concurrency in c.saturate_sweep:
+            runner.run(
+                runner.job(
+                    kind="probe",
+                    scenario="saturate",
+                    contender="probe",
+                    label=probe_label(concurrency),
+                    n=c.saturate_n,
+                    max_tokens=c.max_tokens,
+                    concurrency=concurrency,
+                    batch=c.sweep_batch,
+                    repeat=r,
+                )
+            )
+        runner.run(
+            runner.job(
+                kind="bulk",
+                scenario="saturate",
+                contender="llmbatch",
+                label=SATURATE,
+                n=c.saturate_n,
+                max_tokens=c.max_tokens,
+                max_in_flight=None,
+                priority_scheduling=None,
+                trace=True,
+                repeat=r,
+            )
+        )
+
+
+def outage(runner: Runner, sim_args: tuple[str, ...] | None) -> None:
+    c = runner.config
+    if sim_args is None:
+        runner.notes.append("outage: needs the simulator (it kills it); skipped with --url")
+        return
+    for mode, label, seconds in (
+        ("503", OUTAGE_503, c.outage_503),
+        ("restart", OUTAGE_RESTART, c.outage_restart),
+    ):
+        runner.run(
+            runner.job(
+                kind="outage",
+                scenario="outage",
+                contender="llmbatch",
+                label=label,
+                n=c.outage_n,
+                max_tokens=c.max_tokens,
+                sim_args=sim_args,
+                outage_mode=mode,
+                outage_seconds=seconds,
+                # Generous: the map, the outage, and a slow recovery.
+                time_limit=120.0 + seconds + c.outage_n / 10,
+            )
+        )
+
+
+def control(runner: Runner, sim_args: tuple[str, ...] | None) -> None:
+    c = runner.config
+    model = model_of(sim_args, c.max_tokens)
+    if sim_args is None or model is None:
+        runner.notes.append("control: needs the simulator (it takes it down); skipped")
+        return
+    tpot = c.slo_factor * model.idle_token_seconds
+    runner.run(
+        runner.job(
+            kind="control",
+            scenario="control",
+            contender="llmbatch",
+            label=CONTROL,
+            max_tokens=c.max_tokens,
+            sim_args=sim_args,
+            slo_tpot=tpot,
+            phases=c.control_phases,
+        ),
+        {"slo_tpot_s": tpot, "model": model.to_json()},
+    )

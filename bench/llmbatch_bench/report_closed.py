@@ -1,0 +1,313 @@
+"""The closed-loop scenarios' tables: slo, saturate, outage, control.
+
+Each table carries what explains its verdict, not just the number judged: the
+SLO and the step model's bound beside the bulk throughput, the controller's limit
+and the server's real step time beside realtime latency (and whether the
+simulator held its modelled step time on this machine), the per-second requests
+and the resume timings beside each outage.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from llmbatch_bench import closedplan
+from llmbatch_bench.stepmodel import SimModel
+from llmbatch_bench.tables import num, section, table
+from llmbatch_bench.targets_closed import bulk_vs_bound, lost, saturate_medians
+from llmbatch_bench.trace import column, window_summary
+
+__all__ = ["phase_rows", "sections", "step_timing"]
+
+Run = Mapping[str, Any]
+
+
+def sections(report: Mapping[str, Any]) -> list[str]:
+    runs = report["runs"]
+    out = [
+        _slo([r for r in runs if r["scenario"] == "slo"]),
+        _saturate([r for r in runs if r["scenario"] == "saturate"]),
+        _outage([r for r in runs if r["scenario"] == "outage"]),
+        _control([r for r in runs if r["scenario"] == "control"]),
+    ]
+    return [s for s in out if s]
+
+
+def _ms(value: float | None, digits: int = 2) -> str:
+    return num(value, digits, 1e3)
+
+
+def _p(run: Run, which: str, q: str) -> float | None:
+    p = run.get(which, {}).get("realtime")
+    return p.get(q) if p else None
+
+
+def step_timing(run: Run) -> float | None:
+    """The server's real mean step time in the window / the step model's at the mean
+    running batch: about 1 when the simulator keeps up with its model on this
+    machine, above when it is CPU-bound (then every latency is the machine's)."""
+    model = run["extra"].get("model")
+    ctl = run["extra"].get("controller") or {}
+    real, running = ctl.get("step_real_mean_s"), ctl.get("running_mean")
+    if not model or not real or not running:
+        return None
+    modelled = SimModel(**model).step_seconds(running)
+    return float(real) / modelled if modelled else None
+
+
+def _slo(runs: Sequence[Run]) -> str:
+    loaded = [r for r in runs if r["label"] != closedplan.IDLE]
+    if not loaded:
+        return ""
+    idle = next((r for r in runs if r["label"] == closedplan.IDLE), None)
+    rows = []
+    for r in [*([idle] if idle else []), *loaded]:
+        extra = r["extra"]
+        ctl = extra.get("controller") or {}
+        censored = extra.get("censored", {}).get("realtime", 0)
+        limits = (
+            f"{num(ctl.get('limit_p10'))} / {num(ctl.get('limit_p50'))} / "
+            f"{num(ctl.get('limit_p90'))}"
+            if ctl.get("limit_p50") is not None and r["contender"] == "llmbatch"
+            else "-"
+        )
+        is_idle = r is idle
+        ratio = bulk_vs_bound(r)
+        rows.append(
+            [
+                r["label"],
+                "-" if is_idle else num(r["output_tokens_per_s"]),
+                "-" if is_idle else num(r["prompts_per_s"], 1),
+                "-" if is_idle or not math.isfinite(ratio) else f"{ratio * 100:.1f} %",
+                _ms(_p(r, "tpot", "p50")),
+                ("≥ " if censored and _p(r, "tpot", "p99") else "") + _ms(_p(r, "tpot", "p99")),
+                _ms(_p(r, "ttft", "p50"), 1),
+                _ms(_p(r, "ttft", "p99"), 1),
+                f"{censored}/{r['requested']}",
+                num(ctl.get("running_mean") or extra.get("server_running_mean"), 1),
+                limits,
+                _ms(ctl.get("step_real_mean_s")),
+                num(step_timing(r), 2, suffix="x"),
+            ]
+        )
+    headers = [
+        "client",
+        "bulk tokens/s",
+        "bulk prompts/s",
+        "of bound",
+        "rt TPOT p50 ms",
+        "rt TPOT p99 ms",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "rt unfinished",
+        "server running",
+        "bulk limit p10/p50/p90",
+        "step ms",
+        "step vs model",
+    ]
+    return section(
+        "SLO: realtime per-token time beside saturating bulk",
+        table(headers, rows),
+        _slo_note(loaded[0]),
+    )
+
+
+def _slo_note(run: Run) -> str:
+    extra = run["extra"]
+    slo, idle = extra.get("slo_tpot_s"), extra.get("idle_token_s")
+    if not slo:
+        return ""
+    text = (
+        f"SLO: TPOT ≤ {slo * 1e3:.2f} ms = {extra.get('slo_factor', 0):g}x the idle "
+        f"per-token time {idle * 1e3:.3f} ms ({extra.get('idle_token_source')})."
+    )
+    bound, model = extra.get("bound"), extra.get("model")
+    if bound and model:
+        text += (
+            f" Best under it (step model, speed {model['speed']:g}, prompts of "
+            f"{model['prompt_tokens']} tokens, {model['max_tokens']} generated): "
+            f"{bound['sequences']} running, step {bound['step_s'] * 1e3:.2f} ms, "
+            f"{bound['tokens_per_s']:,.0f} tokens/s = {bound['prompts_per_s']:,.1f} prompts/s."
+        )
+    return text + (
+        " Bulk counts the realtime window only; 'step ms' is the server's real mean step "
+        "(its inter-token latency) in the window, 'step vs model' that over the step "
+        "model at the same running batch."
+    )
+
+
+def _saturate(runs: Sequence[Run]) -> str:
+    if not runs:
+        return ""
+    medians = saturate_medians(runs)
+    probes = {k: v for k, v in medians.items() if k != closedplan.SATURATE}
+    best = max(probes.values(), default=None)
+    rows = []
+    for label, median in medians.items():
+        group = [r for r in runs if r["label"] == label]
+        rates = [r["prompts_per_s"] for r in group if r["prompts_per_s"] is not None]
+        running = [r["extra"].get("server_running_mean") for r in group]
+        running = [x for x in running if x is not None]
+        waiting = [r["extra"].get("server_waiting_mean") for r in group]
+        waiting = [x for x in waiting if x is not None]
+        rows.append(
+            [
+                label + (" (best)" if median == best else ""),
+                str(len(group)),
+                num(median, 1),
+                f"{num(min(rates), 1)} to {num(max(rates), 1)}",
+                num(median / best * 100, 1) + " %" if best else "-",
+                num(statistics.median(running), 1) if running else "-",
+                num(statistics.median(waiting), 1) if waiting else "-",
+                str(sum(r["failed"] for r in group)),
+            ]
+        )
+    headers = [
+        "client",
+        "rounds",
+        "prompts/s",
+        "range",
+        "of best probe",
+        "server running",
+        "server waiting",
+        "failed",
+    ]
+    note = (
+        "Medians over interleaved rounds; llmbatch with the library's defaults (no SLO, "
+        "Limits() and priority_scheduling as it decides), the probe as in the sweep."
+    )
+    return section("Saturate: default settings vs the lean probe", table(headers, rows), note)
+
+
+def _outage(runs: Sequence[Run]) -> str:
+    if not runs:
+        return ""
+    rows = []
+    for r in runs:
+        e = r["extra"]
+        resume = e.get("resume") or {}
+        sent = e.get("sent_during") or {}
+        opened = e.get("opened_at")
+        rows.append(
+            [
+                r["label"],
+                num(e.get("down_s"), 1),
+                f"{r['ok']:,}/{r['requested']:,}",
+                str(lost(r)),
+                str(sum(sent.values())),
+                " ".join(str(x) for x in e.get("per_second") or []),
+                "-"
+                if opened is None
+                else f"{opened - e['down_at']:.1f} s, {e.get('sent_before_open')}",
+                num(e.get("open_rate"), 2),
+                ", ".join(f"{k} {v}" for k, v in sorted(sent.items())),
+                num(resume.get("first_sent_s"), 2),
+                num(resume.get("work_sent_s"), 2),
+                num(resume.get("first_answer_s"), 2),
+                num(e.get("refill_s"), 1),
+                num(r["wall_s"], 1),
+            ]
+        )
+    headers = [
+        "outage",
+        "down s",
+        "ok",
+        "lost",
+        "sent while down",
+        "per second",
+        "breaker open after, sent before",
+        "sent/s while open",
+        "by route",
+        "probe after back s",
+        "work after back s",
+        "answer after back s",
+        "full again s",
+        "wall s",
+    ]
+    note = (
+        "Every HTTP exchange the client made, recorded at its transport. 'lost' = inputs "
+        "without exactly one successful result. The server is back when it answers again "
+        "(503: the outage's end; restart: /health answering after the restart); 'full "
+        "again' = running 90 % of what it ran in the 3 s before the outage."
+    )
+    return section("Outage: a map through a 503 storm and a restart", table(headers, rows), note)
+
+
+def phase_rows(run: Run) -> list[list[str]]:
+    """The control run per phase: limit, running, step, realtime per-token time."""
+    extra = run["extra"]
+    trace, phases, slo = extra.get("trace"), extra.get("phases"), extra.get("slo_tpot_s")
+    if not trace or not phases:
+        return []
+    names = ("bulk alone", "realtime joins", "outage (503)", "recovery")
+    edges = [0.0]
+    for seconds in phases:
+        edges.append(edges[-1] + seconds)
+    # Realtime arrivals start after the first phase: phase times from the trace origin.
+    realtime = extra.get("realtime") or []
+    rows = []
+    for name, start, end in zip(names, edges, edges[1:], strict=False):
+        s = window_summary(trace, start, end)
+        tpots = [row[3] for row in realtime if start <= row[0] < end and row[3] is not None]
+        met = sum(1 for x in tpots if slo and x <= slo)
+        rows.append(
+            [
+                name,
+                f"{start:.0f}-{end:.0f}",
+                f"{num(s['limit_p50'])} ({num(s['limit_min'])}-{num(s['limit_max'])})",
+                num(s["running_mean"], 1),
+                num(s["waiting_mean"], 1),
+                _ms(s["step_real_mean_s"]),
+                _ms(s["step_est_mean_s"]),
+                str(len(tpots)),
+                _ms(_quantile(tpots, 0.5)),
+                _ms(_quantile(tpots, 0.99)),
+                f"{met}/{len(tpots)}" if tpots else "-",
+            ]
+        )
+    return rows
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _control(runs: Sequence[Run]) -> str:
+    if not runs:
+        return ""
+    run = runs[0]
+    rows = phase_rows(run)
+    if not rows:
+        return ""
+    headers = [
+        "phase",
+        "s",
+        "bulk limit p50 (range)",
+        "server running",
+        "server waiting",
+        "step ms",
+        "client's step estimate ms",
+        "rt arrived",
+        "rt TPOT p50 ms",
+        "rt TPOT p99 ms",
+        "within SLO",
+    ]
+    slo = run["extra"].get("slo_tpot_s")
+    note = (
+        f"SLO TPOT ≤ {slo * 1e3:.2f} ms. Realtime streams are counted in the phase they "
+        "arrived in. The full series is the run's extra.trace in the JSON and "
+        "control.png (--plots)."
+        if slo
+        else ""
+    )
+    trace = run["extra"].get("trace")
+    if trace:
+        breaker = [b for b in column(trace, "breaker") if b not in (None, "closed")]
+        note += f" Breaker not closed in {len(breaker)} of {len(trace['rows'])} samples."
+    return section("Control: the limit following load", table(headers, rows), note)

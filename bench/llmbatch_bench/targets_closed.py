@@ -1,0 +1,220 @@
+"""The closed-loop targets (issue #11), judged from one bench run's runs in their
+JSON form, so the report computes its columns with the same functions.
+
+- ``slo_realtime_tpot_p99``: with ``SLO(tpot=...)``, realtime p99 time per output
+  token within the SLO while bulk saturates the rest;
+- ``slo_bulk_vs_bound``: bulk tokens/s under the SLO ≥ 85 % of the best any client
+  can get under it (the step model's bound, :mod:`.stepmodel`);
+- ``saturate_vs_probe``: bulk with the library's defaults ≥ 97 % of the best the lean
+  probe reaches in the same run (medians over rounds);
+- per outage (``503`` for 15 s, kill and restart 20 s later): every input exactly
+  one result and none failed; while the breaker holds, about one request a second;
+  work sent again within 2 s of the server being back.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from llmbatch_bench import closedplan
+from llmbatch_bench.targets import Target, judge
+
+__all__ = [
+    "OUTAGE_RATE",
+    "OUTAGE_RESUME_S",
+    "SATURATE_RATIO",
+    "SLO_BULK_RATIO",
+    "bulk_vs_bound",
+    "evaluate_closed",
+    "lost",
+    "saturate_medians",
+    "tpot_p99",
+]
+
+SLO_BULK_RATIO = 0.85
+SATURATE_RATIO = 0.97
+#: Requests a second the server may see while the breaker holds requests: one
+#: ``/health`` probe a second, give or take the trial batch when one succeeds.
+OUTAGE_RATE = 1.5
+#: Seconds from the server being back to work being sent again: the probe interval
+#: (1 s) plus room for the probe and the trial batch.
+OUTAGE_RESUME_S = 2.0
+
+Run = Mapping[str, Any]
+
+
+def _find(runs: Sequence[Run], scenario: str, label: str) -> Run | None:
+    return next((r for r in runs if r["scenario"] == scenario and r["label"] == label), None)
+
+
+def tpot_p99(run: Run | None) -> float:
+    """A run's realtime p99 time per output token (seconds), ``nan`` if none."""
+    p = (run or {}).get("tpot", {}).get("realtime") if run else None
+    value = p.get("p99") if p else None
+    return float(value) if value is not None else math.nan
+
+
+def bulk_vs_bound(run: Run | None) -> float:
+    """Bulk tokens/s in the realtime window / the step model's bound under the SLO."""
+    if run is None:
+        return math.nan
+    bound = run["extra"].get("bound")
+    tokens = run.get("output_tokens_per_s")
+    if not bound or tokens is None or not bound.get("tokens_per_s"):
+        return math.nan
+    return float(tokens) / float(bound["tokens_per_s"])
+
+
+def saturate_medians(runs: Sequence[Run]) -> dict[str, float]:
+    """Median prompts/s per label of the saturate scenario, over its rounds."""
+    groups: dict[str, list[float]] = {}
+    for r in runs:
+        if r["scenario"] == "saturate" and r["ok"] and r.get("prompts_per_s") is not None:
+            groups.setdefault(r["label"], []).append(float(r["prompts_per_s"]))
+    return {label: statistics.median(values) for label, values in groups.items()}
+
+
+def lost(run: Run) -> int:
+    """Inputs without exactly one successful result: failed, unanswered, missing or
+    answered twice."""
+    extra = run["extra"]
+    return int(
+        run["failed"]
+        + run["unfinished"]
+        + (extra.get("missing") or 0)
+        + (extra.get("duplicates") or 0)
+    )
+
+
+def evaluate_closed(runs: Sequence[Run]) -> list[Target]:
+    """Every closed-loop target (``met=None`` for a scenario that did not run)."""
+    return [*_slo(runs), _saturate(runs), *_outages(runs)]
+
+
+def _t(
+    id: str, description: str, value: float | None, op: str, threshold: float, unit: str,
+    detail: str,
+) -> Target:  # fmt: skip
+    return Target(id, description, value, op, threshold, unit, judge(value, op, threshold), detail)
+
+
+def _slo(runs: Sequence[Run]) -> list[Target]:
+    ours = _find(runs, "slo", closedplan.SLO_ON)
+    missing = "needs the slo scenario"
+    slo = ours["extra"].get("slo_tpot_s") if ours else None
+    p99 = tpot_p99(ours)
+    bound = ours["extra"].get("bound") if ours else None
+    ratio = bulk_vs_bound(ours)
+    detail_bound = missing
+    if ours and bound:
+        detail_bound = (
+            f"bulk {ours['output_tokens_per_s']:,.0f} tokens/s vs best under the SLO "
+            f"{bound['tokens_per_s']:,.0f} tokens/s ({bound['sequences']} running, "
+            f"step {bound['step_s'] * 1e3:.2f} ms)"
+        )
+    elif ours:
+        detail_bound = "no step model (not the simulator): bound unknown"
+    return [
+        _t(
+            "slo_realtime_tpot_p99",
+            "with SLO(tpot), realtime p99 time per output token under saturating bulk",
+            p99 * 1e3 if math.isfinite(p99) else None,
+            "<=",
+            slo * 1e3 if slo else math.nan,
+            "ms",
+            f"p99 {p99 * 1e3:.2f} ms vs SLO {slo * 1e3:.2f} ms (p50 "
+            f"{ours['tpot']['realtime']['p50'] * 1e3:.2f} ms)"
+            if ours and slo and math.isfinite(p99)
+            else missing,
+        ),
+        _t(
+            "slo_bulk_vs_bound",
+            "bulk throughput under the SLO / the step model's best under it",
+            ratio,
+            ">=",
+            SLO_BULK_RATIO,
+            "x",
+            detail_bound,
+        ),
+    ]
+
+
+def _saturate(runs: Sequence[Run]) -> Target:
+    medians = saturate_medians(runs)
+    ours = medians.get(closedplan.SATURATE)
+    probes = {k: v for k, v in medians.items() if k != closedplan.SATURATE}
+    best = max(probes.items(), key=lambda kv: kv[1], default=None)
+    value = ours / best[1] if ours is not None and best and best[1] else math.nan
+    rounds = sum(1 for r in runs if r["label"] == closedplan.SATURATE)
+    detail = (
+        f"llmbatch {ours:,.1f} prompts/s vs {best[0]} {best[1]:,.1f} prompts/s, medians of {rounds}"
+        if ours is not None and best
+        else "needs the saturate scenario"
+    )
+    description = "bulk with default settings / best lean-probe capacity (same run)"
+    return _t("saturate_vs_probe", description, value, ">=", SATURATE_RATIO, "x", detail)
+
+
+def _outages(runs: Sequence[Run]) -> list[Target]:
+    out = []
+    for key, label in (("503", closedplan.OUTAGE_503), ("restart", closedplan.OUTAGE_RESTART)):
+        run = _find(runs, "outage", label)
+        extra = run["extra"] if run else {}
+        missing = "needs the outage scenario"
+        down = extra.get("down_s")
+        what = f"{label} ({down:.0f} s)" if down else label
+        rate = extra.get("open_rate")
+        resumed = (extra.get("resume") or {}).get("work_sent_s")
+        out += [
+            _t(
+                f"outage_{key}_results",
+                f"{what}: inputs without exactly one successful result",
+                float(lost(run)) if run else None,
+                "==",
+                0,
+                "prompts",
+                f"{run['ok']:,} ok of {run['requested']:,}; failed {run['failed']}, "
+                f"missing {extra.get('missing')}, duplicated {extra.get('duplicates')}"
+                if run
+                else missing,
+            ),
+            _t(
+                f"outage_{key}_rate",
+                f"{what}: requests a second while the breaker held",
+                rate,
+                "<=",
+                OUTAGE_RATE,
+                "/s",
+                f"per second of outage {extra.get('per_second')}; "
+                f"{extra.get('sent_before_open')} before the breaker opened "
+                f"{extra['opened_at'] - extra['down_at']:.1f} s in"
+                if run and extra.get("opened_at") is not None
+                else ("breaker never seen open" if run else missing),
+            ),
+            _t(
+                f"outage_{key}_resume",
+                f"{what}: seconds from the server back to work sent again",
+                resumed,
+                "<=",
+                OUTAGE_RESUME_S,
+                "s",
+                _resume_detail(extra) if run else missing,
+            ),
+        ]
+    return out
+
+
+def _resume_detail(extra: Mapping[str, Any]) -> str:
+    r = extra.get("resume") or {}
+
+    def s(x: float | None) -> str:
+        return "never" if x is None else f"{x:.2f} s"
+
+    return (
+        f"first request {s(r.get('first_sent_s'))}, work {s(r.get('work_sent_s'))}, "
+        f"first answer {s(r.get('first_answer_s'))}, server as full as before "
+        f"{s(extra.get('refill_s'))}"
+    )

@@ -1,0 +1,124 @@
+"""One short real run of each closed-loop scenario against the simulator (a few
+seconds each; the full forms run in ``llmbatch bench``, docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmbatch_bench import closedplan
+from llmbatch_bench.config import BenchConfig
+from llmbatch_bench.harness import run_bench
+from llmbatch_bench.jobs import Job
+from llmbatch_bench.plots import write_plots
+from llmbatch_bench.scenarios import run_job
+from llmbatch_bench.stepmodel import sim_model
+from llmbatch_bench.targets_closed import lost
+from llmbatch_bench.trace import column
+
+pytest.importorskip("llmbatch_server.testing")
+
+#: Twice the closed-loop default speed: shorter runs, still a step model this machine holds.
+SIM = ("--speed", "20")
+
+
+@pytest.mark.timeout(120)
+def test_slo_and_saturate_run_side_by_side_through_the_harness() -> None:
+    config = BenchConfig(
+        scenarios=("slo", "saturate"),
+        contenders=("llmbatch",),
+        closed_sim_args=SIM,
+        max_tokens=16,
+        realtime_max_tokens=16,
+        slo_warmup=1.5,
+        slo_duration=2.0,
+        slo_baselines=(),
+        saturate_n=200,
+        saturate_sweep=(256,),
+        saturate_rounds=1,
+        isolate=False,
+    )
+    report = run_bench(config)
+    runs = {(r["scenario"], r["label"]): r for r in report["runs"]}
+    assert set(runs) == {
+        ("slo", closedplan.IDLE),
+        ("slo", closedplan.SLO_ON),
+        ("slo", closedplan.SLO_OFF),
+        ("saturate", closedplan.probe_label(256)),
+        ("saturate", closedplan.SATURATE),
+    }
+    slo = runs[("slo", closedplan.SLO_ON)]
+    model = sim_model(SIM, 16)
+    assert slo["extra"]["slo_tpot_s"] == pytest.approx(3 * model.idle_token_seconds)
+    assert slo["extra"]["bound"]["sequences"] > 0
+    assert slo["tpot"]["realtime"]["n"] == slo["extra"]["realtime_ok"] > 0
+    assert slo["extra"]["controller"]["samples"] > 0
+    assert runs[("saturate", closedplan.SATURATE)]["ok"] == 200
+    verdicts = {t["id"]: t for t in report["targets"]}
+    # Measured (met or not: a run this short only shows the wiring).
+    for target in ("slo_realtime_tpot_p99", "slo_bulk_vs_bound", "saturate_vs_probe"):
+        assert verdicts[target]["met"] is not None, verdicts[target]
+    assert report["closed_loop_server"]["simulator_args"] == list(SIM)
+
+
+def closed_job(**fields: Any) -> Job:
+    base: dict[str, Any] = {
+        "scenario": "test",
+        "contender": "llmbatch",
+        "base_url": "http://127.0.0.1:0/v1",
+        "model": "llmbatch-sim",
+        "sim_args": SIM,
+        "max_tokens": 16,
+        "realtime_max_tokens": 16,
+    }
+    return Job(**{**base, **fields})
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("mode", ["503", "restart"])
+@pytest.mark.anyio
+@pytest.mark.asyncio_only("the benchmark's runners are asyncio code")
+async def test_a_map_through_an_outage_loses_nothing_and_is_recorded(mode: str) -> None:
+    m = await run_job(
+        closed_job(kind="outage", n=1000, outage_mode=mode, outage_seconds=2.0, time_limit=60)
+    )
+    run = m.to_json()
+    assert lost(run) == 0, run["errors"]
+    extra = run["extra"]
+    assert extra["breaker"] == "closed"
+    assert extra["down_s"] >= 2.0
+    assert len(extra["per_second"]) == round(extra["down_s"])
+    # Whole seconds only (a last part of a second under half a second is left out).
+    assert sum(extra["per_second"]) <= sum(extra["sent_during"].values())
+    assert extra["resume"]["first_answer_s"] is not None
+    # Everything the client sent is in the log, the outage's answers among it.
+    outcomes = {x[4] for x in extra["exchanges"]}
+    assert ("503" if mode == "503" else "ConnectError") in outcomes
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.anyio
+@pytest.mark.asyncio_only("the benchmark's runners are asyncio code")
+async def test_control_records_the_limit_following_load(tmp_path: Path) -> None:
+    tpot = 3 * sim_model(SIM, 16).idle_token_seconds
+    m = await run_job(
+        closed_job(
+            scenario="control",
+            kind="control",
+            phases=(1.5, 2.0, 2.0, 2.0),
+            slo_tpot=tpot,
+            realtime_rate=10,
+        )
+    )
+    extra = m.to_json()["extra"]
+    trace = extra["trace"]
+    assert len(trace["rows"]) >= 25  # 7.5 s at 0.2 s
+    assert extra["down_at"] == pytest.approx(3.5, abs=0.5)
+    assert extra["back_at"] - extra["down_at"] == pytest.approx(2.0, abs=0.1)
+    assert any(x is not None for x in column(trace, "step_real"))
+    assert max(column(trace, "bulk_limit")) >= 1
+    assert extra["realtime"]  # one row per stream
+    report = {"runs": [m.to_json()], "targets": []}
+    assert [p.name for p in write_plots(report, tmp_path)] == ["control.png"]
