@@ -152,12 +152,7 @@ class _Chunk(_Record):
     @property
     def finish_reason(self) -> str | None:
         """The first choice's finish reason, in the chunk that ends it (else None)."""
-        choices = self._choices
-        if choices is None:
-            raw = self._event.get("choices")
-            if isinstance(raw, list) and raw and isinstance(raw[0], Mapping):
-                return _finish(raw[0])
-            return None
+        choices = self._built_choices()
         return choices[0].finish_reason if choices else None
 
     def _built_choices(self) -> tuple[Any, ...]:
