@@ -6,6 +6,14 @@ admission control and per-request fault isolation.
         results = await client.map(prompts, priority="batch")
 """
 
+from llmbatch._chunks import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatDelta,
+    CompletionChunk,
+    FunctionCallDelta,
+    ToolCallDelta,
+)
 from llmbatch._client import Client
 from llmbatch._config import (
     DEFAULT_BATCH_POLICIES,
@@ -80,12 +88,16 @@ __all__ = [
     "BadRequestError",
     "BatchPolicy",
     "ChatChoice",
+    "ChatChunkChoice",
     "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatDelta",
     "ChatMessage",
     "Choice",
     "Client",
     "ClientClosedError",
     "Completion",
+    "CompletionChunk",
     "ConfigError",
     "ConfigTypeError",
     "ConnectError",
@@ -93,6 +105,7 @@ __all__ = [
     "DeadlineExceeded",
     "Embedding",
     "FunctionCall",
+    "FunctionCallDelta",
     "Histogram",
     "InvalidRequestError",
     "InvalidTypeError",
@@ -126,6 +139,7 @@ __all__ = [
     "TimeoutException",
     "Timings",
     "ToolCall",
+    "ToolCallDelta",
     "TransportError",
     "UnknownModelError",
     "Usage",

@@ -15,7 +15,6 @@ import threading
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
-    AsyncIterator,
     Callable,
     Iterable,
     Mapping,
@@ -30,6 +29,7 @@ import anyio
 import sniffio
 from anyio.abc import TaskGroup
 
+from llmbatch._chunks import ChatCompletionChunk, CompletionChunk
 from llmbatch._clock import loop_clock
 from llmbatch._config import (
     DEFAULT_BATCH_POLICIES,
@@ -807,7 +807,7 @@ class Client:
             values.append(result)
         return values
 
-    async def stream(
+    def stream(
         self,
         prompt: str | Sequence[Mapping[str, Any]],
         *,
@@ -821,17 +821,132 @@ class Client:
         extra_query: Mapping[str, str] | None = None,
         stream_options: Mapping[str, Any] | None = None,
         **params: Any,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         """Yield text deltas as the server produces them (a prompt, or chat messages).
 
         Parameters as for :meth:`complete` or :meth:`chat`. ``stream_options`` is
         accepted for openai-python compatibility; usage is always requested.
         Errors before the first delta are retried; after it, they are raised here.
-        Leaving the loop early cancels the request on the server side.
+        Leaving the loop early cancels the request on the server side. For the ids,
+        finish reason and usage too, use :meth:`stream_chunks`.
         """
+        return self._stream(
+            prompt,
+            priority,
+            max_tokens,
+            timeout,
+            model,
+            max_retries,
+            (extra_body, extra_headers, extra_query),
+            stream_options,
+            params,
+            chunks=False,
+        )
+
+    @overload
+    def stream_chunks(
+        self,
+        prompt: str,
+        *,
+        priority: PriorityLike | None = ...,
+        max_tokens: int | None = ...,
+        timeout: float | None = ...,
+        model: str | None = ...,
+        max_retries: int | None = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
+        extra_query: Mapping[str, str] | None = ...,
+        stream_options: Mapping[str, Any] | None = ...,
+        **params: Any,
+    ) -> AsyncGenerator[CompletionChunk, None]: ...
+
+    @overload
+    def stream_chunks(
+        self,
+        prompt: Sequence[Mapping[str, Any]],
+        *,
+        priority: PriorityLike | None = ...,
+        max_tokens: int | None = ...,
+        timeout: float | None = ...,
+        model: str | None = ...,
+        max_retries: int | None = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
+        extra_query: Mapping[str, str] | None = ...,
+        stream_options: Mapping[str, Any] | None = ...,
+        **params: Any,
+    ) -> AsyncGenerator[ChatCompletionChunk, None]: ...
+
+    def stream_chunks(
+        self,
+        prompt: str | Sequence[Mapping[str, Any]],
+        *,
+        priority: PriorityLike | None = None,
+        max_tokens: int | None = None,
+        timeout: float | None = None,
+        model: str | None = None,
+        max_retries: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str] | None = None,
+        stream_options: Mapping[str, Any] | None = None,
+        **params: Any,
+    ) -> AsyncGenerator[CompletionChunk, None] | AsyncGenerator[ChatCompletionChunk, None]:
+        """Yield every event of the stream as a chunk, as openai-python's
+        ``stream=True`` does: a :class:`CompletionChunk` for a prompt, a
+        :class:`ChatCompletionChunk` for chat messages::
+
+            async for chunk in client.stream_chunks(messages, max_tokens=64):
+                print(chunk.text, end="")          # choices[0].delta.content, or ""
+                if chunk.usage is not None:        # the last chunk
+                    print(chunk.usage.completion_tokens)
+
+        Each chunk has ``id``, ``model``, ``created`` and ``choices``: a chat choice's
+        ``delta`` holds the ``role`` (first chunk), a piece of ``content``, and the
+        pieces of ``tool_calls`` as the server sends them; a completion choice holds
+        a piece of ``text``. ``finish_reason`` is set in the chunk that ends a
+        choice. Usage is always requested: the last chunk has no choices and
+        ``usage`` set (``stream_options`` is accepted and ignored). Everything
+        else is as in :meth:`stream`: parameters, the ``realtime`` tier by default,
+        retries only before the first chunk, errors raised from the loop, and
+        leaving it early cancels the request on the server side.
+        """
+        chunks: AsyncGenerator[Any, None] = self._stream(
+            prompt,
+            priority,
+            max_tokens,
+            timeout,
+            model,
+            max_retries,
+            (extra_body, extra_headers, extra_query),
+            stream_options,
+            params,
+            chunks=True,
+        )
+        return chunks
+
+    async def _stream(
+        self,
+        prompt: str | Sequence[Mapping[str, Any]],
+        priority: PriorityLike | None,
+        max_tokens: int | None,
+        timeout: float | None,
+        model: str | None,
+        max_retries: int | None,
+        extras: tuple[object, object, object],
+        stream_options: object,
+        params: dict[str, Any],
+        *,
+        chunks: bool,
+    ) -> AsyncGenerator[Any, None]:
+        """What :meth:`stream` and :meth:`stream_chunks` yield: text deltas, or chunks.
+
+        An async generator, so a call is checked (and runs, on the client's loop)
+        when iteration starts, as a ``SyncClient``'s must."""
         submitter = self._open()
         kind: Kind = "completion" if isinstance(prompt, str) else "chat"
         _check_stream_options(stream_options)
+        extra_body, extra_headers, extra_query = extras
         defaults = self._defaults
         if defaults is not None:
             priority, model, timeout, max_retries, extra_headers = defaults.fill(
@@ -845,19 +960,20 @@ class Client:
             params,
             stream=True,
             model=model,
-            method="stream",
+            method="stream_chunks" if chunks else "stream",
             extras=_extras(extra_body, extra_headers, extra_query),
             max_retries=max_retries,
         )
         request = submitter.request(spec, prompt)
-        send, receive = anyio.create_memory_object_stream[str](64)
+        send, receive = anyio.create_memory_object_stream[Any](64)
         request.deltas = send
+        request.chunks = chunks
         engine = submitter.engine
         try:
             with receive:
                 engine.submit(request)
-                async for delta in receive:
-                    yield delta
+                async for item in receive:
+                    yield item
             await submitter.wait(request)
         finally:
             if not request.done:

@@ -332,15 +332,20 @@ class Dispatcher:
     # -- streaming -------------------------------------------------------------------
 
     async def _stream(self, request: Request) -> None:
-        """Stream one request's text deltas; retried only before the first delta."""
+        """Stream one request to its caller, as text deltas or as every event's chunk;
+        retried only until the caller has been sent something."""
         chat = request.spec.kind == "chat"
         path = "/chat/completions" if chat else "/completions"
         rank = self._rank([request])
         body = chat_body(request, rank) if chat else completion_body([request], rank)
-        decoder = StreamDecoder()
+        # A caller of stream() is sent the text of each event that has some; one of
+        # stream_chunks() every event's chunk (a chunk is never falsy).
+        decoder = StreamDecoder(chat=chat, chunks=request.chunks)
         deltas = request.deltas
+        sent = False
 
         async def exchange() -> None:
+            nonlocal sent
             response = await self._open(path, [request], body)
             try:
                 if response.status >= 400:
@@ -348,21 +353,29 @@ class Dispatcher:
                         response.status, response.headers, await response.read()
                     )
                 async for line in response.iter_lines():
-                    for text in decoder.feed_line(line):
-                        if deltas is not None:
-                            await deltas.send(text)
+                    item = decoder.feed_line(line)
+                    if item and deltas is not None:
+                        await deltas.send(item)
+                        sent = True
             finally:
                 await response.aclose()
 
+        requeued = False
         try:
-            await self._with_retries([request], exchange, retry_if=lambda: not decoder.parts)
+            await self._with_retries([request], exchange, retry_if=lambda: not sent)
+        except _Unavailable:
+            # Nothing was sent to the caller yet: the stream waits out the outage in
+            # the queue like any request, its caller still reading.
+            requeued = True
+            self._requeue([request])
+            return
         except RequestError as exc:
             self._fail_all([request], exc)
             return
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             return  # the caller stopped reading; it has already been told
         finally:
-            if deltas is not None:
+            if deltas is not None and not requeued:
                 deltas.close()
         answers = Answers(
             decoder.id,

@@ -268,8 +268,44 @@ class Delivery:
         )
 
 
-class _Answer(_Immutable):
-    """What Completion and ChatCompletion share: ids, usage, timings, value semantics."""
+class _Record(_Immutable):
+    """Value semantics from a class's ``_FIELDS``: equality, hash, repr, pickling and
+    ``to_dict``, for results and stream chunks alike."""
+
+    __slots__ = ()
+
+    _FIELDS: tuple[str, ...] = ()
+
+    def _values(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self._FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        assert isinstance(other, _Record)
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._FIELDS)
+        return f"{type(self).__name__}({fields})"
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return _rebuild, (type(self), {name: getattr(self, name) for name in self._FIELDS})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dicts, lists and scalars (JSON-ready)."""
+        return {name: _plain(getattr(self, name)) for name in self._FIELDS}
+
+    def model_dump(self) -> dict[str, Any]:
+        """The same as :meth:`to_dict` (kept from 0.1, whose results were pydantic)."""
+        return self.to_dict()
+
+
+class _Answer(_Record):
+    """What Completion, ChatCompletion and Embedding share: ids, usage and timings."""
 
     __slots__ = ("_attempts", "_completion_tokens", "_created_at", "_delivery", "_prompt_tokens")
 
@@ -278,7 +314,6 @@ class _Answer(_Immutable):
     _prompt_tokens: int
     _completion_tokens: int
     _attempts: int
-    _FIELDS: tuple[str, ...] = ()
 
     def _store(
         self,
@@ -340,33 +375,6 @@ class _Answer(_Immutable):
             attempts=self._attempts,
         )
 
-    def _values(self) -> tuple[object, ...]:
-        return tuple(getattr(self, name) for name in self._FIELDS)
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        assert isinstance(other, _Answer)
-        return self._values() == other._values()
-
-    def __hash__(self) -> int:
-        return hash(self._values())
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._FIELDS)
-        return f"{type(self).__name__}({fields})"
-
-    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        return _rebuild, (type(self), {name: getattr(self, name) for name in self._FIELDS})
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dicts, lists and scalars (JSON-ready)."""
-        return {name: _plain(getattr(self, name)) for name in self._FIELDS}
-
-    def model_dump(self) -> dict[str, Any]:
-        """The same as :meth:`to_dict` (kept from 0.1, whose results were pydantic)."""
-        return self.to_dict()
-
     def _raw_choices(self) -> list[dict[str, Any]]:
         """The choices as the server sent them (OpenAI's JSON), each indexed from 0
         within this answer, for the openai drop-in."""
@@ -385,7 +393,7 @@ class _Answer(_Immutable):
         return out
 
 
-def _rebuild(cls: type[_Answer], fields: dict[str, Any]) -> _Answer:
+def _rebuild(cls: type[_Record], fields: dict[str, Any]) -> _Record:
     return cls(**fields)
 
 

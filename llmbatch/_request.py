@@ -126,6 +126,7 @@ class Request:
         "_waiter",
         "abandoned",
         "attempts",
+        "chunks",
         "created_at",
         "deadline",
         "deltas",
@@ -179,7 +180,10 @@ class Request:
         self.error: LLMBatchError | None = None
         self._waiter: asyncio.Future[None] | anyio.Event | None = None
         self._callback: Callable[[Request], None] | None = None
-        self.deltas: MemoryObjectSendStream[str] | None = None
+        self.deltas: MemoryObjectSendStream[Any] | None = None
+        """A stream's caller: where its text deltas (or chunks) go as they arrive."""
+        self.chunks = False
+        """The stream's caller reads chunk objects, every event's; else text deltas."""
         self.attempts = 0
         self.retried = False
         """Needed a second HTTP attempt (bisection halves do not count)."""

@@ -15,10 +15,11 @@ import functools
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from llmbatch._chunks import ChatCompletionChunk, CompletionChunk
 from llmbatch._client import Client
 from llmbatch._config import PriorityLike
 from llmbatch._exceptions import ClientClosedError
@@ -175,6 +176,21 @@ class SyncClient:
     def stream(self, prompt: str | Sequence[Mapping[str, Any]], **kwargs: Any) -> Iterator[str]:
         """:meth:`Client.stream`: text deltas as they arrive."""
         return self._iterate(self._client.stream(prompt, **kwargs))
+
+    @overload
+    def stream_chunks(self, prompt: str, **kwargs: Any) -> Iterator[CompletionChunk]: ...
+
+    @overload
+    def stream_chunks(
+        self, prompt: Sequence[Mapping[str, Any]], **kwargs: Any
+    ) -> Iterator[ChatCompletionChunk]: ...
+
+    def stream_chunks(
+        self, prompt: str | Sequence[Mapping[str, Any]], **kwargs: Any
+    ) -> Iterator[CompletionChunk] | Iterator[ChatCompletionChunk]:
+        """:meth:`Client.stream_chunks`: every event's chunk as it arrives."""
+        chunks: Iterator[Any] = self._iterate(self._client.stream_chunks(prompt, **kwargs))
+        return chunks
 
     def map(self, inputs: Iterable[MapInput], **kwargs: Any) -> list[Result[Any]]:
         """:meth:`Client.map`, blocking: one :class:`Result` per input, in order."""

@@ -1,5 +1,5 @@
 """The OpenAI-compatible wire format, sans I/O: request bodies in, per-request answers,
-errors and stream events out.
+errors and stream chunks out.
 
 Knows nothing of tiers, queues or sockets, so every parser is tested on bytes alone.
 vLLM specifics it honours (see the design notes): a list prompt yields choices
@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from llmbatch._chunks import ChatCompletionChunk, Chunk, CompletionChunk, make_chunk
 from llmbatch._exceptions import APIStatusError, RemoteProtocolError, status_error_type
 from llmbatch._models import RawUsage
 from llmbatch._request import CallSpec, Request
@@ -327,16 +328,21 @@ def error_from_response(status: int, headers: Mapping[str, str], content: bytes)
 
 
 class StreamDecoder:
-    """The server-sent events of one streamed completion or chat: bytes in, text
-    deltas out, with the finish reason, ids and usage kept as they arrive.
+    """The server-sent events of one streamed completion or chat: bytes in, one chunk
+    (:class:`CompletionChunk` or :class:`ChatCompletionChunk`) per event out, with the
+    text, finish reason, ids and usage kept as they arrive for the final answer.
 
-    ``feed`` takes any chunking of the body; ``feed_line`` one line without its
-    newline. An error event (vLLM reports failures after the 200 in the stream)
-    raises the matching :class:`APIStatusError`.
+    ``chunks=False`` hands out each event's text instead (empty if it has none):
+    what ``stream()`` reads, without making an object per event. ``feed`` takes any
+    chunking of the body; ``feed_line`` one line without its newline. An error
+    event (vLLM reports failures after the 200 in the stream) raises the matching
+    :class:`APIStatusError`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, chat: bool = False, chunks: bool = True) -> None:
         self._buffer = b""
+        self._kind = ChatCompletionChunk if chat else CompletionChunk
+        self._chunks = chunks
         self.parts: list[str] = []
         self.finish_reason: str | None = None
         self.id = ""
@@ -352,28 +358,32 @@ class StreamDecoder:
         """Everything generated so far."""
         return "".join(self.parts)
 
-    def feed(self, data: bytes) -> list[str]:
-        """Text deltas carried by the complete lines in ``data`` (plus what was buffered)."""
+    def feed(self, data: bytes) -> list[Chunk | str]:
+        """The chunks (or texts) of the complete lines in ``data`` (plus what was
+        buffered)."""
         lines = (self._buffer + data).split(b"\n")
         self._buffer = lines.pop()
-        deltas: list[str] = []
+        out: list[Chunk | str] = []
         for line in lines:
-            deltas.extend(self.feed_line(line.rstrip(b"\r")))
-        return deltas
+            item = self.feed_line(line.rstrip(b"\r"))
+            if item is not None:
+                out.append(item)
+        return out
 
-    def feed_line(self, line: bytes) -> list[str]:
-        """Text deltas carried by one line (comments, blank lines and ``[DONE]``: none)."""
+    def feed_line(self, line: bytes) -> Chunk | str | None:
+        """The chunk of one line (or its text, with ``chunks=False``); None for
+        comments, blank lines and ``[DONE]``."""
         if not line.startswith(b"data:"):
-            return []
+            return None
         payload = line[5:].strip()
         if payload == b"[DONE]":
             self.done = True
-            return []
+            return None
         if not payload:
-            return []
+            return None
         event = _load(payload)
         if not isinstance(event, Mapping):
-            return []
+            return None
         if "error" in event:
             error = event["error"]
             code = error.get("code") if isinstance(error, Mapping) else None
@@ -386,27 +396,30 @@ class StreamDecoder:
         created = event.get("created")
         if isinstance(created, int):
             self.created = created
-        deltas: list[str] = []
+        text = ""
         for choice in event.get("choices") or ():
             if not isinstance(choice, Mapping):
                 continue
             delta = choice.get("delta")
             if isinstance(delta, Mapping):
-                text = delta.get("content")
+                piece = delta.get("content")
                 role = delta.get("role")
                 if isinstance(role, str):
                     self.role = role
             else:
-                text = choice.get("text")
-            if isinstance(text, str) and text:
-                self.parts.append(text)
-                deltas.append(text)
+                piece = choice.get("text")
+            if isinstance(piece, str) and piece:
+                self.parts.append(piece)
+                text += piece
             finish = choice.get("finish_reason")
             if isinstance(finish, str):
                 self.finish_reason = finish
         if event.get("usage"):
             self.usage = _usage(event)
-        return deltas
+        if not self._chunks:
+            return text
+        chunk: Chunk = make_chunk(self._kind, event, text)
+        return chunk
 
     def choice(self, *, chat: bool) -> dict[str, Any]:
         """The accumulated answer as the non-streaming response's choice dict."""

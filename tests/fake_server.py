@@ -2,8 +2,8 @@
 
 It answers like vLLM (list prompts, choice index = prompt_idx * n + j, one usage per
 request, 400 for the whole list when any prompt is poisoned; the chat batch route of
-vLLM 0.32+, which ``chat_batch=False`` removes; 404 for unknown routes) and records
-what it saw.
+vLLM 0.32+, which ``chat_batch=False`` removes; 404 for unknown routes; streams of
+completions and chats with a final usage event) and records what it saw.
 """
 
 from __future__ import annotations
@@ -139,7 +139,10 @@ class FakeServer:
         )
 
     def _chat(self, body: dict[str, Any]) -> MockResponse:
-        return self._chat_answer([body["messages"]], body)
+        answer = self._chat_answer([body["messages"]], body)
+        if body.get("stream") and answer.status == 200:
+            return _chat_stream(answer.json)  # type: ignore[arg-type]
+        return answer
 
     def _chat_batch(self, body: dict[str, Any]) -> MockResponse:
         return self._chat_answer(body["messages"], body)
@@ -198,3 +201,47 @@ class FakeServer:
                 },
             }
         )
+
+
+def _event(data: dict[str, Any]) -> list[bytes]:
+    return [b"data: " + json.dumps(data).encode(), b""]
+
+
+def _chat_stream(answer: dict[str, Any]) -> MockResponse:
+    """A chat answer as vLLM streams it: a role event, the content in two pieces (or a
+    tool call: its id and name, then its arguments), the finish reason on the last
+    piece, then a usage event with no choices."""
+    head = {"id": answer["id"], "object": "chat.completion.chunk", "created": 1700000000}
+    head["model"] = answer["model"]
+    choice = answer["choices"][0]
+    message, finish = choice["message"], choice["finish_reason"]
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    if message.get("tool_calls"):
+        call = message["tool_calls"][0]
+        function = call["function"]
+        deltas += [
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": function["name"], "arguments": ""},
+                    }
+                ]
+            },
+            {"tool_calls": [{"index": 0, "function": {"arguments": function["arguments"]}}]},
+        ]
+    else:
+        content = message["content"]
+        deltas += [{"content": content[:3]}, {"content": content[3:]}]
+    lines: list[bytes] = []
+    for k, delta in enumerate(deltas):
+        last = k == len(deltas) - 1
+        event = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        if last:
+            event["finish_reason"] = finish
+        lines += _event({**head, "choices": [event]})
+    lines += _event({**head, "choices": [], "usage": answer["usage"]})
+    lines += [b"data: [DONE]", b""]
+    return MockResponse(lines=lines)

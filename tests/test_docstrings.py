@@ -104,4 +104,13 @@ def test_public_method_has_docstring(qualname: str, member: object) -> None:
 
 def test_client_methods_are_all_checked() -> None:
     checked = {q.rsplit(".", 1)[1] for q, _ in _public_members() if ".Client." in q}
-    assert {"complete", "chat", "stream", "map", "map_unordered", "imap", "stats"} <= checked
+    assert {
+        "complete",
+        "chat",
+        "stream",
+        "stream_chunks",
+        "map",
+        "map_unordered",
+        "imap",
+        "stats",
+    } <= checked

@@ -5,9 +5,12 @@ Runs on asyncio (aiohttp and httpx transports), asyncio+uvloop and trio (httpx).
 
 from __future__ import annotations
 
+import contextlib
+import re
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
 
 import llmbatch
@@ -66,6 +69,85 @@ async def test_complete_map_chat_stream(sim: Any, transport: str) -> None:
     # 100 bulk prompts went out in far fewer HTTP requests than prompts.
     assert stats.mean_batch_size > 4
     assert stats.tiers[llmbatch.Priority.BATCH].done == 100
+
+
+STORY = "Tell me a story"
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
+async def test_stream_chunks_add_up_to_the_non_streamed_answer(
+    sim: Any, transport: str, chat: bool
+) -> None:
+    prompt: Any = [{"role": "user", "content": STORY}] if chat else STORY
+    options: dict[str, Any] = {"max_tokens": 12, "ignore_eos": True, "seed": 5}
+    async with Client(sim.base_url, transport=transport, retry=FAST_RETRY) as client:  # type: ignore[arg-type]
+        chunks = [chunk async for chunk in client.stream_chunks(prompt, **options)]
+        if chat:
+            answer: Any = await client.chat(prompt, **options)
+        else:
+            answer = await client.complete(prompt, **options)
+    kind = llmbatch.ChatCompletionChunk if chat else llmbatch.CompletionChunk
+    assert all(type(chunk) is kind for chunk in chunks)
+    assert len(chunks) >= 13  # a chunk per token, then the usage
+    assert "".join(chunk.text for chunk in chunks) == answer.text
+    assert [c.finish_reason for c in chunks if c.finish_reason] == [answer.finish_reason]
+    assert answer.finish_reason == "length"
+    assert chunks[-1].choices == ()
+    assert chunks[-1].usage == answer.usage
+    assert answer.usage.completion_tokens == 12
+    assert all(chunk.usage is None for chunk in chunks[:-1])
+    assert len({chunk.id for chunk in chunks}) == 1
+    assert {chunk.model for chunk in chunks} == {answer.model}
+    if chat:
+        assert chunks[0].choices[0].delta.role == "assistant"
+
+
+def aborted(sim: Any) -> int:
+    """Requests the simulator aborted because their client went away."""
+    match = re.search(r'finished_reason="abort"\} (\d+)', sim.metrics())
+    assert match is not None
+    return int(match.group(1))
+
+
+@pytest.fixture(scope="module")
+def slow_sim() -> Iterator[Any]:
+    """~2 ms a token: at --speed 200 the simulator runs a stream to its end before it
+    notices that the client has hung up."""
+    with testing.run_simulator("--speed", "10") as server:
+        yield server
+
+
+async def test_leaving_stream_chunks_early_aborts_on_the_server(
+    slow_sim: Any, transport: str
+) -> None:
+    before = await anyio.to_thread.run_sync(aborted, slow_sim)
+    async with Client(slow_sim.base_url, transport=transport, retry=FAST_RETRY) as client:  # type: ignore[arg-type]
+        # 2,000 tokens would take the simulator about five seconds.
+        chunks = client.stream_chunks(STORY, max_tokens=2000, ignore_eos=True)
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                assert chunk.text
+                break
+        with anyio.fail_after(3):
+            # The simulator's counter has no event to wait on: poll it.
+            while await anyio.to_thread.run_sync(aborted, slow_sim) == before:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        tier = client.stats().tiers[llmbatch.Priority.REALTIME]
+    assert (tier.cancelled, tier.done) == (1, 0)
+
+
+async def test_an_error_event_mid_stream_raises_the_typed_error(sim: Any, transport: str) -> None:
+    received: list[str] = []
+    await anyio.to_thread.run_sync(lambda: sim.set_faults(stream_error=1.0))
+    try:
+        async with Client(sim.base_url, transport=transport, retry=FAST_RETRY) as client:  # type: ignore[arg-type]
+            with pytest.raises(llmbatch.ServerError, match="during generation") as info:
+                async for chunk in client.stream_chunks(STORY, max_tokens=12, ignore_eos=True):
+                    received.append(chunk.text)
+    finally:
+        await anyio.to_thread.run_sync(lambda: sim.set_faults(stream_error=0.0))
+    assert len(received) == 3  # the simulator fails after three tokens
+    assert info.value.attempts == 1  # chunks had been handed over: not retried
 
 
 async def test_poisoned_prompt_is_isolated_by_bisection(sim: Any, transport: str) -> None:

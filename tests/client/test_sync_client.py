@@ -26,12 +26,20 @@ def test_every_method_blocks_and_answers(sim: SimulatorProcess) -> None:
         assert client.complete("hello", max_tokens=3).usage.completion_tokens == 3
         assert client.chat([{"role": "user", "content": "hi"}], max_tokens=3).text
         assert "".join(client.stream("once upon", max_tokens=4))
+        chunks = list(client.stream_chunks("once upon", max_tokens=4, ignore_eos=True))
+        assert all(isinstance(chunk, llmbatch.CompletionChunk) for chunk in chunks)
+        assert chunks[-1].usage is not None
+        assert chunks[-1].usage.completion_tokens == 4
+        chat = list(client.stream_chunks([{"role": "user", "content": "hi"}], max_tokens=2))
+        assert isinstance(chat[0], llmbatch.ChatCompletionChunk)
+        assert chat[0].choices[0].delta.role == "assistant"
         results = client.map([f"p{i}" for i in range(40)], max_tokens=2)
         assert [r.index for r in results] == list(range(40))
         assert sorted(i for i, _ in client.map_unordered(["a", "b", "c"])) == [0, 1, 2]
         assert len(list(client.imap(["a", "b"]))) == 2
         assert len(client.embed(["a", "b"])) == 2  # type: ignore[arg-type]
         assert client.stats().tiers[llmbatch.Priority.BATCH].done == 45
+        assert client.stats().tiers[llmbatch.Priority.REALTIME].done == 3
     with pytest.raises(llmbatch.ClientClosedError):
         client.complete("after close")
 

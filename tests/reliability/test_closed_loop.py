@@ -100,6 +100,28 @@ async def test_a_map_rides_out_an_outage_without_failing_or_flooding(mode: str) 
     assert during <= 2 * (outage - 1.0) + 2, wire.log[-40:]
 
 
+async def test_streams_started_into_an_outage_wait_for_the_server() -> None:
+    with run_simulator("--speed", "20", "--enable-admin") as sim:
+        async with llmbatch.Client(sim.base_url) as client:
+            await client.complete("warm up", max_tokens=2)  # the server has answered
+            sim.outage(2.0, mode="503")
+
+            async def one(i: int, texts: list[str]) -> None:
+                texts.append("".join([d async for d in client.stream(f"s{i}", max_tokens=4)]))
+
+            texts: list[str] = []
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    for i in range(8):
+                        tg.start_soon(one, i, texts)
+            stats = client.stats()
+    assert len(texts) == 8
+    assert all(texts)
+    assert stats.tiers[llmbatch.Priority.REALTIME].failed == 0
+    assert stats.server is not None
+    assert stats.server.outages >= 1
+
+
 @pytest.mark.parametrize(
     "long",
     [
