@@ -45,8 +45,14 @@ __all__ = ["AdmissionController", "ControllerState"]
 
 #: Seconds between two changes of the limit.
 DEFAULT_INTERVAL = 0.5
-#: Aim below the SLO by this factor: the estimate lags and traffic is bursty.
+#: Aim below the SLO by this factor at first: the estimate lags and steps vary.
 SLO_HEADROOM = 0.9
+#: The aim then follows how many realtime answers miss the SLO: an SLO is a p99,
+#: so up to this share may miss. More lowers the aim; none for a while raises it.
+SLO_MISS_BUDGET = 0.01
+#: Realtime answers counted before the aim moves, and its bounds.
+AIM_SAMPLE = 100
+AIM_RANGE = (0.5, 0.98)
 #: The largest change one update may make.
 MAX_GROWTH = 1.25
 MAX_SHRINK = 0.6
@@ -95,6 +101,8 @@ class ControllerState:
     slo_met: int
     """Realtime requests whose latency met the SLO."""
     slo_missed: int
+    slo_aim: float | None
+    """The share of the SLO latencies are held to now (None without an SLO)."""
 
 
 def _ewma(old: float | None, sample: float) -> float:
@@ -135,6 +143,9 @@ class AdmissionController:
         self._realtime_seen: float | None = None
         self.slo_met = 0
         self.slo_missed = 0
+        self.aim = SLO_HEADROOM
+        """The share of the SLO the server's latencies are held to now."""
+        self._aim_met = self._aim_missed = 0
 
     # -- samples ---------------------------------------------------------------------
 
@@ -161,8 +172,27 @@ class AdmissionController:
         )
         if missed:
             self.slo_missed += 1
+            self._aim_missed += 1
         else:
             self.slo_met += 1
+            self._aim_met += 1
+        self._adjust_aim()
+
+    def _adjust_aim(self) -> None:
+        """The outer loop: the step-time aim moves so that about SLO_MISS_BUDGET of
+        realtime answers miss, the most bulk the SLO allows at its percentile."""
+        met, missed = self._aim_met, self._aim_missed
+        low, high = AIM_RANGE
+        if missed > SLO_MISS_BUDGET * AIM_SAMPLE * 2 and missed > SLO_MISS_BUDGET * (met + missed):
+            self.aim = max(low, self.aim * 0.93)  # missing too often, and not by chance
+        elif met + missed >= AIM_SAMPLE:
+            if missed <= SLO_MISS_BUDGET * (met + missed):
+                self.aim = min(high, self.aim * 1.02)
+            else:
+                self.aim = max(low, self.aim * 0.97)
+        else:
+            return
+        self._aim_met = self._aim_missed = 0
 
     def on_load(self, *, waiting: int | None, running: int | None, kv_usage: float | None) -> None:
         """The server's own gauges (load header or /metrics)."""
@@ -241,7 +271,7 @@ class AdmissionController:
         # only once it lasts.
         step = max(self.step_time or 0.0, self._last_step or 0.0) or None
         if self.slo.tpot is not None and step:
-            ratios.append(self.slo.tpot * SLO_HEADROOM / step)
+            ratios.append(self.slo.tpot * self.aim / step)
         if self.slo.ttft is not None:
             # What realtime answers measured, and what one arriving now would see: the
             # rest of the step under way, then a step for its prefill (vLLM runs it
@@ -250,7 +280,7 @@ class AdmissionController:
             predicted = TTFT_STEPS * step if step else 0.0
             ttft = max(self.ttft or 0.0, predicted)
             if ttft:  # (a TTFT of 0 says nothing)
-                ratios.append(self.slo.ttft * SLO_HEADROOM / ttft)
+                ratios.append(self.slo.ttft * self.aim / ttft)
         if self.waiting is not None and self.waiting > self._queue_allowance():
             # The server queues: past its capacity, whatever the latencies say yet.
             # (A few waiting is normal: requests arrive between steps.)
@@ -297,4 +327,5 @@ class AdmissionController:
             kv_cache_usage=self.kv_usage,
             slo_met=self.slo_met,
             slo_missed=self.slo_missed,
+            slo_aim=self.aim if self.slo is not None else None,
         )

@@ -352,6 +352,7 @@ class Engine:
             kv_cache_usage=control.kv_cache_usage,
             slo_met=control.slo_met,
             slo_missed=control.slo_missed,
+            slo_aim=control.slo_aim,
             breaker=breaker.state.value,
             outages=breaker.opened,
         )

@@ -152,6 +152,9 @@ class ServerStats(_Frozen):
     slo_met: int
     """Realtime answers within ``Client(slo=...)``."""
     slo_missed: int
+    slo_aim: float | None = None
+    """With an SLO, the share of it the server's latencies are held to now: it starts
+    at 0.9 and follows how many realtime answers miss (about 1% may, as for a p99)."""
     breaker: str
     """``"closed"`` (sending), ``"open"`` (waiting out an outage) or ``"half_open"``."""
     outages: int

@@ -56,8 +56,11 @@ def _server(server: ServerStats) -> str:
         "KV cache -" if server.kv_cache_usage is None else f"KV cache {server.kv_cache_usage:.0%}",
         f"breaker {server.breaker}",
     ]
-    if server.slo_met or server.slo_missed:
-        parts.append(f"SLO met {server.slo_met:,}, missed {server.slo_missed:,}")
+    if server.slo_aim is not None:
+        parts.append(
+            f"SLO met {server.slo_met:,}, missed {server.slo_missed:,}, "
+            f"aiming at {server.slo_aim:.0%} of it"
+        )
     if server.outages:
         parts.append(f"outages {server.outages}")
     return f"server {server.base_url}: " + "; ".join(parts)

@@ -226,6 +226,7 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
         "breaker_state", "1 for the circuit breaker's current state.", ("server", "state")
     )
     outages = counter("outages", "Times the server became unavailable.", server)
+    aim = gauge("slo_aim_ratio", "The share of the SLO latencies are held to now.", server)
     slo = counter(
         "slo_answers", "Realtime answers within the SLO (met) or not (missed).", (*server, "result")
     )
@@ -261,6 +262,8 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
             for state in _BREAKER_STATES:
                 breaker.add_metric([*at, state], 1.0 if s.breaker == state else 0.0)
             outages.add_metric(at, s.outages)
+            if s.slo_aim is not None:
+                aim.add_metric(at, s.slo_aim)
             slo.add_metric([*at, "met"], s.slo_met)
             slo.add_metric([*at, "missed"], s.slo_missed)
     families: list[Any] = [
@@ -285,6 +288,7 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
         kv,
         breaker,
         outages,
+        aim,
         slo,
     ]
     return families

@@ -247,3 +247,36 @@ async def test_a_transport_failing_in_background_reads_does_not_take_the_client_
         assert all(r.ok for r in results)
         assert c._endpoint is not None
         assert c._endpoint.has_metrics is False
+
+
+def test_the_slo_aim_follows_how_many_realtime_answers_miss() -> None:
+    controller = AdmissionController(ceiling=256, max_reserve=4, slo=SLO(tpot=0.01))
+    assert controller.aim == pytest.approx(0.9)
+    for _ in range(18):
+        controller.on_realtime_answer(None, 0.02)  # every one misses
+    cut = controller.aim
+    assert cut == pytest.approx(0.9 * 0.93**6)  # cut after every 3 misses, at once
+    # 1 miss in 100 is within a p99's budget: the aim rises again, slowly.
+    for round_ in range(10):
+        for i in range(100):
+            controller.on_realtime_answer(None, 0.02 if i == 0 else 0.005)
+        assert controller.aim >= cut
+    assert controller.aim == pytest.approx(min(0.98, cut * 1.02**10))
+    for _ in range(10_000):
+        controller.on_realtime_answer(None, 0.001)
+    assert controller.aim == pytest.approx(0.98)  # bounded
+    for _ in range(10_000):
+        controller.on_realtime_answer(None, 1.0)
+    assert controller.aim == pytest.approx(0.5)
+    assert controller.state().slo_aim == pytest.approx(0.5)
+
+
+def test_a_lower_aim_holds_the_step_time_lower() -> None:
+    limits = {}
+    for aim in (0.9, 0.6):
+        controller = AdmissionController(ceiling=256, max_reserve=16, slo=SLO(tpot=0.07))
+        controller.aim = aim
+        limits[aim] = drive(controller, seconds=30)[-1]
+    # Within one sequence of the aim (the limit probes one above it, then steps back).
+    assert step_time(limits[0.6]) <= 0.6 * 0.07 + PER_SEQ
+    assert 0.6 * 0.07 + PER_SEQ < step_time(limits[0.9]) <= 0.9 * 0.07 + PER_SEQ
