@@ -257,7 +257,7 @@ def test_the_slo_aim_follows_how_many_realtime_answers_miss() -> None:
     cut = controller.aim
     assert cut == pytest.approx(0.9 * 0.93**6)  # cut after every 3 misses, at once
     # 1 miss in 100 is within a p99's budget: the aim rises again, slowly.
-    for round_ in range(10):
+    for _round in range(10):
         for i in range(100):
             controller.on_realtime_answer(None, 0.02 if i == 0 else 0.005)
         assert controller.aim >= cut
