@@ -724,6 +724,21 @@ SECTIONS: dict[str, list[Case]] = {
             InvalidRequestError,
             "max_tokens must be a positive int, got -2",
         ),
+        Case(
+            "stream-chunks-misspelt-keyword",
+            "a misspelt keyword to `stream_chunks`",
+            '[c async for c in client.stream_chunks("Hello", maxtokens=5)]',
+            InvalidTypeError,
+            "stream_chunks() got an unexpected keyword argument 'maxtokens'; did you mean "
+            "'max_tokens'? (a server-specific field goes in extra_body={...})",
+        ),
+        Case(
+            "stream-chunks-stream-options",
+            "`stream_options` not a dict to `stream_chunks`",
+            '[c async for c in client.stream_chunks("Hello", stream_options=True)]',
+            InvalidTypeError,
+            "stream_options must be a dict",
+        ),
     ],
     "`chat` (and `stream` with messages)": [
         Case(
