@@ -52,6 +52,8 @@ SLO_HEADROOM = 0.9
 SLO_MISS_BUDGET = 0.01
 #: Realtime answers counted before the aim moves, and its bounds.
 AIM_SAMPLE = 100
+#: Realtime answers between two cuts of the aim.
+AIM_HOLD = 50
 AIM_RANGE = (0.5, 0.98)
 #: The largest change one update may make.
 MAX_GROWTH = 1.25
@@ -146,6 +148,7 @@ class AdmissionController:
         self.aim = SLO_HEADROOM
         """The share of the SLO the server's latencies are held to now."""
         self._aim_met = self._aim_missed = 0
+        self._answers_since_cut = AIM_HOLD
 
     # -- samples ---------------------------------------------------------------------
 
@@ -176,6 +179,7 @@ class AdmissionController:
         else:
             self.slo_met += 1
             self._aim_met += 1
+        self._answers_since_cut += 1
         self._adjust_aim()
 
     def _adjust_aim(self) -> None:
@@ -184,7 +188,12 @@ class AdmissionController:
         met, missed = self._aim_met, self._aim_missed
         low, high = AIM_RANGE
         if missed > SLO_MISS_BUDGET * AIM_SAMPLE * 2 and missed > SLO_MISS_BUDGET * (met + missed):
-            self.aim = max(low, self.aim * 0.93)  # missing too often, and not by chance
+            # Missing too often, and not by chance. Streams that overlap miss together:
+            # one slow spell is one cut, so the counts start again only after a hold.
+            if self._answers_since_cut < AIM_HOLD:
+                return
+            self.aim = max(low, self.aim * 0.93)
+            self._answers_since_cut = 0
         elif met + missed >= AIM_SAMPLE:
             if missed <= SLO_MISS_BUDGET * (met + missed):
                 self.aim = min(high, self.aim * 1.02)

@@ -253,9 +253,12 @@ def test_the_slo_aim_follows_how_many_realtime_answers_miss() -> None:
     controller = AdmissionController(ceiling=256, max_reserve=4, slo=SLO(tpot=0.01))
     assert controller.aim == pytest.approx(0.9)
     for _ in range(18):
-        controller.on_realtime_answer(None, 0.02)  # every one misses
+        controller.on_realtime_answer(None, 0.02)  # a slow spell: every one misses
+    assert controller.aim == pytest.approx(0.9 * 0.93)  # cut at once, but once
+    for _ in range(35):
+        controller.on_realtime_answer(None, 0.02)  # still missing: cut after the hold
     cut = controller.aim
-    assert cut == pytest.approx(0.9 * 0.93**6)  # cut after every 3 misses, at once
+    assert cut == pytest.approx(0.9 * 0.93**2)  # 50 answers after the first cut
     # 1 miss in 100 is within a p99's budget: the aim rises again, slowly.
     for _round in range(10):
         for i in range(100):
