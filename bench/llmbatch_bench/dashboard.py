@@ -80,7 +80,7 @@ async def workload(sim: SimulatorProcess, metrics_url_box: list[str], duration: 
     scrapes = Scrapes()
     stop = threading.Event()
     started = time.monotonic()
-    slo = llmbatch.SLO(ttft=0.5)
+    slo = llmbatch.SLO(ttft=0.2)
     try:
         async with llmbatch.Client(sim.base_url, slo=slo) as client:
             llmbatch.prometheus.register(client, registry)

@@ -146,3 +146,10 @@ def test_label_jsonl_resumes_after_sigkill(tmp_path: Path) -> None:
     assert "resuming:" in out
     ids = [json.loads(line)["id"] for line in output.read_text().splitlines() if line.strip()]
     assert sorted(ids) == sorted(f"r{i}" for i in range(3000))  # each exactly once
+
+
+def test_tune_prints_one_line_per_setting() -> None:
+    out = _run("tune.py", "--questions", "3", "--warmup", "0.5", "--slo-tpot-ms", "5")
+    assert "bulk" in out
+    assert "realtime per token p50" in out
+    assert "bulk limit p50" in out

@@ -196,6 +196,11 @@ async def test_a_vllm_restart_in_the_middle_of_a_map_loses_nothing(
         if not stopped:
             thread.__exit__(None, None, None)
     assert sorted(seen) == list(range(n)), "an item was lost or delivered twice"
+    assert stats.tiers[llmbatch.Priority.BATCH].failed == 0
     assert stats.server is not None
-    assert stats.server.outages >= 1
-    print(f"restart: {n} items answered once each; {stats.server.outages} outage(s)")
+    # Whether the breaker opened depends on timing: a batch whose retries (with
+    # backoff) span the restart never needs it. Either way nothing is lost.
+    print(
+        f"restart: {n} items answered once each; {stats.server.outages} outage(s), "
+        f"{stats.retries} HTTP retries"
+    )

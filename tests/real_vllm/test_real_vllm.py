@@ -99,6 +99,7 @@ async def test_too_long_prompt_fails_whole_list(vllm_server: RunningServer) -> N
     assert {"message", "type", "param", "code"} <= set(error)
 
 
+@pytest.mark.asyncio_only("VLLMServer manages its process with asyncio's subprocesses")
 async def test_graceful_stop_ends_process_group(
     make_server: Callable[..., VLLMServer],
     process_group_alive: Callable[[int], bool],
