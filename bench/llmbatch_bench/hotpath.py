@@ -23,11 +23,13 @@ from llmbatch_bench.jobs import (
     WARMUP_OFFSET,
     Job,
     chat_inputs,
+    embedding_inputs,
     prompts,
     watchdog,
     within_limit,
 )
 from llmbatch_bench.metrics import Recorder, RunMetrics, Tally, measure
+from llmbatch_bench.server import read_api_posts
 
 __all__ = [
     "BATCH_WAIT",
@@ -60,16 +62,21 @@ async def steady(
     ``workload``), then measure ``workload`` over ``job.n`` inputs alone.
 
     With ``job.time_limit`` the workload is cancelled after that long and what it had
-    not answered counts as unfinished.
+    not answered counts as unfinished. With ``job.count_requests`` the server's count
+    of API requests is read before and after the measurement (outside it).
     """
     rec = Recorder()
     async with opened as target:
         if job.warmup:
             await (warm or workload)(target, _inputs(job, job.warmup, WARMUP_OFFSET), Recorder())
+        before = _api_posts(job)
         with measure() as meter, watchdog(job, rec, meter):
             work = workload(target, _inputs(job, job.n, 0), rec)
             timed_out = await within_limit(work, job.time_limit)
+        after = _api_posts(job)
         extra = dict(describe(target)) if describe is not None else {}
+    if before is not None and after is not None:
+        extra["server_requests"] = after - before
     extra.update(timed_out=timed_out, repeat=job.repeat)
     return rec.finish(
         scenario=job.scenario,
@@ -82,7 +89,14 @@ async def steady(
 
 
 def _inputs(job: Job, n: int, start: int) -> Iterator[Any]:
-    return chat_inputs(n, start) if job.inputs == "chat" else prompts(n, start)
+    if job.inputs == "chat":
+        return chat_inputs(n, start)
+    return embedding_inputs(n, start) if job.inputs == "input" else prompts(n, start)
+
+
+def _api_posts(job: Job) -> int | None:
+    # A blocking read: it happens outside the measurement, with nothing in flight.
+    return read_api_posts(job.base_url, job.api_key) if job.count_requests else None
 
 
 def make_client(job: Job) -> llmbatch.Client:
@@ -155,11 +169,18 @@ def stats_extra(snapshot: Any) -> dict[str, Any]:
 # sample per prompt: the probe they are compared with pays nothing per prompt either.
 
 
+def _map_params(job: Job) -> dict[str, Any]:
+    """A map's keywords: the job's generation parameters, none for embeddings."""
+    if job.inputs == "input":
+        return {}
+    return {"max_tokens": job.max_tokens, **job.params}
+
+
 def _map(job: Job) -> Workload[llmbatch.Client]:
+    params = _map_params(job)
+
     async def run(client: llmbatch.Client, inputs: Iterator[Any], rec: Recorder) -> None:
-        results = await client.map(
-            inputs, priority=job.priority, max_tokens=job.max_tokens, **job.params
-        )
+        results = await client.map(inputs, priority=job.priority, **params)
         counts = rec.tally("batch")
         for result in results:
             _record(result, counts, rec)
@@ -168,10 +189,10 @@ def _map(job: Job) -> Workload[llmbatch.Client]:
 
 
 def _map_unordered(job: Job) -> Workload[llmbatch.Client]:
+    params = _map_params(job)
+
     async def run(client: llmbatch.Client, inputs: Iterator[Any], rec: Recorder) -> None:
-        results = client.map_unordered(
-            inputs, priority=job.priority, max_tokens=job.max_tokens, **job.params
-        )
+        results = client.map_unordered(inputs, priority=job.priority, **params)
         # aclosing: a timed-out run must stop the map's feeder at once.
         async with contextlib.aclosing(results):
             counts = rec.tally("batch")
@@ -182,10 +203,10 @@ def _map_unordered(job: Job) -> Workload[llmbatch.Client]:
 
 
 def _imap(job: Job) -> Workload[llmbatch.Client]:
+    params = _map_params(job)
+
     async def run(client: llmbatch.Client, inputs: Iterator[Any], rec: Recorder) -> None:
-        results = client.imap(
-            inputs, priority=job.priority, max_tokens=job.max_tokens, **job.params
-        )
+        results = client.imap(inputs, priority=job.priority, **params)
         async with contextlib.aclosing(results):
             counts = rec.tally("batch")
             async for result in results:

@@ -184,5 +184,7 @@ def test_cli_smoke_bulk(tmp_path: Path) -> None:
         "single_added_p50",
         "single_added_p99",
         "chat_cpu_ratio",
+        "dropin_requests",
+        "dropin_cpu",
     ]
     assert (tmp_path / "bench-cpu.png").exists()
