@@ -170,26 +170,31 @@ def stats_extra(snapshot: Any) -> dict[str, Any]:
 
 
 def _map_params(job: Job) -> dict[str, Any]:
-    """A map's keywords: the job's generation parameters, none for embeddings."""
+    """A map's keywords: ``max_tokens`` and the job's parameters (for embeddings
+    the parameters alone, e.g. ``encoding_format``)."""
     if job.inputs == "input":
-        return {}
+        return dict(job.params)
     return {"max_tokens": job.max_tokens, **job.params}
 
 
+def _recorder(job: Job) -> Callable[[llmbatch.Result[Any], Tally, Recorder], None]:
+    return _record_embedding if job.inputs == "input" else _record
+
+
 def _map(job: Job) -> Workload[llmbatch.Client]:
-    params = _map_params(job)
+    params, record = _map_params(job), _recorder(job)
 
     async def run(client: llmbatch.Client, inputs: Iterator[Any], rec: Recorder) -> None:
         results = await client.map(inputs, priority=job.priority, **params)
         counts = rec.tally("batch")
         for result in results:
-            _record(result, counts, rec)
+            record(result, counts, rec)
 
     return run
 
 
 def _map_unordered(job: Job) -> Workload[llmbatch.Client]:
-    params = _map_params(job)
+    params, record = _map_params(job), _recorder(job)
 
     async def run(client: llmbatch.Client, inputs: Iterator[Any], rec: Recorder) -> None:
         results = client.map_unordered(inputs, priority=job.priority, **params)
@@ -197,20 +202,20 @@ def _map_unordered(job: Job) -> Workload[llmbatch.Client]:
         async with contextlib.aclosing(results):
             counts = rec.tally("batch")
             async for _, result in results:
-                _record(result, counts, rec)
+                record(result, counts, rec)
 
     return run
 
 
 def _imap(job: Job) -> Workload[llmbatch.Client]:
-    params = _map_params(job)
+    params, record = _map_params(job), _recorder(job)
 
     async def run(client: llmbatch.Client, inputs: Iterator[Any], rec: Recorder) -> None:
         results = client.imap(inputs, priority=job.priority, **params)
         async with contextlib.aclosing(results):
             counts = rec.tally("batch")
             async for result in results:
-                _record(result, counts, rec)
+                record(result, counts, rec)
 
     return run
 
@@ -262,6 +267,16 @@ def _record(result: llmbatch.Result[Any], counts: Tally, rec: Recorder) -> None:
         counts.tokens += value.usage.completion_tokens
     else:
         rec.failure(result.error or "NoValue")
+
+
+def _record_embedding(result: llmbatch.Result[Any], counts: Tally, rec: Recorder) -> None:
+    """An embedding counts once its vector is read, as a program reads it (a base64
+    vector is decoded then, as openai-python decodes it on arrival)."""
+    value = result.value
+    if value is not None and value.embedding:
+        counts.ok += 1
+    else:
+        rec.failure(result.error or "NoVector")
 
 
 _WORKLOADS: dict[str, Callable[[Job], Workload[llmbatch.Client]]] = {

@@ -23,6 +23,7 @@ __all__ = [
     "DROPIN",
     "DROPIN_OPENAI",
     "EMBED",
+    "EMBED_BASE64",
     "GATHER",
     "IMAP",
     "MAP",
@@ -51,6 +52,7 @@ SINGLE_NORMAL = "llmbatch normal"
 COMPLETIONS = "llmbatch map (completions)"
 CHAT = "llmbatch map (chat)"
 EMBED = "llmbatch map (embeddings)"
+EMBED_BASE64 = "llmbatch map (embeddings, base64)"
 OPENAI_EMBED = "openai embeddings.create"
 #: The drop-in scenario's one program, by where ``AsyncOpenAI`` is imported from.
 DROPIN_OPENAI = "openai.AsyncOpenAI"
@@ -141,12 +143,20 @@ def _chat(c: BenchConfig, job: JobFactory) -> list[Job]:
 
 def _embed(c: BenchConfig, job: JobFactory) -> list[Job]:
     """``map`` over ``{"input": text}`` items beside ``map`` over the same texts as
-    prompts, same batches and prompts in flight; openai's ``embeddings.create`` per
+    prompts, same batches and prompts in flight; the vectors as floats (llmbatch's
+    default) and as base64 (openai-python's); openai's ``embeddings.create`` per
     text as the baseline (one request each, so a tenth of the texts)."""
     common = _batched(c, scenario="embed", n=c.embed_n, kind="llmbatch", contender="llmbatch")
     plan = [
         job(label=COMPLETIONS, api="map", inputs="prompt", **common),
-        job(label=EMBED, api="map", inputs="input", **common),
+        job(label=EMBED, api="map", inputs="input", params={}, **common),
+        job(
+            label=EMBED_BASE64,
+            api="map",
+            inputs="input",
+            params={"encoding_format": "base64"},
+            **common,
+        ),
     ]
     if "openai" in c.contenders:
         plan.append(

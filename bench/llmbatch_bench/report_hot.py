@@ -145,9 +145,10 @@ def _embed(rows: Sequence[Summary]) -> str:
         ],
     )
     note = (
-        f"The same texts embedded and completed through map, {_rounds(rows)}; HTTP "
-        "requests as the server counted them in a round. openai embeds one text per "
-        "request (a tenth of the texts)."
+        f"The same texts embedded and completed through map, {_rounds(rows)}; every "
+        "vector is read, as JSON floats (llmbatch's default) or base64 (openai-python's "
+        "default). HTTP requests as the server counted them in a round. openai embeds "
+        "one text per request (a tenth of the texts)."
     )
     return section("Embed: map over embeddings vs completions", body, note)
 

@@ -88,6 +88,7 @@ def test_dropin_and_embed_count_what_the_server_received(tmp_path: Path) -> None
     assert {k: (s["ok"], s["failed"]) for k, s in summaries.items()} == {
         ("embed", hotplan.COMPLETIONS): (300, 0),
         ("embed", hotplan.EMBED): (300, 0),
+        ("embed", hotplan.EMBED_BASE64): (300, 0),
         ("embed", hotplan.OPENAI_EMBED): (100, 0),
         ("dropin", hotplan.DROPIN_OPENAI): (200, 0),
         ("dropin", hotplan.DROPIN): (200, 0),

@@ -97,17 +97,21 @@ def test_single_chat_transport_and_scale() -> None:
 
 def test_embed_compares_embeddings_with_completions_of_the_same_texts() -> None:
     jobs = plan("embed", repeat=2, embed_n=3000)
-    assert [(j.label, j.kind, j.inputs, j.n) for j in jobs[:3]] == [
+    assert [(j.label, j.kind, j.inputs, j.n) for j in jobs[:4]] == [
         (hotplan.COMPLETIONS, "llmbatch", "prompt", 3000),
         (hotplan.EMBED, "llmbatch", "input", 3000),
+        (hotplan.EMBED_BASE64, "llmbatch", "input", 3000),
         (hotplan.OPENAI_EMBED, "program", "input", 300),
     ]
-    assert len(jobs) == 6
-    ours, completions = jobs[1], jobs[0]
-    # The same batches and the same items in flight.
-    assert (ours.batch, ours.max_in_flight) == (completions.batch, completions.max_in_flight)
-    assert (ours.batch, ours.max_in_flight) == (64, 256)
-    assert (jobs[2].sdk, jobs[2].concurrency) == ("openai", 64)
+    assert len(jobs) == 8
+    completions, floats, base64 = jobs[:3]
+    # The same batches and the same items in flight; embeddings get no generation
+    # parameters, only the encoding.
+    for ours in (floats, base64):
+        assert (ours.batch, ours.max_in_flight) == (completions.batch, completions.max_in_flight)
+    assert (floats.batch, floats.max_in_flight) == (64, 256)
+    assert (floats.params, base64.params) == ({}, {"encoding_format": "base64"})
+    assert (jobs[3].sdk, jobs[3].concurrency) == ("openai", 64)
     without = plan("embed", repeat=1, contenders=("llmbatch",))
     assert hotplan.OPENAI_EMBED not in {j.label for j in without}
 

@@ -98,6 +98,7 @@ def full_set() -> list[RunMetrics]:
         *rounds("dropin", hotplan.DROPIN, [700.0, 1200.0, 650.0], [32, 30, 40]),
         *rounds("embed", hotplan.COMPLETIONS, [20.0, 21.0], [160, 160], ok=10_000),
         *rounds("embed", hotplan.EMBED, [200.0, 210.0], [160, 161], ok=10_000),
+        *rounds("embed", hotplan.EMBED_BASE64, [40.0, 42.0], [160, 160], ok=10_000),
         *rounds("embed", hotplan.OPENAI_EMBED, [2000.0, 2100.0], [1000, 1000], ok=1000),
     ]
 
@@ -265,6 +266,7 @@ def test_embed_table_shows_cost_per_item_and_requests() -> None:
     assert rows[hotplan.COMPLETIONS][4:] == ["160", "62.5", "1.00x"]
     assert rows[hotplan.EMBED][1] == "205.0"
     assert rows[hotplan.EMBED][4:] == ["160", "62.3", "10.00x"]  # median 160.5 requests
+    assert rows[hotplan.EMBED_BASE64][4:] == ["160", "62.5", "2.00x"]
     assert rows[hotplan.OPENAI_EMBED][4:] == ["1,000", "1.0", "100.00x"]
 
 
