@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -33,6 +34,7 @@ from llmbatch_bench.server import read_api_posts
 
 __all__ = [
     "BATCH_WAIT",
+    "PROFILE_ENV",
     "Workload",
     "make_client",
     "run_llmbatch",
@@ -44,6 +46,10 @@ __all__ = [
 T = TypeVar("T")
 #: What a steady-state job does with its target: send ``inputs``, record into ``rec``.
 Workload = Callable[[T, Iterator[Any], Recorder], Awaitable[None]]
+
+#: Names a file: the measured workload (not the warm-up) runs under cProfile and its
+#: statistics are written there, for ``python -m pstats`` (that run's CPU is inflated).
+PROFILE_ENV = "LLMBATCH_BENCH_PROFILE"
 
 #: ``BatchPolicy.max_wait`` of the measured tier. Batches fill long before it in
 #: these workloads; it only holds the last, partial batch (wall time, not CPU).
@@ -70,7 +76,7 @@ async def steady(
         if job.warmup:
             await (warm or workload)(target, _inputs(job, job.warmup, WARMUP_OFFSET), Recorder())
         before = _api_posts(job)
-        with measure() as meter, watchdog(job, rec, meter):
+        with measure() as meter, watchdog(job, rec, meter), _profiled():
             work = workload(target, _inputs(job, job.n, 0), rec)
             timed_out = await within_limit(work, job.time_limit)
         after = _api_posts(job)
@@ -92,6 +98,23 @@ def _inputs(job: Job, n: int, start: int) -> Iterator[Any]:
     if job.inputs == "chat":
         return chat_inputs(n, start)
     return embedding_inputs(n, start) if job.inputs == "input" else prompts(n, start)
+
+
+@contextlib.contextmanager
+def _profiled() -> Iterator[None]:
+    path = os.environ.get(PROFILE_ENV)
+    if not path:
+        yield
+        return
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        profile.dump_stats(path)
 
 
 def _api_posts(job: Job) -> int | None:
