@@ -4,6 +4,7 @@ llmbatch-bench                                  # starts the simulators itself
 llmbatch-bench --url http://127.0.0.1:8000/v1   # any OpenAI-compatible server
 llmbatch-bench --scenario bulk --n 200 --json out.json
 llmbatch-bench --scenario overhead,single,chat  # the hot-path scenarios only
+llmbatch-bench --scenario dropin,embed          # openai's client vs the drop-in; embeddings
 llmbatch-bench --scenario slo,saturate,outage,control --smoke   # closed loop, short
 llmbatch-bench --scale                          # all, plus 1M prompts through map_unordered
 """
@@ -149,7 +150,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
         help="seconds of bulk alone, with realtime, of outage, of recovery (default 8,12,6,12)",
     )
     hot = p.add_argument_group(
-        "hot path (overhead, chat, single, burst, transport, scale)",
+        "hot path (overhead, chat, embed, single, burst, dropin, transport, scale)",
         "These run against a zero-latency server and measure llmbatch's own cost.",
     )
     hot.add_argument(
@@ -181,6 +182,12 @@ def _configure(p: argparse.ArgumentParser) -> None:
     )
     hot.add_argument("--chat-n", type=int, default=d.chat_n, help="prompts per chat measurement")
     hot.add_argument(
+        "--embed-n",
+        type=int,
+        default=d.embed_n,
+        help="texts per embed measurement (embeddings and completions alike)",
+    )
+    hot.add_argument(
         "--single-n", type=int, default=d.single_n, help="sequential calls per single measurement"
     )
     hot.add_argument("--burst-n", type=int, default=d.burst_n)
@@ -198,6 +205,12 @@ def _configure(p: argparse.ArgumentParser) -> None:
         help="unbounded gather baselines ('' for none)",
     )
     hot.add_argument("--burst-time-limit", type=float, default=d.burst_time_limit)
+    hot.add_argument(
+        "--dropin-n",
+        type=int,
+        default=d.dropin_n,
+        help="concurrent completions.create calls of the drop-in scenario's program",
+    )
     hot.add_argument(
         "--scale",
         type=int,
@@ -247,8 +260,10 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "overhead_batch",
         "overhead_in_flight",
         "chat_n",
+        "embed_n",
         "single_n",
         "burst_n",
+        "dropin_n",
     ):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
@@ -281,6 +296,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         overhead_batch=args.overhead_batch,
         overhead_in_flight=args.overhead_in_flight,
         chat_n=args.chat_n,
+        embed_n=args.embed_n,
         single_n=args.single_n,
         scale_n=args.scale if args.scale is not None else _DEFAULTS.scale_n,
         scale_time_limit=args.scale_time_limit,
@@ -289,6 +305,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         burst_modes=tuple(args.burst_modes),
         burst_baselines=tuple(args.burst_baselines),
         burst_time_limit=args.burst_time_limit,
+        dropin_n=args.dropin_n,
         overhead_n=args.overhead_n,
         overhead_max_tokens=args.overhead_max_tokens,
         overhead_url=args.overhead_url,

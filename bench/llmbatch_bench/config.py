@@ -7,8 +7,8 @@ scenarios (slo, saturate, outage, control) judge the client's admission controll
 and circuit breaker on a slower simulator (``CLOSED_SIM_ARGS``) whose step timing
 this machine can hold, so the bound its step model predicts is the real one;
 ``outage`` and ``control`` start their own simulator, since they take it down. The
-*hot-path* scenarios (overhead, chat, single, burst, and on request transport and
-scale) measure llmbatch's own cost per call: they run against a zero-latency server
+*hot-path* scenarios (overhead, chat, single, burst, dropin, and on request embed,
+transport and scale) measure llmbatch's own cost per call: they run against a zero-latency server
 (``--overhead-url``, or ``llmbatch-server sim --zero-latency``), in a process of
 their own, so the client's CPU is all that the measurement contains.
 """
@@ -36,9 +36,10 @@ __all__ = [
 
 SERVER_SCENARIOS = ("sweep", "bulk", "mixed")
 CLOSED_SCENARIOS = ("slo", "saturate", "outage", "control")
-HOT_SCENARIOS = ("overhead", "chat", "single", "burst", "transport", "scale")
-#: What "all" (the default) leaves out: diagnostics and the long 1M-prompt run.
-EXTRA_SCENARIOS = ("transport", "scale")
+HOT_SCENARIOS = ("overhead", "chat", "embed", "single", "burst", "dropin", "transport", "scale")
+#: What "all" (the default) leaves out: scenarios without a target (embed needs a
+#: server with /v1/embeddings), diagnostics and the long 1M-prompt run.
+EXTRA_SCENARIOS = ("embed", "transport", "scale")
 #: Every scenario, in the order a run takes them.
 SCENARIOS = (*SERVER_SCENARIOS, *CLOSED_SCENARIOS, *HOT_SCENARIOS)
 #: The simulator's calibrated default profile, 100x faster so a full run takes minutes.
@@ -97,12 +98,16 @@ class BenchConfig:
     overhead_in_flight: int = 256
     overhead_url: str | None = None
     chat_n: int = 10_000
+    #: Texts per embed measurement (``map`` over embeddings and over prompts).
+    embed_n: int = 10_000
     single_n: int = 5_000
     burst_n: int = 100_000
     burst_max_tokens: int = 16
     burst_modes: tuple[str, ...] = ("map", "gather")
     burst_baselines: tuple[str, ...] = ("aiohttp",)
     burst_time_limit: float = 120.0
+    #: Concurrent ``completions.create`` calls of the drop-in scenario's program.
+    dropin_n: int = 2_000
     scale_n: int = 1_000_000
     scale_time_limit: float = 900.0
     # -- llmbatch settings for the server scenarios -------------------------------------

@@ -187,6 +187,7 @@ class _Runner:
         self.runs = runs
         self.notes = notes
         self.progress = progress
+        self.hot = hot
         auto = server.sim_args is not None and "fcfs" not in server.sim_args
         self.priority = (
             config.priority_scheduling if config.priority_scheduling is not None else auto
@@ -211,6 +212,9 @@ class _Runner:
             "realtime_max_tokens": c.realtime_max_tokens,
             "realtime_grace": c.realtime_grace,
             "seed": c.seed,
+            # The hot path's server is the job's alone while it runs: its count of API
+            # requests over the measurement is the client's.
+            "count_requests": self.hot,
         }
         return Job(**{**base, **fields})
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -23,14 +24,17 @@ from llmbatch_bench.jobs import (
     WARMUP_OFFSET,
     Job,
     chat_inputs,
+    embedding_inputs,
     prompts,
     watchdog,
     within_limit,
 )
 from llmbatch_bench.metrics import Recorder, RunMetrics, Tally, measure
+from llmbatch_bench.server import read_api_posts
 
 __all__ = [
     "BATCH_WAIT",
+    "PROFILE_ENV",
     "Workload",
     "make_client",
     "run_llmbatch",
@@ -42,6 +46,10 @@ __all__ = [
 T = TypeVar("T")
 #: What a steady-state job does with its target: send ``inputs``, record into ``rec``.
 Workload = Callable[[T, Iterator[Any], Recorder], Awaitable[None]]
+
+#: Names a file: the measured workload (not the warm-up) runs under cProfile and its
+#: statistics are written there, for ``python -m pstats`` (that run's CPU is inflated).
+PROFILE_ENV = "LLMBATCH_BENCH_PROFILE"
 
 #: ``BatchPolicy.max_wait`` of the measured tier. Batches fill long before it in
 #: these workloads; it only holds the last, partial batch (wall time, not CPU).
@@ -60,16 +68,21 @@ async def steady(
     ``workload``), then measure ``workload`` over ``job.n`` inputs alone.
 
     With ``job.time_limit`` the workload is cancelled after that long and what it had
-    not answered counts as unfinished.
+    not answered counts as unfinished. With ``job.count_requests`` the server's count
+    of API requests is read before and after the measurement (outside it).
     """
     rec = Recorder()
     async with opened as target:
         if job.warmup:
             await (warm or workload)(target, _inputs(job, job.warmup, WARMUP_OFFSET), Recorder())
-        with measure() as meter, watchdog(job, rec, meter):
+        before = _api_posts(job)
+        with measure() as meter, watchdog(job, rec, meter), _profiled():
             work = workload(target, _inputs(job, job.n, 0), rec)
             timed_out = await within_limit(work, job.time_limit)
+        after = _api_posts(job)
         extra = dict(describe(target)) if describe is not None else {}
+    if before is not None and after is not None:
+        extra["server_requests"] = after - before
     extra.update(timed_out=timed_out, repeat=job.repeat)
     return rec.finish(
         scenario=job.scenario,
@@ -82,7 +95,31 @@ async def steady(
 
 
 def _inputs(job: Job, n: int, start: int) -> Iterator[Any]:
-    return chat_inputs(n, start) if job.inputs == "chat" else prompts(n, start)
+    if job.inputs == "chat":
+        return chat_inputs(n, start)
+    return embedding_inputs(n, start) if job.inputs == "input" else prompts(n, start)
+
+
+@contextlib.contextmanager
+def _profiled() -> Iterator[None]:
+    path = os.environ.get(PROFILE_ENV)
+    if not path:
+        yield
+        return
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        profile.dump_stats(path)
+
+
+def _api_posts(job: Job) -> int | None:
+    # A blocking read: it happens outside the measurement, with nothing in flight.
+    return read_api_posts(job.base_url, job.api_key) if job.count_requests else None
 
 
 def make_client(job: Job) -> llmbatch.Client:
@@ -155,41 +192,53 @@ def stats_extra(snapshot: Any) -> dict[str, Any]:
 # sample per prompt: the probe they are compared with pays nothing per prompt either.
 
 
+def _map_params(job: Job) -> dict[str, Any]:
+    """A map's keywords: ``max_tokens`` and the job's parameters (for embeddings
+    the parameters alone, e.g. ``encoding_format``)."""
+    if job.inputs == "input":
+        return dict(job.params)
+    return {"max_tokens": job.max_tokens, **job.params}
+
+
+def _recorder(job: Job) -> Callable[[llmbatch.Result[Any], Tally, Recorder], None]:
+    return _record_embedding if job.inputs == "input" else _record
+
+
 def _map(job: Job) -> Workload[llmbatch.Client]:
+    params, record = _map_params(job), _recorder(job)
+
     async def run(client: llmbatch.Client, inputs: Iterator[Any], rec: Recorder) -> None:
-        results = await client.map(
-            inputs, priority=job.priority, max_tokens=job.max_tokens, **job.params
-        )
+        results = await client.map(inputs, priority=job.priority, **params)
         counts = rec.tally("batch")
         for result in results:
-            _record(result, counts, rec)
+            record(result, counts, rec)
 
     return run
 
 
 def _map_unordered(job: Job) -> Workload[llmbatch.Client]:
+    params, record = _map_params(job), _recorder(job)
+
     async def run(client: llmbatch.Client, inputs: Iterator[Any], rec: Recorder) -> None:
-        results = client.map_unordered(
-            inputs, priority=job.priority, max_tokens=job.max_tokens, **job.params
-        )
+        results = client.map_unordered(inputs, priority=job.priority, **params)
         # aclosing: a timed-out run must stop the map's feeder at once.
         async with contextlib.aclosing(results):
             counts = rec.tally("batch")
             async for _, result in results:
-                _record(result, counts, rec)
+                record(result, counts, rec)
 
     return run
 
 
 def _imap(job: Job) -> Workload[llmbatch.Client]:
+    params, record = _map_params(job), _recorder(job)
+
     async def run(client: llmbatch.Client, inputs: Iterator[Any], rec: Recorder) -> None:
-        results = client.imap(
-            inputs, priority=job.priority, max_tokens=job.max_tokens, **job.params
-        )
+        results = client.imap(inputs, priority=job.priority, **params)
         async with contextlib.aclosing(results):
             counts = rec.tally("batch")
             async for result in results:
-                _record(result, counts, rec)
+                record(result, counts, rec)
 
     return run
 
@@ -241,6 +290,16 @@ def _record(result: llmbatch.Result[Any], counts: Tally, rec: Recorder) -> None:
         counts.tokens += value.usage.completion_tokens
     else:
         rec.failure(result.error or "NoValue")
+
+
+def _record_embedding(result: llmbatch.Result[Any], counts: Tally, rec: Recorder) -> None:
+    """An embedding counts once its vector is read, as a program reads it (a base64
+    vector is decoded then, as openai-python decodes it on arrival)."""
+    value = result.value
+    if value is not None and value.embedding:
+        counts.ok += 1
+    else:
+        rec.failure(result.error or "NoVector")
 
 
 _WORKLOADS: dict[str, Callable[[Job], Workload[llmbatch.Client]]] = {

@@ -19,12 +19,17 @@ from llmbatch_bench.jobs import Job
 __all__ = [
     "BARE",
     "CHAT",
-    "CHAT_COMPLETIONS",
+    "COMPLETIONS",
+    "DROPIN",
+    "DROPIN_OPENAI",
+    "EMBED",
+    "EMBED_BASE64",
     "GATHER",
     "IMAP",
     "MAP",
     "MAP_UNORDERED",
     "OPENAI",
+    "OPENAI_EMBED",
     "PROBE",
     "RAW",
     "SINGLE_NORMAL",
@@ -44,14 +49,22 @@ BARE = "bare gather"
 RAW = "raw aiohttp"
 SINGLE_REALTIME = "llmbatch realtime"
 SINGLE_NORMAL = "llmbatch normal"
-CHAT_COMPLETIONS = "llmbatch map (completions)"
+COMPLETIONS = "llmbatch map (completions)"
 CHAT = "llmbatch map (chat)"
+EMBED = "llmbatch map (embeddings)"
+EMBED_BASE64 = "llmbatch map (embeddings, base64)"
+OPENAI_EMBED = "openai embeddings.create"
+#: The drop-in scenario's one program, by where ``AsyncOpenAI`` is imported from.
+DROPIN_OPENAI = "openai.AsyncOpenAI"
+DROPIN = "llmbatch.openai.AsyncOpenAI"
 
 #: Prompts sent before measuring, through the same path: enough for every
 #: connection of the pool to open and every code path to run a few times.
 WARMUP = 512
 #: Sequential calls before measuring ``single``.
 SINGLE_WARMUP = 50
+#: Calls the drop-in scenario's program makes (gathered) before measuring.
+DROPIN_WARMUP = 200
 
 #: Makes a job for the hot-path server with the run's common fields filled in.
 JobFactory = Callable[..., Job]
@@ -74,8 +87,10 @@ def jobs_for(scenario: str, config: BenchConfig, job: JobFactory) -> list[Job]:
     plans: dict[str, Callable[[BenchConfig, JobFactory], list[Job]]] = {
         "overhead": _overhead,
         "chat": _chat,
+        "embed": _embed,
         "single": _single,
         "burst": _burst,
+        "dropin": _dropin,
         "transport": _transport,
         "scale": _scale,
     }
@@ -120,8 +135,63 @@ def _overhead(c: BenchConfig, job: JobFactory) -> list[Job]:
 def _chat(c: BenchConfig, job: JobFactory) -> list[Job]:
     common = _batched(c, scenario="chat", n=c.chat_n, kind="llmbatch", contender="llmbatch")
     plan = [
-        job(label=CHAT_COMPLETIONS, api="map", inputs="prompt", **common),
+        job(label=COMPLETIONS, api="map", inputs="prompt", **common),
         job(label=CHAT, api="map", inputs="chat", **common),
+    ]
+    return interleave(plan, c.repeat)
+
+
+def _embed(c: BenchConfig, job: JobFactory) -> list[Job]:
+    """``map`` over ``{"input": text}`` items beside ``map`` over the same texts as
+    prompts, same batches and prompts in flight; the vectors as floats (llmbatch's
+    default) and as base64 (openai-python's); openai's ``embeddings.create`` per
+    text as the baseline (one request each, so a tenth of the texts)."""
+    common = _batched(c, scenario="embed", n=c.embed_n, kind="llmbatch", contender="llmbatch")
+    plan = [
+        job(label=COMPLETIONS, api="map", inputs="prompt", **common),
+        job(label=EMBED, api="map", inputs="input", params={}, **common),
+        job(
+            label=EMBED_BASE64,
+            api="map",
+            inputs="input",
+            params={"encoding_format": "base64"},
+            **common,
+        ),
+    ]
+    if "openai" in c.contenders:
+        plan.append(
+            job(
+                kind="program",
+                contender="openai",
+                label=OPENAI_EMBED,
+                scenario="embed",
+                inputs="input",
+                n=per_request_n(c.embed_n),
+                concurrency=c.concurrency,
+                warmup=c.concurrency,
+            )
+        )
+    return interleave(plan, c.repeat)
+
+
+def _dropin(c: BenchConfig, job: JobFactory) -> list[Job]:
+    """One program, ``dropin_n`` concurrent ``completions.create`` calls, run with
+    ``openai.AsyncOpenAI`` and with ``llmbatch.openai.AsyncOpenAI`` (both are the
+    openai SDK's client: without it there is nothing to run)."""
+    if "openai" not in c.contenders:
+        return []
+    common = {
+        "kind": "program",
+        "contender": "openai",
+        "scenario": "dropin",
+        "n": c.dropin_n,
+        "max_tokens": c.overhead_max_tokens,
+        "concurrency": None,
+        "warmup": min(c.dropin_n, DROPIN_WARMUP),
+    }
+    plan = [
+        job(label=DROPIN_OPENAI, sdk="openai", **common),
+        job(label=DROPIN, sdk="llmbatch.openai", **common),
     ]
     return interleave(plan, c.repeat)
 

@@ -18,6 +18,10 @@ Job kinds (the runner of each is named in parentheses):
   (:mod:`.references`);
 - ``bare``: ``asyncio.gather`` of ``n`` coroutines that only wait, the memory
   baseline of the burst (:mod:`.references`);
+- ``program``: an unmodified openai-python program, ``asyncio.gather`` over ``n``
+  ``completions.create`` (or ``embeddings.create``) calls, with ``AsyncOpenAI``
+  imported from ``sdk``: ``openai`` or llmbatch's drop-in ``llmbatch.openai``
+  (:mod:`.program`);
 - ``outage``: a ``map`` through a recording transport while the job's own simulator
   answers 503 or is killed and restarted (:mod:`.closedloop`);
 - ``control``: bulk work, then realtime arrivals, an outage and recovery on the job's
@@ -45,6 +49,7 @@ __all__ = [
     "JobKind",
     "Tier",
     "chat_inputs",
+    "embedding_inputs",
     "poisson_arrivals",
     "prompt",
     "prompts",
@@ -53,7 +58,17 @@ __all__ = [
 ]
 
 JobKind = Literal[
-    "bulk", "mixed", "idle", "llmbatch", "probe", "per_prompt", "raw", "bare", "outage", "control"
+    "bulk",
+    "mixed",
+    "idle",
+    "llmbatch",
+    "probe",
+    "per_prompt",
+    "raw",
+    "bare",
+    "program",
+    "outage",
+    "control",
 ]
 Tier = Literal["realtime", "normal", "batch"]
 #: llmbatch's public calls a ``llmbatch`` job can measure.
@@ -92,8 +107,15 @@ class Job:
     api: Api = "map"
     priority: Tier = "batch"
     transport: str | None = None
-    #: ``chat`` sends each prompt as a one-message conversation.
-    inputs: Literal["prompt", "chat"] = "prompt"
+    #: ``chat`` sends each prompt as a one-message conversation; ``input`` embeds it
+    #: (``{"input": text}`` items for a ``map``, ``embeddings.create`` for a ``program``).
+    inputs: Literal["prompt", "chat", "input"] = "prompt"
+    #: Where a ``program`` job imports ``AsyncOpenAI`` from (the only difference
+    #: between the openai SDK and llmbatch's drop-in).
+    sdk: Literal["openai", "llmbatch.openai"] = "openai"
+    #: Read the server's count of API requests (``http_requests_total``) before and
+    #: after the measurement: ``extra["server_requests"]``.
+    count_requests: bool = False
     #: Prompts sent through the same path before measuring (steady-state kinds).
     warmup: int = 0
     realtime_rate: float = 20.0
@@ -153,6 +175,11 @@ def prompts(n: int | None, start: int = 0) -> Iterator[str]:
 def chat_inputs(n: int, start: int = 0) -> Iterator[list[dict[str, str]]]:
     """The same ``n`` prompts as one-message chat conversations, lazily."""
     return ([{"role": "user", "content": text}] for text in prompts(n, start))
+
+
+def embedding_inputs(n: int, start: int = 0) -> Iterator[dict[str, str]]:
+    """The same ``n`` prompts as ``map`` items to embed, lazily."""
+    return ({"input": text} for text in prompts(n, start))
 
 
 def poisson_arrivals(rate: float, duration: float, seed: int) -> list[float]:

@@ -1,4 +1,5 @@
-"""The hot-path scenarios' tables: overhead, chat, single, burst, transport, scale.
+"""The hot-path scenarios' tables: overhead, chat, embed, single, burst, dropin,
+transport, scale.
 
 Repeated scenarios show one row per label: the median of its rounds
 (:mod:`.summary`) and the spread of CPU per prompt, so a reader sees how steady the
@@ -7,6 +8,7 @@ number was. Burst and scale run once and show their runs as they are.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,8 +34,10 @@ def sections(report: Mapping[str, Any]) -> list[str]:
     out = [
         _overhead([s for s in summaries if s.scenario == "overhead"]),
         _chat([s for s in summaries if s.scenario == "chat"]),
+        _embed([s for s in summaries if s.scenario == "embed"]),
         _single([s for s in summaries if s.scenario == "single"]),
         _burst([r for r in runs if r["scenario"] == "burst"]),
+        _dropin([s for s in summaries if s.scenario == "dropin"]),
         _transport([s for s in summaries if s.scenario == "transport"]),
         _scale([r for r in runs if r["scenario"] == "scale"]),
     ]
@@ -86,7 +90,7 @@ def _overhead(rows: Sequence[Summary]) -> str:
 def _chat(rows: Sequence[Summary]) -> str:
     if not rows:
         return ""
-    plain = find_summary(rows, "chat", hotplan.CHAT_COMPLETIONS)
+    plain = find_summary(rows, "chat", hotplan.COMPLETIONS)
     base = plain.cpu_us_per_prompt if plain else float("nan")
     body = table(
         ["client", "ok, all rounds", "CPU µs/prompt", "range", "prompts/s", "vs completions"],
@@ -103,6 +107,96 @@ def _chat(rows: Sequence[Summary]) -> str:
         ],
     )
     return section("Chat: map over conversations vs prompts", body, _rounds(rows) + ".")
+
+
+def _per_request(s: Summary) -> str:
+    """Inputs answered per HTTP request the server counted, in a median round."""
+    return num(ratio(s.ok / s.rounds if s.rounds else math.nan, s.server_requests), 1)
+
+
+def _embed(rows: Sequence[Summary]) -> str:
+    if not rows:
+        return ""
+    plain = find_summary(rows, "embed", hotplan.COMPLETIONS)
+    base = plain.cpu_us_per_prompt if plain else math.nan
+    body = table(
+        [
+            "client",
+            "ok, all rounds",
+            "CPU µs/item",
+            "range",
+            "items/s",
+            "HTTP requests",
+            "items/request",
+            "vs completions",
+        ],
+        [
+            [
+                s.label,
+                _ok(s),
+                num(s.cpu_us_per_prompt, 1),
+                _spread(s),
+                num(s.prompts_per_s),
+                num(s.server_requests),
+                _per_request(s),
+                num(ratio(s.cpu_us_per_prompt, base), 2, suffix="x"),
+            ]
+            for s in rows
+        ],
+    )
+    note = (
+        f"The same texts embedded and completed through map, {_rounds(rows)}; every "
+        "vector is read, as JSON floats (llmbatch's default) or base64 (openai-python's "
+        "default). HTTP requests as the server counted them in a round. openai embeds "
+        "one text per request (a tenth of the texts)."
+    )
+    return section("Embed: map over embeddings vs completions", body, note)
+
+
+def _dropin(rows: Sequence[Summary]) -> str:
+    if not rows:
+        return ""
+    plain = find_summary(rows, "dropin", hotplan.DROPIN_OPENAI)
+    cpu = plain.cpu_us_per_prompt if plain else math.nan
+    sent = plain.server_requests if plain else math.nan
+    body = table(
+        [
+            "program's AsyncOpenAI",
+            "ok, all rounds",
+            "HTTP requests",
+            "calls/request",
+            "CPU s",
+            "CPU µs/call",
+            "range",
+            "wall s",
+            "calls/s",
+            "requests: openai / this",
+            "CPU: openai / this",
+        ],
+        [
+            [
+                s.label,
+                _ok(s),
+                num(s.server_requests),
+                _per_request(s),
+                num(s.cpu_s, 2),
+                num(s.cpu_us_per_prompt, 0),
+                f"{num(s.cpu_us_min, 0)} to {num(s.cpu_us_max, 0)}",
+                num(s.wall_s, 2),
+                num(s.prompts_per_s),
+                num(ratio(sent, s.server_requests), 1, suffix="x"),
+                num(ratio(cpu, s.cpu_us_per_prompt), 2, suffix="x"),
+            ]
+            for s in rows
+        ],
+    )
+    note = (
+        "One unmodified program, asyncio.gather over completions.create calls, run with "
+        f"each import; {_rounds(rows)}, after a warm-up through the same program. HTTP "
+        "requests as the server counted them in a round."
+    )
+    title = f"Drop-in: {rows[0].per_round:,} concurrent completions.create calls"
+    return section(title, body, note)
 
 
 def _single(rows: Sequence[Summary]) -> str:

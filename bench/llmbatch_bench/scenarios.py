@@ -5,9 +5,9 @@ the burst's unbounded baselines with ``concurrency=None``); ``mixed`` adds strea
 realtime requests arriving as a Poisson process to saturating bulk work and measures
 a window after a warm-up (the ``slo`` scenario too, with ``Job.slo_tpot`` and the
 controller's time series); ``idle`` sends the same arrivals to an idle server.
-:func:`run_job` also dispatches the steady-state kinds of :mod:`.hotpath` and
-:mod:`.references` and the closed-loop kinds of :mod:`.closedloop`, so a worker
-runs any :class:`~llmbatch_bench.jobs.Job`.
+:func:`run_job` also dispatches the steady-state kinds of :mod:`.hotpath`,
+:mod:`.references` and :mod:`.program` and the closed-loop kinds of
+:mod:`.closedloop`, so a worker runs any :class:`~llmbatch_bench.jobs.Job`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from llmbatch_bench import closedloop, hotpath, references
+from llmbatch_bench import closedloop, hotpath, program, references
 from llmbatch_bench.contenders import Contender, make_contender
 from llmbatch_bench.jobs import Job, poisson_arrivals, prompt, prompts, watchdog, within_limit
 from llmbatch_bench.metrics import Recorder, RunMetrics, measure
@@ -36,6 +36,7 @@ async def run_job(job: Job, contender: Contender | None = None) -> RunMetrics:
         "per_prompt": references.run_per_prompt,
         "raw": references.run_raw,
         "bare": references.run_bare,
+        "program": program.run_program,
         "outage": closedloop.run_outage,
         "control": closedloop.run_control,
     }.get(job.kind)

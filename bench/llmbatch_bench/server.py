@@ -8,6 +8,7 @@ never depends on it.
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -17,7 +18,16 @@ from urllib.parse import urlsplit
 
 import httpx
 
-__all__ = ["MetricsSampler", "ServerInfo", "discover", "parse_metrics", "simulator", "wait_idle"]
+__all__ = [
+    "MetricsSampler",
+    "ServerInfo",
+    "api_posts",
+    "discover",
+    "parse_metrics",
+    "read_api_posts",
+    "simulator",
+    "wait_idle",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +174,36 @@ def parse_metrics(text: str, names: Sequence[str]) -> dict[str, float]:
             with contextlib.suppress(ValueError, IndexError):
                 out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
+
+
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def api_posts(text: str) -> int | None:
+    """POST requests to the ``/v1/...`` routes a server has counted, from the
+    ``http_requests_total`` it exports (vLLM's API server and the simulator, by
+    handler, method and status); None when it exports no such counter."""
+    total: int | None = None
+    for line in text.splitlines():
+        if not line.startswith("http_requests_total{"):
+            continue
+        labels, _, value = line.rpartition(" ")
+        found = dict(_LABEL.findall(labels))
+        posted = found.get("method") == "POST" and found.get("handler", "").startswith("/v1/")
+        with contextlib.suppress(ValueError):
+            total = (total or 0) + (int(float(value)) if posted else 0)
+    return total
+
+
+def read_api_posts(base_url: str, api_key: str | None = None) -> int | None:
+    """:func:`api_posts` of the server at ``base_url``, now (None if unreadable)."""
+    parts = urlsplit(base_url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(f"{parts.scheme}://{parts.netloc}/metrics", headers=headers, timeout=5)
+    except httpx.HTTPError:
+        return None
+    return api_posts(response.text) if response.status_code == 200 else None
 
 
 def wait_idle(info: ServerInfo, api_key: str | None = None, timeout: float = 30.0) -> None:

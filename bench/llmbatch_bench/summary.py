@@ -55,6 +55,15 @@ class Summary:
     cpu_us_max: float
     #: The highest peak RSS of any round (memory is judged by its worst case).
     peak_rss_mb: float | None
+    #: Medians over the rounds: client CPU seconds of a round, and the API requests
+    #: the server counted during it (``nan`` where not counted; absent in older reports).
+    cpu_s: float = math.nan
+    server_requests: float = math.nan
+
+    @property
+    def per_round(self) -> int:
+        """Inputs each round ran (answered, failed or unfinished)."""
+        return (self.ok + self.failed + self.unfinished) // max(self.rounds, 1)
 
     def to_json(self) -> dict[str, Any]:
         return {k: v if _finite(v) else None for k, v in asdict(self).items()}
@@ -69,6 +78,8 @@ class Summary:
             "p99_s",
             "cpu_us_min",
             "cpu_us_max",
+            "cpu_s",
+            "server_requests",
         }
         fields: dict[str, Any] = {
             k: math.nan if k in nan_if_none and v is None else v for k, v in data.items()
@@ -107,6 +118,8 @@ def _summary(scenario: str, label: str, group: Sequence[RunMetrics]) -> Summary:
         cpu_us_min=min(finite_cpu, default=math.nan),
         cpu_us_max=max(finite_cpu, default=math.nan),
         peak_rss_mb=max(rss) if rss else None,
+        cpu_s=median(r.cpu_s for r in group),
+        server_requests=median(r.extra.get("server_requests") for r in group),
     )
 
 

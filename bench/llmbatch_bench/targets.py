@@ -26,6 +26,8 @@ __all__ = [
     "CHAT_RATIO",
     "CPU_RATIO",
     "CPU_US",
+    "DROPIN_CPU_RATIO",
+    "DROPIN_REQUEST_RATIO",
     "PROBE_RATIO",
     "REALTIME_RATIO",
     "SINGLE_ADDED_US",
@@ -50,6 +52,11 @@ BURST_RSS_MB = 300.0
 SINGLE_ADDED_US = 150.0
 #: ``map`` over chat conversations / ``map`` over the same prompts, CPU per prompt.
 CHAT_RATIO = 1.5
+#: The same program with ``openai.AsyncOpenAI`` / with ``llmbatch.openai.AsyncOpenAI``:
+#: HTTP requests the server received (the drop-in sends at most a fifth) ...
+DROPIN_REQUEST_RATIO = 5.0
+#: ... and client CPU per call answered (the drop-in spends at least 5x less).
+DROPIN_CPU_RATIO = 5.0
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le,
@@ -116,6 +123,7 @@ def evaluate(runs: Sequence[RunMetrics]) -> list[Target]:
         *_burst(summaries),
         *_single(summaries),
         _chat(summaries),
+        *_dropin(summaries),
     ]
 
 
@@ -298,7 +306,7 @@ def _single(summaries: Sequence[Summary]) -> list[Target]:
 
 def _chat(summaries: Sequence[Summary]) -> Target:
     chat = find_summary(summaries, "chat", hotplan.CHAT)
-    plain = find_summary(summaries, "chat", hotplan.CHAT_COMPLETIONS)
+    plain = find_summary(summaries, "chat", hotplan.COMPLETIONS)
     return _target(
         "chat_cpu_ratio",
         "map over chat conversations / map over the same prompts, CPU per prompt",
@@ -310,3 +318,46 @@ def _chat(summaries: Sequence[Summary]) -> Target:
         if chat and plain
         else "needs the chat scenario",
     )
+
+
+def _dropin(summaries: Sequence[Summary]) -> list[Target]:
+    plain = find_summary(summaries, "dropin", hotplan.DROPIN_OPENAI)
+    ours = find_summary(summaries, "dropin", hotplan.DROPIN)
+    if plain is None or ours is None:
+        sent = cpu = math.nan
+        sent_detail = cpu_detail = "needs the dropin scenario (and the openai package)"
+    else:
+        calls = ours.per_round
+        rounds = f"medians of {ours.rounds}"
+        sent = ratio(plain.server_requests, ours.server_requests)
+        sent_detail = (
+            f"{plain.server_requests:,.0f} vs {ours.server_requests:,.0f} HTTP requests "
+            f"for {calls:,} calls, {rounds}"
+            if math.isfinite(sent)
+            else "not counted: the server exports no http_requests_total"
+        )
+        cpu = ratio(_cpu(plain), _cpu(ours))
+        cpu_detail = (
+            f"{_cpu(plain):,.0f} vs {_cpu(ours):,.0f} µs per call ({plain.cpu_s:.2f} vs "
+            f"{ours.cpu_s:.2f} s for {calls:,} calls), {rounds}"
+        )
+    return [
+        _target(
+            "dropin_requests",
+            "the same program's HTTP requests: openai.AsyncOpenAI / llmbatch.openai's",
+            sent,
+            ">=",
+            DROPIN_REQUEST_RATIO,
+            "x",
+            sent_detail,
+        ),
+        _target(
+            "dropin_cpu",
+            "the same program's client CPU per call: openai.AsyncOpenAI / llmbatch.openai's",
+            cpu,
+            ">=",
+            DROPIN_CPU_RATIO,
+            "x",
+            cpu_detail,
+        ),
+    ]

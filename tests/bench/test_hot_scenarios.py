@@ -47,7 +47,7 @@ def test_overhead_chat_single_burst_in_worker_processes(tmp_path: Path) -> None:
         ("overhead", hotplan.IMAP): 300,
         ("overhead", hotplan.PROBE): 300,
         ("overhead", hotplan.OPENAI): 100,
-        ("chat", hotplan.CHAT_COMPLETIONS): 200,
+        ("chat", hotplan.COMPLETIONS): 200,
         ("chat", hotplan.CHAT): 200,
         ("single", hotplan.RAW): 40,
         ("single", hotplan.SINGLE_REALTIME): 40,
@@ -70,11 +70,40 @@ def test_overhead_chat_single_burst_in_worker_processes(tmp_path: Path) -> None:
     ours = [r for r in report["runs"] if r["label"] == hotplan.MAP]
     assert all(r["extra"]["max_batch_size"] == 64 for r in ours)
     # Every target has a value from this run and a verdict (met or not).
-    hot_targets = [t for t in report["targets"] if not t["id"].startswith(("bulk", "realtime"))]
+    others = ("bulk", "realtime", "dropin")
+    hot_targets = [t for t in report["targets"] if not t["id"].startswith(others)]
     assert len(hot_targets) == 9
     assert all(t["value"] is not None and t["met"] is not None for t in hot_targets)
     for title in ("Overhead", "Chat", "Single", "Burst", "Targets"):
         assert f"### {title}" in text
+
+
+def test_dropin_and_embed_count_what_the_server_received(tmp_path: Path) -> None:
+    report, text = bench(
+        tmp_path, "--in-process", "--scenario", "dropin,embed", "--repeat", "1",
+        "--dropin-n", "200", "--embed-n", "300",
+    )  # fmt: skip
+    assert report["notes"] == []
+    summaries = {(s["scenario"], s["label"]): s for s in report["summaries"]}
+    assert {k: (s["ok"], s["failed"]) for k, s in summaries.items()} == {
+        ("embed", hotplan.COMPLETIONS): (300, 0),
+        ("embed", hotplan.EMBED): (300, 0),
+        ("embed", hotplan.EMBED_BASE64): (300, 0),
+        ("embed", hotplan.OPENAI_EMBED): (100, 0),
+        ("dropin", hotplan.DROPIN_OPENAI): (200, 0),
+        ("dropin", hotplan.DROPIN): (200, 0),
+    }
+    sent = {k: s["server_requests"] for k, s in summaries.items()}
+    # openai sends one request per call, warm-up excluded; the drop-in batches them.
+    assert sent[("dropin", hotplan.DROPIN_OPENAI)] == 200
+    assert sent[("embed", hotplan.OPENAI_EMBED)] == 100
+    assert 0 < sent[("dropin", hotplan.DROPIN)] <= 200 / 5
+    assert 0 < sent[("embed", hotplan.EMBED)] < 300 / 10
+    targets = {t["id"]: t for t in report["targets"]}
+    assert targets["dropin_requests"]["met"] is True
+    assert targets["dropin_cpu"]["value"] > 1  # the verdict is for the full run
+    assert "### Embed: map over embeddings vs completions" in text
+    assert "### Drop-in: 200 concurrent completions.create calls" in text
 
 
 def test_transport_and_scale_in_process(tmp_path: Path) -> None:

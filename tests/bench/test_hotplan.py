@@ -84,7 +84,7 @@ def test_single_chat_transport_and_scale() -> None:
     assert len(single) == 6
     chat = plan("chat", repeat=1)
     assert [(j.label, j.inputs) for j in chat] == [
-        (hotplan.CHAT_COMPLETIONS, "prompt"),
+        (hotplan.COMPLETIONS, "prompt"),
         (hotplan.CHAT, "chat"),
     ]
     transport = plan("transport", repeat=1, overhead_n=2000)
@@ -95,6 +95,43 @@ def test_single_chat_transport_and_scale() -> None:
     assert (scale.api, scale.n, scale.time_limit) == ("map_unordered", 1_000_000, 900.0)
 
 
+def test_embed_compares_embeddings_with_completions_of_the_same_texts() -> None:
+    jobs = plan("embed", repeat=2, embed_n=3000)
+    assert [(j.label, j.kind, j.inputs, j.n) for j in jobs[:4]] == [
+        (hotplan.COMPLETIONS, "llmbatch", "prompt", 3000),
+        (hotplan.EMBED, "llmbatch", "input", 3000),
+        (hotplan.EMBED_BASE64, "llmbatch", "input", 3000),
+        (hotplan.OPENAI_EMBED, "program", "input", 300),
+    ]
+    assert len(jobs) == 8
+    completions, floats, base64 = jobs[:3]
+    # The same batches and the same items in flight; embeddings get no generation
+    # parameters, only the encoding.
+    for ours in (floats, base64):
+        assert (ours.batch, ours.max_in_flight) == (completions.batch, completions.max_in_flight)
+    assert (floats.batch, floats.max_in_flight) == (64, 256)
+    assert (floats.params, base64.params) == ({}, {"encoding_format": "base64"})
+    assert (jobs[3].sdk, jobs[3].concurrency) == ("openai", 64)
+    without = plan("embed", repeat=1, contenders=("llmbatch",))
+    assert hotplan.OPENAI_EMBED not in {j.label for j in without}
+
+
+def test_dropin_runs_one_program_with_each_import() -> None:
+    jobs = plan("dropin", repeat=3, dropin_n=2000)
+    assert [(j.label, j.sdk) for j in jobs[:2]] == [
+        (hotplan.DROPIN_OPENAI, "openai"),
+        (hotplan.DROPIN, "llmbatch.openai"),
+    ]
+    assert Counter(j.label for j in jobs) == {hotplan.DROPIN_OPENAI: 3, hotplan.DROPIN: 3}
+    assert [j.repeat for j in jobs] == [0, 0, 1, 1, 2, 2]
+    # Everything else is the same: the program, its calls, all of them at once.
+    assert len({(j.kind, j.n, j.max_tokens, j.concurrency, j.warmup) for j in jobs}) == 1
+    assert (jobs[0].kind, jobs[0].n, jobs[0].concurrency) == ("program", 2000, None)
+    assert plan("dropin", dropin_n=50)[0].warmup == 50
+    # Both runs are the openai SDK's client: nothing to run without it.
+    assert plan("dropin", contenders=("llmbatch", "httpx")) == []
+
+
 def config(*argv: str) -> BenchConfig:
     return config_from_args(build_parser().parse_args(list(argv)))
 
@@ -102,8 +139,12 @@ def config(*argv: str) -> BenchConfig:
 def test_all_leaves_out_transport_and_scale_unless_asked() -> None:
     assert config().scenarios == (
         "sweep", "bulk", "mixed", "slo", "saturate", "outage", "control",
-        "overhead", "chat", "single", "burst",
+        "overhead", "chat", "single", "burst", "dropin",
     )  # fmt: skip
+    assert config("--scenario", "dropin,embed", "--dropin-n", "500").scenarios == (
+        "embed", "dropin",
+    )  # fmt: skip
+    assert (config("--dropin-n", "500").dropin_n, config("--embed-n", "7").embed_n) == (500, 7)
     assert "scale" in config("--scale").scenarios
     assert config("--scale").scale_n == 1_000_000
     assert config("--scenario", "overhead", "--scale", "5000").scenarios == ("overhead", "scale")
@@ -116,6 +157,8 @@ def test_all_leaves_out_transport_and_scale_unless_asked() -> None:
     [
         (["--repeat", "0"], "--repeat must be >= 1"),
         (["--single-n", "0"], "--single-n must be >= 1"),
+        (["--dropin-n", "0"], "--dropin-n must be >= 1"),
+        (["--embed-n", "0"], "--embed-n must be >= 1"),
         (["--overhead-batch", "2000"], "--overhead-batch must be <= 1024"),
         (["--scale", "0"], "--scale must be >= 1"),
     ],

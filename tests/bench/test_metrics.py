@@ -9,7 +9,13 @@ import time
 
 import pytest
 
-from llmbatch_bench.jobs import chat_inputs, poisson_arrivals, prompts, within_limit
+from llmbatch_bench.jobs import (
+    chat_inputs,
+    embedding_inputs,
+    poisson_arrivals,
+    prompts,
+    within_limit,
+)
 from llmbatch_bench.metrics import (
     Meter,
     Recorder,
@@ -19,6 +25,7 @@ from llmbatch_bench.metrics import (
     percentile,
     percentiles,
 )
+from llmbatch_bench.server import api_posts
 
 
 def test_percentile_interpolates_between_closest_ranks() -> None:
@@ -159,6 +166,28 @@ def test_chat_inputs_are_the_same_prompts_as_conversations() -> None:
     assert list(chat_inputs(2, start=5)) == [
         [{"role": "user", "content": text}] for text in prompts(2, start=5)
     ]
+
+
+def test_embedding_inputs_are_the_same_prompts_as_map_items() -> None:
+    assert list(embedding_inputs(2, start=5)) == [{"input": text} for text in prompts(2, start=5)]
+
+
+def test_api_posts_counts_post_requests_to_the_api_routes() -> None:
+    text = "\n".join(
+        [
+            "# TYPE http_requests_total counter",
+            'http_requests_total{handler="/v1/completions",method="POST",status="2xx"} 12.0',
+            'http_requests_total{handler="/v1/completions",method="POST",status="4xx"} 1.0',
+            'http_requests_total{handler="/v1/embeddings",method="POST",status="2xx"} 3.0',
+            'http_requests_total{handler="/v1/models",method="GET",status="2xx"} 7.0',
+            'http_requests_total{handler="/tokenize",method="POST",status="2xx"} 5.0',
+            'vllm:request_success_total{model_name="m",finished_reason="length"} 900.0',
+        ]
+    )
+    assert api_posts(text) == 16
+    assert api_posts('http_requests_total{handler="/v1/models",method="GET"} 2\n') == 0
+    # A server without the counter: nothing to compare, not zero requests.
+    assert api_posts('vllm:request_success_total{model_name="m"} 900.0\n') is None
 
 
 def test_tallies_fold_into_the_recorder_once() -> None:

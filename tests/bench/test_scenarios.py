@@ -4,6 +4,7 @@ CLI against a real zero-latency simulator on 127.0.0.1."""
 from __future__ import annotations
 
 import json
+import pstats
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from fake_server import FakeServer
 from llmbatch.transports import MockTransport
 from llmbatch_bench import jobs
 from llmbatch_bench.contenders import LlmbatchContender, available
+from llmbatch_bench.hotpath import PROFILE_ENV
 from llmbatch_bench.jobs import Job, poisson_arrivals
 from llmbatch_bench.scenarios import run_job
 from llmbatch_bench.worker import run_in_worker
@@ -184,5 +186,32 @@ def test_cli_smoke_bulk(tmp_path: Path) -> None:
         "single_added_p50",
         "single_added_p99",
         "chat_cpu_ratio",
+        "dropin_requests",
+        "dropin_cpu",
     ]
     assert (tmp_path / "bench-cpu.png").exists()
+
+
+@pytest.mark.parametrize("sdk", ["openai", "llmbatch.openai"])
+async def test_the_openai_program_counts_what_the_server_received(
+    zero: Any, sdk: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not available("openai"):
+        pytest.skip("openai not installed")
+    profile = tmp_path / "measured.prof"
+    monkeypatch.setenv(PROFILE_ENV, str(profile))
+    fields = {"kind": "program", "contender": "openai", "n": 40, "max_tokens": 3}
+    m = await run_job(
+        sim_job(zero, sdk=sdk, concurrency=None, warmup=10, count_requests=True, **fields)
+    )
+    assert (m.ok, m.failed) == (40, 0)
+    assert m.output_tokens <= 40 * 3  # the program sends no ignore_eos
+    sent = m.extra["server_requests"]  # the warm-up's ten are not counted
+    if sdk == "openai":
+        assert sent == 40
+    else:
+        assert 0 < sent < 40
+    # The measured calls ran under cProfile.
+    stats = pstats.Stats(str(profile))
+    calls = [n for (_, _, name), (_, n, *_) in stats.stats.items() if name == "create"]
+    assert max(calls, default=0) >= 40

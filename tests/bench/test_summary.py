@@ -26,7 +26,8 @@ def test_ratio_is_nan_unless_both_sides_were_measured() -> None:
 
 
 def round_of(label: str, cpu_us: float, *, repeat: int, failed: int = 0, rss: float = 50.0,
-             latency: float = 0.001, scenario: str = "overhead") -> RunMetrics:  # fmt: skip
+             latency: float = 0.001, scenario: str = "overhead",
+             sent: int | None = None) -> RunMetrics:  # fmt: skip
     rec = Recorder()
     for _ in range(100):
         rec.success("single", latency, 1)
@@ -39,7 +40,7 @@ def round_of(label: str, cpu_us: float, *, repeat: int, failed: int = 0, rss: fl
         label=label,
         requested=100 + failed,
         meter=meter,
-        extra={"repeat": repeat},
+        extra={"repeat": repeat, **({"server_requests": sent} if sent is not None else {})},
     )
 
 
@@ -91,3 +92,20 @@ def test_summary_json_round_trip_maps_nan_to_null() -> None:
     back = Summary.from_json(data)
     assert math.isnan(back.cpu_us_per_prompt)
     assert back.to_json() == data
+
+
+def test_cpu_seconds_and_server_requests_are_medians_of_the_rounds() -> None:
+    runs = [
+        round_of("a", 10.0, repeat=0, sent=20),
+        round_of("a", 30.0, repeat=1, sent=400, failed=1),
+        round_of("a", 20.0, repeat=2, sent=21),
+        round_of("b", 10.0, repeat=0),
+    ]
+    a, b = summarize(runs)
+    assert a.cpu_s == pytest.approx(20.0 * 100 / 1e6)
+    assert a.server_requests == 21
+    assert a.per_round == 100  # 300 ok + 1 failed over 3 rounds
+    assert math.isnan(b.server_requests)  # not counted: no verdict from it
+    # A report written before these fields existed still loads.
+    old = {k: v for k, v in a.to_json().items() if k not in ("cpu_s", "server_requests")}
+    assert math.isnan(Summary.from_json(old).server_requests)

@@ -63,6 +63,15 @@ def single(label: str, latencies_us: list[float]) -> list[RunMetrics]:
     ]
 
 
+def rounds(scenario: str, label: str, cpu_us: list[float], sent: list[int], ok: int = 2000
+           ) -> list[RunMetrics]:  # fmt: skip
+    """One run per round: CPU µs per call, and the requests the server counted."""
+    return [
+        run(scenario, label, ok=ok, cpu=c * ok / 1e6, repeat=i, extra={"server_requests": n})
+        for i, (c, n) in enumerate(zip(cpu_us, sent, strict=True))
+    ]
+
+
 def full_set() -> list[RunMetrics]:
     return [
         run("sweep", "probe c=64", ok=800, extra={"concurrency": 64}),
@@ -82,8 +91,15 @@ def full_set() -> list[RunMetrics]:
         run("burst", hotplan.MAP, ok=100_000, cpu=1.2, rss=90.0),
         *single(hotplan.RAW, [300.0, 310.0, 290.0]),
         *single(hotplan.SINGLE_REALTIME, [400.0, 420.0, 380.0]),
-        *us("chat", hotplan.CHAT_COMPLETIONS, [12.0, 12.0, 12.0]),
+        *us("chat", hotplan.COMPLETIONS, [12.0, 12.0, 12.0]),
         *us("chat", hotplan.CHAT, [15.0, 16.0, 17.0]),
+        # Medians: 4,000 vs 700 µs per call, 2,000 vs 32 requests.
+        *rounds("dropin", hotplan.DROPIN_OPENAI, [4000.0, 3900.0, 4500.0], [2000] * 3),
+        *rounds("dropin", hotplan.DROPIN, [700.0, 1200.0, 650.0], [32, 30, 40]),
+        *rounds("embed", hotplan.COMPLETIONS, [20.0, 21.0], [160, 160], ok=10_000),
+        *rounds("embed", hotplan.EMBED, [200.0, 210.0], [160, 161], ok=10_000),
+        *rounds("embed", hotplan.EMBED_BASE64, [40.0, 42.0], [160, 160], ok=10_000),
+        *rounds("embed", hotplan.OPENAI_EMBED, [2000.0, 2100.0], [1000, 1000], ok=1000),
     ]
 
 
@@ -121,6 +137,11 @@ def test_every_target_met_with_medians_of_the_rounds() -> None:
     assert targets["single_added_p50"].value == pytest.approx(100.0)
     assert targets["single_added_p99"].value == pytest.approx(100.0)
     assert targets["chat_cpu_ratio"].value == pytest.approx(16.0 / 12.0)
+    assert targets["dropin_requests"].value == pytest.approx(2000 / 32)
+    assert targets["dropin_cpu"].value == pytest.approx(4000 / 700)
+    assert targets["dropin_cpu"].detail == (
+        "4,000 vs 700 µs per call (8.00 vs 1.40 s for 2,000 calls), medians of 3"
+    )
     assert {t.id: t.met for t in targets.values() if t.met is not True} == {}
     # The baseline's queueing shows up beside ours.
     assert "aiohttp: p99 2000 ms loaded vs 10 ms idle = 200.00x" in (
@@ -142,6 +163,7 @@ def test_misses_are_reported_with_their_values() -> None:
     replace(runs, "burst", hotplan.GATHER, [gather])
     replace(runs, "single", hotplan.SINGLE_REALTIME, single(hotplan.SINGLE_REALTIME, [500.0]))
     replace(runs, "chat", hotplan.CHAT, us("chat", hotplan.CHAT, [40.0]))
+    replace(runs, "dropin", hotplan.DROPIN, rounds("dropin", hotplan.DROPIN, [1000.0], [500]))
     targets = by_id(runs)
     assert targets["bulk_throughput"].met is False
     assert targets["bulk_throughput"].value == pytest.approx(0.9)
@@ -157,6 +179,24 @@ def test_misses_are_reported_with_their_values() -> None:
     assert targets["single_added_p50"].value == pytest.approx(200.0)
     assert targets["single_added_p50"].met is False
     assert targets["chat_cpu_ratio"].met is False
+    assert (targets["dropin_requests"].value, targets["dropin_requests"].met) == (4.0, False)
+    assert (targets["dropin_cpu"].value, targets["dropin_cpu"].met) == (4.0, False)
+    assert targets["dropin_requests"].detail == (
+        "2,000 vs 500 HTTP requests for 2,000 calls, medians of 1"
+    )
+
+
+def test_dropin_requests_on_a_server_that_does_not_count_them() -> None:
+    runs = [
+        *us("dropin", hotplan.DROPIN_OPENAI, [4000.0], ok=2000),
+        *us("dropin", hotplan.DROPIN, [500.0], ok=2000),
+    ]
+    targets = by_id(runs)
+    assert targets["dropin_requests"].met is None
+    assert targets["dropin_requests"].detail == (
+        "not counted: the server exports no http_requests_total"
+    )
+    assert (targets["dropin_cpu"].value, targets["dropin_cpu"].met) == (8.0, True)
 
 
 def test_unmeasured_targets_are_none() -> None:
@@ -187,7 +227,10 @@ def rows_of(text: str, title: str) -> dict[str, list[str]]:
 
 def test_render_has_a_table_per_scenario_and_the_verdicts() -> None:
     text = render(report(full_set()))
-    for title in ("Capacity sweep", "Bulk", "Mixed", "Overhead", "Chat", "Single", "Burst"):
+    for title in (
+        "Capacity sweep", "Bulk", "Mixed", "Overhead", "Chat", "Embed", "Single", "Burst",
+        "Drop-in: 2,000 concurrent completions.create calls",
+    ):  # fmt: skip
         assert f"### {title}" in text
     assert "| probe c=256 (best) |" in text
     assert "96.0 %" in text  # llmbatch's share of capacity
@@ -203,6 +246,28 @@ def test_overhead_table_shows_medians_spread_and_ratios() -> None:
     assert rows[hotplan.MAP][4:] == ["1.00x", "1.20x"]
     assert rows[hotplan.OPENAI][4:] == ["166.67x", "200.00x"]
     assert "median of 3 interleaved rounds" in render(report(full_set()))
+
+
+def test_dropin_table_shows_requests_cpu_and_both_ratios() -> None:
+    rows = rows_of(render(report(full_set())), "Drop-in")
+    # ok, HTTP requests, calls/request, CPU s, CPU µs/call, range, wall s, calls/s,
+    # requests ratio, CPU ratio
+    assert rows[hotplan.DROPIN_OPENAI] == [
+        "6,000/6,000", "2,000", "1.0", "8.00", "4,000", "3,900 to 4,500", "1.00", "2,000",
+        "1.0x", "1.00x",
+    ]  # fmt: skip
+    assert rows[hotplan.DROPIN][:5] == ["6,000/6,000", "32", "62.5", "1.40", "700"]
+    assert rows[hotplan.DROPIN][-2:] == ["62.5x", "5.71x"]
+
+
+def test_embed_table_shows_cost_per_item_and_requests() -> None:
+    rows = rows_of(render(report(full_set())), "Embed")
+    # ok, CPU µs/item, range, items/s, HTTP requests, items/request, vs completions
+    assert rows[hotplan.COMPLETIONS][4:] == ["160", "62.5", "1.00x"]
+    assert rows[hotplan.EMBED][1] == "205.0"
+    assert rows[hotplan.EMBED][4:] == ["160", "62.3", "10.00x"]  # median 160.5 requests
+    assert rows[hotplan.EMBED_BASE64][4:] == ["160", "62.5", "2.00x"]
+    assert rows[hotplan.OPENAI_EMBED][4:] == ["1,000", "1.0", "100.00x"]
 
 
 def test_single_table_shows_added_latency_over_raw() -> None:

@@ -156,6 +156,34 @@ def test_models_health_version_tokenize_metrics(http: httpx.Client) -> None:
         assert name in text
 
 
+def test_metrics_count_http_requests_as_vllm_does(http: httpx.Client) -> None:
+    def counts() -> dict[str, float]:
+        out: dict[str, float] = {}
+        for line in http.get("/metrics").text.splitlines():
+            if line.startswith("http_requests_total{"):
+                labels, value = line.rsplit(" ", 1)
+                out[labels.removeprefix("http_requests_total")] = float(value)
+        return out
+
+    before = counts()
+    http.post("/v1/completions", json={"prompt": ["a", "b", "c"], "max_tokens": 2})
+    http.post("/v1/completions", json={"prompt": "x", "max_tokens": 0})
+    http.post("/v1/embeddings", json={"input": ["a", "b"]})
+    http.get("/v1/models")
+    http.get("/health")
+    http.get("/no/such/route")
+    after = counts()
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+    # One per HTTP request whatever it carries; /metrics and /health are not counted.
+    assert delta == {
+        '{handler="/v1/completions",method="POST",status="2xx"}': 1,
+        '{handler="/v1/completions",method="POST",status="4xx"}': 1,
+        '{handler="/v1/embeddings",method="POST",status="2xx"}': 1,
+        '{handler="/v1/models",method="GET",status="2xx"}': 1,
+        '{handler="none",method="GET",status="4xx"}': 1,
+    }
+
+
 def test_one_too_long_prompt_fails_the_whole_list(http: httpx.Client) -> None:
     r = http.post("/v1/completions", json={"prompt": ["ok", "x " * 600], "max_tokens": 4})
     assert r.status_code == 400

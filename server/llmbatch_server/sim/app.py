@@ -14,7 +14,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmbatch_server.sim import metrics
 from llmbatch_server.sim.admin import admin_faults
@@ -138,6 +138,7 @@ def build_app(config: SimConfig) -> Starlette:
             kv_usage=engine.kv_usage,
             prefix_queries=engine.kv.queries,
             prefix_hits=engine.kv.hits,
+            http_requests=sim.http_requests,
         )
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
@@ -163,6 +164,8 @@ def build_app(config: SimConfig) -> Starlette:
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_error},
         middleware=[
+            # Outermost: what an outage refuses reached the server too.
+            Middleware(RequestCounter, sim=sim, handlers={route.path for route in routes}),
             Middleware(OutageMiddleware, outage=sim.outage),
             *([Middleware(LoadTracker, sim=sim)] if config.server_load_tracking else []),
         ],
@@ -175,6 +178,38 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     # FastAPI's body for unknown routes and methods, which vLLM inherits.
     assert isinstance(exc, HTTPException)
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+class RequestCounter:
+    """Counts HTTP requests by handler, method and status class, as vLLM's
+    ``http_requests_total`` does (prometheus-fastapi-instrumentator, with vLLM's
+    excluded handlers; a path no route serves counts as handler ``none``)."""
+
+    EXCLUDED = frozenset({"/metrics", "/health", "/load", "/ping", "/version", "/server_info"})
+
+    def __init__(self, app: ASGIApp, sim: Simulator, handlers: set[str]) -> None:
+        self.app = app
+        self.sim = sim
+        self.handlers = frozenset(handlers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in self.EXCLUDED:
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            handler = path if path in self.handlers else "none"
+            self.sim.http_requests[(handler, scope["method"], f"{status // 100}xx")] += 1
 
 
 class LoadTracker:

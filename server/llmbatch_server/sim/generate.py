@@ -87,7 +87,6 @@ async def generate(
 async def inject_fault(sim: Simulator, *, stream: bool) -> Fault:
     """Draw this request's fault: raise the error ones, wait out a latency spike,
     and return the kind the response itself must carry out (drop, stream error)."""
-    sim.http_requests += 1
     fault, delay = sim.faults.draw(stream=stream)
     if delay:
         await asyncio.sleep(delay)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -70,8 +70,10 @@ def render(
     kv_usage: float,
     prefix_queries: int = 0,
     prefix_hits: int = 0,
+    http_requests: Mapping[tuple[str, str, str], int] | None = None,
 ) -> str:
-    """The ``/metrics`` body."""
+    """The ``/metrics`` body; ``http_requests`` counts requests by (handler, method,
+    status class), rendered as vLLM's ``http_requests_total``."""
     labels = f'model_name="{model}"'
     out = [
         "# TYPE vllm:num_requests_running gauge",
@@ -105,6 +107,15 @@ def render(
     ):
         out.append(f"# TYPE {name} histogram")
         out.extend(hist.render(name, labels))
+    if http_requests:
+        # prometheus-fastapi-instrumentator's counter, which vLLM's API server exports
+        # (no model_name: it counts the HTTP front end, not the engine).
+        out.append("# TYPE http_requests_total counter")
+        for (handler, method, status), count in sorted(http_requests.items()):
+            out.append(
+                f'http_requests_total{{handler="{handler}",method="{method}",'
+                f'status="{status}"}} {count}'
+            )
     return "\n".join(out) + "\n"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 
 from llmbatch_server.sim import output
 from llmbatch_server.sim.config import SimConfig
@@ -27,7 +28,8 @@ class Simulator:
         self.faults = FaultInjector(config.faults, seed=config.seed + 7919 * config.replica)
         self.outage = Outage(on_restart=self.restart)
         self._frontend_free_at = 0.0
-        self.http_requests = 0
+        #: HTTP requests by (handler, method, status class), for ``/metrics``.
+        self.http_requests: Counter[tuple[str, str, str]] = Counter()
         #: Requests in flight on the generation routes (``GET /load``).
         self.server_load = 0
 
