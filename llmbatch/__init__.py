@@ -59,6 +59,7 @@ from llmbatch._exceptions import (
     UnknownModelError,
     WriteTimeout,
 )
+from llmbatch._fleet import Endpoints
 from llmbatch._models import (
     ChatChoice,
     ChatCompletion,
@@ -73,6 +74,7 @@ from llmbatch._models import (
     Usage,
 )
 from llmbatch._progress import MapProgress, ProgressBar
+from llmbatch._replicas import Replica
 from llmbatch._stats import Histogram, Percentiles, ServerStats, Stats, TierStats
 from llmbatch._sync import SyncClient
 from llmbatch._version import __version__
@@ -104,6 +106,7 @@ __all__ = [
     "ConnectTimeout",
     "DeadlineExceeded",
     "Embedding",
+    "Endpoints",
     "FunctionCall",
     "FunctionCallDelta",
     "Histogram",
@@ -123,6 +126,7 @@ __all__ = [
     "RateLimitError",
     "ReadTimeout",
     "RemoteProtocolError",
+    "Replica",
     "RequestCancelled",
     "RequestError",
     "Result",

@@ -130,6 +130,16 @@ class Breaker:
         else:
             self._next_probe = now + self.probe_interval
 
+    def open_without_failure(self, now: float, reason: str) -> None:
+        """Stop sending to a server the client chose to leave out (far slower than its
+        peers, or not up yet): open, probe, and re-admit through the usual trial
+        batch."""
+        if self.state is BreakerState.CLOSED:
+            self.state = BreakerState.OPEN
+            self.opened_at = now
+            self._next_probe = now + self.probe_interval
+            self.last_error = reason
+
     def outage_over_tolerance(self, now: float) -> bool:
         """The breaker has been open longer than ``outage_tolerance``."""
         return (

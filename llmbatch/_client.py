@@ -8,9 +8,7 @@ import contextlib
 import copy
 import dataclasses
 import enum
-import json
 import math
-import os
 import threading
 from collections.abc import (
     AsyncGenerator,
@@ -23,7 +21,6 @@ from collections.abc import (
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any, Literal, TypeVar, overload
-from urllib.parse import urlsplit
 
 import anyio
 import sniffio
@@ -45,40 +42,32 @@ from llmbatch._config import (
     Timeout,
     parse_priority,
 )
-from llmbatch._dispatcher import Dispatcher
-from llmbatch._endpoint import Endpoint
 from llmbatch._engine import Engine
 from llmbatch._exceptions import (
-    APIStatusError,
-    AuthenticationError,
     ClientClosedError,
     ConfigError,
     ConfigTypeError,
     InvalidRequestError,
     InvalidTypeError,
     LLMBatchError,
-    PermissionDeniedError,
-    RequestError,
-    ServerInfoError,
-    UnknownModelError,
 )
+from llmbatch._fleet import Endpoints, Fleet, ServerConfig
 from llmbatch._map import MapInput, MapRunner, check_inputs
 from llmbatch._models import ChatCompletion, Completion, Embedding, Result
 from llmbatch._options import NOT_GIVEN, CallDefaults, NotGiven
 from llmbatch._progress import ProgressLike, make_tracker
-from llmbatch._request import Kind, Request
+from llmbatch._replicas import Replica, check_api_key, env, resolve
+from llmbatch._request import Kind
 from llmbatch._scheduler import Scheduler
 from llmbatch._stats import Stats, StatsRecorder
 from llmbatch._submit import Submitter
 from llmbatch._tracing import Tracer
-from llmbatch._transports.base import HTTPRequest, Transport
+from llmbatch._transports.base import Transport
 from llmbatch._validate import SpecCache
 from llmbatch._version import __version__
-from llmbatch._wire import error_from_response
 
 __all__ = ["Client"]
 
-DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 #: How long ``async with`` waits on exit for queued and in-flight work by default.
 DEFAULT_DRAIN_TIMEOUT = 60.0
 #: How long ``stats()`` called from another thread waits for the client's loop.
@@ -92,46 +81,6 @@ class _State(enum.Enum):
     OPEN = "open"
     CLOSING = "closing"
     CLOSED = "closed"
-
-
-def _env(*names: str) -> str | None:
-    for name in names:
-        value = os.environ.get(name)
-        if value:
-            return value
-    return None
-
-
-def _check_base_url(url: object) -> str:
-    if not isinstance(url, str):
-        raise ConfigTypeError(
-            f"base_url must be a str like {DEFAULT_BASE_URL!r}, got {type(url).__name__}",
-            field="base_url",
-        )
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(
-            f"base_url must be an http(s) URL like {DEFAULT_BASE_URL!r}, got {url!r}",
-            field="base_url",
-        )
-    return url.rstrip("/")
-
-
-def _check_api_key(key: object) -> str | None:
-    # A key read from a file often keeps its newline. Sent as a header it would fail
-    # in the HTTP library, whose error message (and our retry log) quotes the header,
-    # key included; refuse it here, without echoing it.
-    if key is None:
-        return None
-    if not (isinstance(key, str) and key.isascii() and key.isprintable()) or any(
-        c.isspace() for c in key
-    ):
-        raise ConfigError(
-            "api_key must be a str of printable ASCII without spaces or newlines "
-            "(read from a file? strip it); the key itself is not shown",
-            field="api_key",
-        )
-    return key
 
 
 class Client:
@@ -153,6 +102,12 @@ class Client:
     server does not serve (:class:`UnknownModelError`). A server that cannot be
     reached fails it only when ``model`` is None (with one, it may come up later).
 
+    ``base_url`` may list several servers of the same models (URLs or
+    :class:`Replica` objects; the environment variables comma-separated): batches
+    are routed among them by load and prompt prefix, around any that are down, and
+    opening needs one to answer (docs/scale-out.md). ``endpoints`` lists them, and
+    adds or removes them while the client is open.
+
     ``transport`` is ``"aiohttp"`` (default on asyncio: lowest client CPU),
     ``"httpx"`` (default on trio), or any :class:`llmbatch.transports.Transport`.
     ``slo=SLO(ttft=..., tpot=...)`` is the latency realtime must keep: the client
@@ -169,7 +124,7 @@ class Client:
 
     def __init__(
         self,
-        base_url: str | None = None,
+        base_url: str | Replica | Sequence[str | Replica] | None = None,
         *,
         api_key: str | None = None,
         model: str | None = None,
@@ -187,11 +142,11 @@ class Client:
         on_close: Literal["drain", "cancel"] = "drain",
         drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
     ) -> None:
-        self.base_url = _check_base_url(
-            base_url or _env("LLMBATCH_BASE_URL", "OPENAI_BASE_URL") or DEFAULT_BASE_URL
-        )
-        """The server's OpenAI-style base URL (``http://host:port/v1``), no trailing slash."""
-        self._api_key = _check_api_key(api_key or _env("LLMBATCH_API_KEY", "OPENAI_API_KEY"))
+        self._api_key = check_api_key(api_key or env("LLMBATCH_API_KEY", "OPENAI_API_KEY"))
+        self._replicas = resolve(None if base_url == "" else base_url, self._api_key)
+        self.base_url = self._replicas[0].base_url
+        """The (first) server's OpenAI-style base URL (``http://host:port/v1``), no
+        trailing slash; ``endpoints`` lists every replica."""
         if model is not None and not isinstance(model, str):
             raise ConfigTypeError("model must be a str or None", field="model")
         if model == "":
@@ -275,10 +230,12 @@ class Client:
         self._exit_stack: AsyncExitStack | None = None
         self._engine: Engine | None = None
         self._host: asyncio.Task[None] | None = None
-        self._endpoint: Endpoint | None = None
+        self._fleet: Fleet | None = None
         self._submitter: Submitter | None = None
         self._map: MapRunner | None = None
-        self._transport: Transport | None = None
+        self.endpoints = Endpoints(lambda: self._root._fleet, self._api_key)
+        """The client's replicas: iterate them, ``await endpoints.add(url)`` or
+        ``await endpoints.remove(url)`` while it is open."""
         self._in_loop: _LoopCaller | None = None
         self._tracer: Tracer | None = None
 
@@ -360,34 +317,25 @@ class Client:
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:
-            transport = self._make_transport()
-            stack.push_async_callback(transport.aclose)
-            self._transport = transport
-            endpoint = self._endpoint = Endpoint(
-                base_url=self.base_url,
-                headers=self._headers(),
-                transport=transport,
-                limits=self.limits,
-                retry=self._retry,
-                slo=self._slo,
+            fleet = Fleet(
+                ServerConfig(
+                    limits=self.limits,
+                    retry=self._retry,
+                    slo=self._slo,
+                    priority_scheduling=self._priority_scheduling,
+                    headers=self._headers,
+                    make_transport=self._make_transport,
+                )
             )
-            await self._learn_server()
-            assert self._model is not None
+            stack.push_async_callback(fleet.aclose)
+            self._model, self._max_model_len = await fleet.open(self._replicas, self._model)
             now = loop_clock()
             stats = StatsRecorder(now())
             scheduler = Scheduler(
                 policies=self._policies, limits=self.limits, rate_limit=self._rate_limit
             )
-            dispatcher = Dispatcher(
-                endpoint=endpoint,
-                retry=self._retry,
-                stats=stats,
-                requeue=self._requeue,
-                reserve_resend=scheduler.reserve_resend if self._rate_limit else None,
-                priority_scheduling=self._priority_scheduling,
-                clock=now,
-            )
-            engine = Engine(scheduler, dispatcher, stats, endpoint, clock=now)
+            engine = fleet.start(scheduler, stats, now, rate_limited=self._rate_limit is not None)
+            self._fleet = fleet
             loop = (
                 asyncio.get_running_loop() if sniffio.current_async_library() == "asyncio" else None
             )
@@ -400,7 +348,7 @@ class Client:
                 tg = await stack.enter_async_context(anyio.create_task_group())
                 tg.start_soon(engine.run, tg)
             self._task_group = tg
-            self._install_tracer(self._tracer, dispatcher, stats)
+            self._install_tracer(self._tracer, engine)
             self._map = MapRunner(self._submitter, tg)
             self._engine = engine
         except BaseException:
@@ -466,18 +414,13 @@ class Client:
         root._tracer = tracer
         engine = root._engine
         if engine is not None:
-            root._install_tracer(tracer, engine.dispatcher, engine.stats_recorder)
+            root._install_tracer(tracer, engine)
 
-    def _install_tracer(
-        self, tracer: Tracer | None, dispatcher: Dispatcher, stats: StatsRecorder
-    ) -> None:
+    def _install_tracer(self, tracer: Tracer | None, engine: Engine) -> None:
         assert self._submitter is not None
-        self._submitter.tracer = dispatcher.tracer = stats.tracer = tracer
-
-    def _requeue(self, requests: Sequence[Request]) -> None:
-        # The dispatcher hands back a batch that met an outage; the engine queues it.
-        assert self._engine is not None
-        self._engine.requeue(requests)
+        self._submitter.tracer = engine.stats_recorder.tracer = tracer
+        for server in engine.servers:
+            server.dispatcher.tracer = tracer
 
     def _make_transport(self) -> Transport:
         choice = self._transport_choice
@@ -497,115 +440,13 @@ class Client:
 
         return HttpxTransport(limits=self.limits, timeout=self._timeout, verify=self._verify)
 
-    def _headers(self) -> dict[str, str]:
+    def _headers(self, api_key: str | None) -> dict[str, str]:
+        """Every request's headers for a server with this API key."""
         headers = {"Content-Type": "application/json", "User-Agent": f"llmbatch/{__version__}"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
         headers.update(self._default_headers)
         return headers
-
-    async def _learn_server(self) -> None:
-        """Read /v1/models: the model to use (if none given) and its max_model_len.
-
-        An answer that no request could get past fails the open, whatever ``model``
-        is: a base URL without its ``/v1``, a missing or refused API key (401/403), a
-        model the server does not list. A server that cannot be read at all fails
-        the open only when ``model`` is None: with a model named it may still be
-        starting, and requests retry until it is up.
-        """
-        try:
-            models = await self._read_models()
-        except (ServerInfoError, AuthenticationError, PermissionDeniedError):
-            raise
-        except (RequestError, ValueError, KeyError, TypeError) as exc:
-            if self._model is None:
-                raise ServerInfoError(
-                    f"could not read the model list at {self.base_url}/models ({exc}); "
-                    "is the server up? Pass model=... to skip this check"
-                ) from exc
-            return
-        if self._model is None:
-            if not models:
-                raise ServerInfoError(
-                    f"{self.base_url}/models lists no models, so there is none to use by default"
-                )
-            self._model = str(models[0]["id"])
-        entry = next((m for m in models if m.get("id") == self._model), None)
-        if entry is None and models:
-            # A server listing nothing tells us nothing; one listing others is sure.
-            available = tuple(str(m["id"]) for m in models)
-            raise UnknownModelError(model=self._model, available=available, base_url=self.base_url)
-        if entry is not None and isinstance(entry.get("max_model_len"), int):
-            self._max_model_len = entry["max_model_len"]
-        if entry is not None and entry.get("owned_by") == "vllm":
-            assert self._endpoint is not None
-            self._endpoint.is_vllm = True
-
-    async def _read_models(self) -> list[Mapping[str, Any]]:
-        """The entries of ``GET {base_url}/models``; typed errors for what no retry fixes."""
-        status, headers, content = await self._get(self.base_url + "/models")
-        assert self._endpoint is not None
-        self._endpoint.on_response(status, headers)
-        if status == 404:
-            # The commonest slip is a base URL without /v1: probe that once, and only
-            # after a 404, so a right URL costs nothing.
-            v1 = self.base_url + "/v1"
-            if not urlsplit(self.base_url).path.endswith("/v1") and await self._lists_models(v1):
-                raise ServerInfoError(
-                    f"{self.base_url}/models answered 404, but {v1}/models lists models: "
-                    f"did you mean {v1}?"
-                )
-        if self._api_key:  # a server that echoes the key must not get it into our errors
-            content = content.replace(self._api_key.encode(), b"***")
-        error = error_from_response(status, headers, content) if status >= 400 else None
-        if isinstance(error, AuthenticationError | PermissionDeniedError):
-            raise self._refused(error)
-        if error is not None:
-            raise error
-        models = json.loads(content)["data"]
-        if not isinstance(models, list) or not all(
-            isinstance(m, Mapping) and isinstance(m.get("id"), str) for m in models
-        ):
-            raise TypeError("'data' is not a list of models with ids")
-        return models
-
-    async def _get(self, url: str) -> tuple[int, Mapping[str, str], bytes]:
-        assert self._transport is not None
-        response = await self._transport.send(HTTPRequest("GET", url, self._headers()))
-        try:
-            content = await response.read()
-        finally:
-            await response.aclose()
-        return response.status, response.headers, content
-
-    async def _lists_models(self, base_url: str) -> bool:
-        try:
-            status, _, content = await self._get(base_url + "/models")
-            return status == 200 and isinstance(json.loads(content)["data"], list)
-        except (RequestError, ValueError, KeyError, TypeError):
-            return False
-
-    def _refused(self, error: APIStatusError) -> APIStatusError:
-        """A 401/403 on the model list, retyped with what to do (the key never shown)."""
-        status = f"{error.status_code}: {error.message}"
-        if not self._api_key:
-            advice = (
-                f"the server at {self.base_url} wants an API key ({status}) and none was "
-                "given; set LLMBATCH_API_KEY (or OPENAI_API_KEY)"
-            )
-        elif error.status_code == 401:
-            advice = (
-                f"the server at {self.base_url} refused the API key ({status}); "
-                "check the key (it is not shown here)"
-            )
-        else:
-            advice = (
-                f"the server at {self.base_url} does not let this API key list its "
-                f"models ({status}); check the key's permissions (it is not shown here)"
-            )
-        return type(error)(
-            advice, status_code=error.status_code, body=error.body, retry_after=error.retry_after
-        )
 
     def _open(self) -> Submitter:
         root = self._root

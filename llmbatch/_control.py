@@ -160,6 +160,11 @@ class AdmissionController:
             if self.running is not None and self.running >= CAUGHT_UP * self._limit:
                 self._fresh += 1
 
+    def forget_speed(self) -> None:
+        """Measure the step time and TTFT afresh (a server taken out and back)."""
+        self.step_time = self._last_step = self.ttft = None
+        self._fresh = 0
+
     def on_ttft(self, seconds: float) -> None:
         """A realtime request's time to first token."""
         if math.isfinite(seconds) and seconds >= 0:

@@ -121,6 +121,8 @@ class Dispatcher:
         """Whether the server has /chat/completions/batch: None until the first try."""
         self.tracer: Tracer | None = None
         """Records each HTTP request as a span, when tracing is on."""
+        self.fail_over: Callable[[], bool] | None = None
+        """Whether another replica takes batches now (several servers only)."""
 
     async def send(self, requests: Sequence[Request], flight: Flight) -> None:
         """Answer every request of a batch (or put it back in the queue if the server
@@ -442,7 +444,8 @@ class Dispatcher:
         retry_if: Callable[[], bool] | None = None,
     ) -> T:
         """``call()``, retried with backoff on 429, 5xx and network errors; raises
-        :class:`_Unavailable` when the server is down and worth waiting for."""
+        :class:`_Unavailable` when the server is down and worth waiting for, or when
+        another replica can take the batch at once (failover)."""
         attempts = requests[0].spec.attempts or self._retry.attempts
         attempt = 1
         while True:
@@ -456,7 +459,10 @@ class Dispatcher:
             except RequestError as error:
                 can_retry = retry_if is None or retry_if()
                 unavailable = _is_unavailable(error) and can_retry
-                if unavailable and self.endpoint.on_unavailable(self._now(), error):
+                if unavailable and (
+                    self.endpoint.on_unavailable(self._now(), error)
+                    or self._may_fail_over(requests, attempts)
+                ):
                     raise _Unavailable from error
                 if attempt >= attempts or not self._retryable(error, requests, can_retry):
                     raise
@@ -469,6 +475,15 @@ class Dispatcher:
             self._log_retry(requests, attempt, attempts, delay, exc)
             await anyio.sleep(delay)
             attempt += 1
+
+    def _may_fail_over(self, requests: Sequence[Request], attempts: int) -> bool:
+        """Send the batch to another replica rather than retry this one: one is up,
+        and the requests have not yet used their attempts (so a batch cannot bounce
+        between failing replicas forever)."""
+        fail_over = self.fail_over
+        return (
+            fail_over is not None and all(r.attempts < attempts for r in requests) and fail_over()
+        )
 
     def _log_retry(
         self,

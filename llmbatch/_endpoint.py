@@ -52,7 +52,7 @@ class Endpoint:
         # Every request asks vLLM for a load report on its response (other servers
         # ignore the header).
         self.headers = {**headers, LOAD_FORMAT_HEADER[0]: LOAD_FORMAT_HEADER[1]}
-        self._probe_headers = dict(headers)
+        self.probe_headers = dict(headers)
         self.controller = AdmissionController(
             ceiling=limits.max_in_flight, max_reserve=limits.reserved_realtime, slo=slo
         )
@@ -65,6 +65,11 @@ class Endpoint:
         """The server has refused a prompt as too long: prompts that might be are sent
         alone from now on, so one cannot fail a whole batch."""
         self._last_metrics: MetricsSample | None = None
+        self.ejected = False
+        """Out of rotation for being far slower than its peers (until re-admitted)."""
+        self.patient = False
+        """Worth waiting for even before it first answers: one of several replicas
+        whose peers answered (so it is starting or restarting, not misconfigured)."""
 
     def __repr__(self) -> str:
         return f"<Endpoint {self.base_url} breaker={self.breaker.state.value}>"
@@ -80,7 +85,12 @@ class Endpoint:
             self.controller.on_answer()
         if status == 503:
             return  # overloaded or restarting: the dispatcher reports it as a failure
-        self.breaker.on_success()
+        if not self.ejected:
+            self.breaker.on_success()
+        elif self.breaker.state is BreakerState.HALF_OPEN:
+            self.ejected = False  # its trial batch was answered: back in rotation
+            self.breaker.on_success()
+        # (Answers to work sent before an ejection do not end it.)
         load = parse_load_header(headers.get(LOAD_HEADER))
         if load is not None:
             self.controller.on_load(
@@ -91,7 +101,7 @@ class Endpoint:
         """A connection failure, a dropped connection or a 503. Returns True when
         requests should wait for the server rather than retry on their own: the
         breaker is open (or just opened) and the server has answered before."""
-        if not self.breaker.ever_answered or self.breaker.outage_tolerance <= 0:
+        if not (self.breaker.ever_answered or self.patient) or self.breaker.outage_tolerance <= 0:
             # Never answered: a configuration problem, reported at once. (Or the
             # patience was turned off.)
             return False
@@ -107,6 +117,25 @@ class Endpoint:
             )
         return self.breaker.state is not BreakerState.CLOSED
 
+    def eject(self, now: float, reason: str) -> None:
+        """Take a server far slower than its peers out of rotation until a health
+        probe and a trial batch re-admit it; its speed is measured afresh then."""
+        if self.breaker.state is not BreakerState.CLOSED:
+            return
+        logger.warning(
+            "%s is far slower than its peers (%s); sending it nothing for now",
+            self.base_url,
+            reason,
+        )
+        self.ejected = True
+        self.breaker.open_without_failure(now, reason)
+        self.controller.forget_speed()
+
+    def hold_out(self, now: float, reason: str) -> None:
+        """A replica that did not answer at open: out of rotation, probed like a
+        server in an outage, in once a probe and a trial batch succeed."""
+        self.breaker.open_without_failure(now, reason)
+
     # -- probes ----------------------------------------------------------------------
 
     def _origin(self) -> str:
@@ -118,7 +147,7 @@ class Endpoint:
         """GET /health: True if the server answers 200."""
         try:
             response = await self.transport.send(
-                HTTPRequest("GET", self._origin() + "/health", self._probe_headers)
+                HTTPRequest("GET", self._origin() + "/health", self.probe_headers)
             )
             try:
                 await response.read()
@@ -138,7 +167,7 @@ class Endpoint:
         averaged since the last read (from vLLM's histogram totals)."""
         try:
             response = await self.transport.send(
-                HTTPRequest("GET", self._origin() + "/metrics", self._probe_headers)
+                HTTPRequest("GET", self._origin() + "/metrics", self.probe_headers)
             )
             try:
                 body = await response.read()

@@ -7,13 +7,17 @@ It owns three promises to callers:
 - a caller that goes away (cancelled, or past its deadline) is out of the queue at
   once, and an HTTP exchange serving only such callers is cancelled;
 - every request ends exactly once: answered, failed, expired or cancelled at close.
+
+It drives one or more servers (replicas), each a :class:`Server`: its endpoint
+(controller, breaker, load signals), its dispatcher, its probes. The scheduler holds
+each one's in-flight ledger and routes batches among them.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 from anyio.abc import TaskGroup
@@ -36,6 +40,27 @@ from llmbatch._stats import ServerStats, Stats, StatsRecorder
 __all__ = ["Engine"]
 
 logger = logging.getLogger("llmbatch")
+
+
+#: A replica whose step time is this many times its peers' median is ejected (sent
+#: nothing) until a health probe and a trial batch re-admit it.
+SLOW_FACTOR = 3.0
+
+
+class Server:
+    """One replica as the engine drives it."""
+
+    __slots__ = ("dispatcher", "endpoint", "index", "learn", "probing", "removed")
+
+    def __init__(self, index: int, endpoint: Endpoint, dispatcher: Dispatcher) -> None:
+        self.index = index
+        """Its index in the scheduler's replicas (``Batch.replica``)."""
+        self.endpoint = endpoint
+        self.dispatcher = dispatcher
+        self.probing = False
+        self.removed = False
+        self.learn: Callable[[], Awaitable[None]] | None = None
+        """Read what it serves once it is up (for a replica that was down at open)."""
 
 
 class _Sender:
@@ -61,16 +86,17 @@ class Engine:
         clock: Clock = time.monotonic,
     ) -> None:
         self._now = clock
+        self.clock = clock
         self._scheduler = scheduler
-        self._dispatcher = dispatcher
         self._stats = stats
-        self.endpoint = endpoint
-        self.dispatcher = dispatcher
-        """The dispatcher its batches go to (the client wires tracing into it)."""
         self.stats_recorder = stats
         """Its counters (the client wires tracing into them)."""
+        self.servers: list[Server] = [Server(0, endpoint, dispatcher)]
+        """Every replica, in the scheduler's order (removed ones stay, marked)."""
+        self.routing = False
+        """Several replicas take work: requests carry prefix keys for affinity."""
         scheduler.set_bulk_limit(endpoint.controller.limit)
-        self._probing = False
+        self._tg: TaskGroup | None = None
         self._isolating = False
         # Events are made only when someone is about to wait on them: a lone request
         # passes through here several times, and each anyio.Event costs.
@@ -83,6 +109,49 @@ class Engine:
         self._idle: list[_Sender] = []
         self.flushing = False
         self.closed = False
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """The first server's endpoint."""
+        return self.servers[0].endpoint
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The first server's dispatcher."""
+        return self.servers[0].dispatcher
+
+    def live_servers(self) -> list[Server]:
+        return [server for server in self.servers if not server.removed]
+
+    def add_server(
+        self, endpoint: Endpoint, dispatcher: Dispatcher, models: frozenset[str] | None
+    ) -> Server:
+        """Start sending to another replica (at once: its ledger is open)."""
+        index = self._scheduler.add_replica(models)
+        server = Server(index, endpoint, dispatcher)
+        self.servers.append(server)
+        self._scheduler.set_bulk_limit(endpoint.controller.limit, index)
+        if self._tg is not None:
+            self._tg.start_soon(self._watch_metrics, server)
+        self.routing = len(self.live_servers()) > 1
+        self._wake()
+        return server
+
+    def remove_server(self, server: Server) -> None:
+        """Send nothing more to ``server``; what it has in flight finishes there."""
+        server.removed = True
+        self._scheduler.remove_replica(server.index)
+        self.routing = len(self.live_servers()) > 1
+        self._wake()
+
+    def set_models(self, server: Server, models: frozenset[str] | None) -> None:
+        self._scheduler.set_models(server.index, models)
+        self._wake()
+
+    def _all_over_tolerance(self, now: float) -> bool:
+        """Every replica has been unavailable for longer than the outage tolerance."""
+        live = self.live_servers()
+        return bool(live) and all(s.endpoint.breaker.outage_over_tolerance(now) for s in live)
 
     # -- callers ---------------------------------------------------------------------
 
@@ -98,7 +167,7 @@ class Engine:
                 ),
             )
             return
-        if self.endpoint.breaker.outage_over_tolerance(self._now()):
+        if self._all_over_tolerance(self._now()):
             # Past the outage tolerance new requests fail at once until a probe
             # finds the server back.
             self._stats.settle_error(request, self._outage_error(request))
@@ -140,51 +209,49 @@ class Engine:
     async def run(self, tg: TaskGroup) -> None:
         """Poll the scheduler whenever woken or a trigger is due; runs until cancelled."""
         scheduler, stats = self._scheduler, self._stats
-        endpoint = self.endpoint
-        breaker, controller = endpoint.breaker, endpoint.controller
-        tg.start_soon(self._watch_metrics)
+        replicas = scheduler.replicas
+        self._tg = tg
+        for server in self.servers:
+            tg.start_soon(self._watch_metrics, server)
         while True:
             self._woken = False
             now = self._now()
-            if breaker.state is not BreakerState.CLOSED:
-                if breaker.outage_over_tolerance(now) and scheduler.has_queued:
-                    self._give_up()
-                if breaker.probe_due(now) and not self._probing:
-                    self._probing = True
-                    tg.start_soon(self._probe)
-            if endpoint.length_risk and not self._isolating:
+            live = self.live_servers()
+            for server in live:
+                breaker = server.endpoint.breaker
+                if breaker.state is BreakerState.CLOSED:
+                    replicas[server.index].sendable = None
+                    continue
+                # Open: nothing; half-open: the one trial batch.
+                replicas[server.index].sendable = 1 if breaker.allows() else 0
+                if breaker.probe_due(now) and not server.probing:
+                    server.probing = True
+                    tg.start_soon(self._probe, server)
+            if scheduler.has_queued and self._all_over_tolerance(now):
+                self._give_up()
+            if not self._isolating and any(s.endpoint.length_risk for s in live):
                 self._isolating = True
                 scheduler.isolate_risky()
-            trial = breaker.state is BreakerState.HALF_OPEN
-            poll = scheduler.poll(
-                now,
-                flush=self.flushing,
-                paused=not breaker.allows(),
-                max_batches=1 if trial else None,
-            )
-            if trial and poll.batches:
-                breaker.trial_sent()
+            poll = scheduler.poll(now, flush=self.flushing)
             for request in poll.expired:
                 self.expire(request)
             for batch in poll.batches:
+                breaker = self.servers[batch.replica].endpoint.breaker
+                if breaker.state is BreakerState.HALF_OPEN:
+                    breaker.trial_sent()
                 for request in batch.requests:
                     request.dispatched_at = now
                 stats.dispatched(batch, now)
                 self._dispatch(tg, batch)
-            if poll.blocked:
-                controller.on_blocked()
-            controller.on_realtime_in_flight(now, scheduler.in_flight_by_tier[Priority.REALTIME])
-            if controller.update(now):
-                grew = controller.limit > scheduler.bulk_limit
-                scheduler.set_bulk_limit(controller.limit)
-                if grew:
-                    continue  # room for more: poll again at once
+            if self._control(now, live, poll.blocked_replicas):
+                continue  # room for more: poll again at once
             if self._woken:
                 continue  # something changed while polling: poll again at once
             wakeup = poll.next_wakeup
-            probe = breaker.next_probe()
-            if probe is not None and (wakeup is None or probe < wakeup):
-                wakeup = probe
+            for server in live:
+                probe = server.endpoint.breaker.next_probe()
+                if probe is not None and (wakeup is None or probe < wakeup):
+                    wakeup = probe
             event = self._wake_event = anyio.Event()
             if wakeup is None:
                 await event.wait()
@@ -193,30 +260,75 @@ class Engine:
                     await event.wait()
             self._wake_event = None
 
+    def _control(self, now: float, live: list[Server], blocked: frozenset[int]) -> bool:
+        """Feed each replica's controller and apply its limit; True if one grew."""
+        scheduler = self._scheduler
+        grew = False
+        for server in live:
+            controller = server.endpoint.controller
+            replica = scheduler.replicas[server.index]
+            if server.index in blocked:
+                controller.on_blocked()
+            controller.on_realtime_in_flight(now, replica.in_flight - replica.bulk_in_flight)
+            if controller.update(now):
+                grew = grew or controller.limit > replica.bulk_cap
+                scheduler.set_bulk_limit(controller.limit, server.index)
+        if len(live) > 2:
+            self._eject_slow(now, live)
+        return grew
+
+    def _eject_slow(self, now: float, live: list[Server]) -> None:
+        """Send nothing to a replica far slower than its peers until it proves itself
+        again (a health probe, then a trial batch): a replica on a failing GPU or a
+        hot host would otherwise drag every batch routed to it."""
+        steps = [
+            (s.endpoint.controller.step_time, s)
+            for s in live
+            if s.endpoint.breaker.state is BreakerState.CLOSED
+        ]
+        known = sorted(t for t, _ in steps if t is not None)
+        if len(known) < 3:
+            return
+        median = known[len(known) // 2]
+        for step, server in steps:
+            if step is not None and step > SLOW_FACTOR * median:
+                server.endpoint.eject(now, f"step time {step:.3f}s vs {median:.3f}s on its peers")
+
     def requeue(self, requests: Sequence[Request]) -> None:
-        """In-flight requests that met an outage wait in the queue for the server."""
+        """In-flight requests that met an outage wait in the queue for a server."""
         for request in requests:
             request.flight = None
         self._scheduler.requeue(list(requests))
         self._wake()
 
-    async def _probe(self) -> None:
+    def can_fail_over(self, server: Server) -> bool:
+        """Another replica than ``server`` takes batches now."""
+        return any(
+            other is not server and other.endpoint.breaker.state is BreakerState.CLOSED
+            for other in self.live_servers()
+        )
+
+    async def _probe(self, server: Server) -> None:
         """One /health probe of an unavailable server."""
+        endpoint = server.endpoint
         try:
-            healthy = await self.endpoint.probe_health()
-            self.endpoint.breaker.on_probe(self._now(), healthy)
+            healthy = await endpoint.probe_health()
+            if healthy and server.learn is not None:
+                await server.learn()
+            endpoint.breaker.on_probe(self._now(), healthy)
             if healthy:
-                logger.warning("%s answers /health again; resuming", self.endpoint.base_url)
+                logger.warning("%s answers /health again; resuming", endpoint.base_url)
         finally:
-            self._probing = False
+            server.probing = False
             self._wake()
 
-    async def _watch_metrics(self) -> None:
-        """Read the server's /metrics while it has work, for the controller."""
-        endpoint = self.endpoint
-        while endpoint.has_metrics is not False:
+    async def _watch_metrics(self, server: Server) -> None:
+        """Read a server's /metrics while it has work, for its controller."""
+        endpoint = server.endpoint
+        replica = self._scheduler.replicas[server.index]
+        while endpoint.has_metrics is not False and not server.removed:
             await anyio.sleep(METRICS_INTERVAL)
-            if self._scheduler.in_flight and endpoint.breaker.state is BreakerState.CLOSED:
+            if replica.in_flight and endpoint.breaker.state is BreakerState.CLOSED:
                 await endpoint.read_metrics(self._now())
                 self._wake()
 
@@ -228,10 +340,19 @@ class Engine:
         self._signal_progress()
 
     def _outage_error(self, request: Request) -> ServerOutageError:
-        breaker = self.endpoint.breaker
+        live = self.live_servers() or self.servers
+        now = self._now()
+        # The server that has been back most recently names the outage's length.
+        server = min(live, key=lambda s: s.endpoint.breaker.outage_seconds(now))
+        breaker = server.endpoint.breaker
+        where = (
+            server.endpoint.base_url
+            if len(live) == 1
+            else f"every server ({len(live)}; {server.endpoint.base_url} the latest)"
+        )
         return ServerOutageError(
-            f"{self.endpoint.base_url} has been unavailable for "
-            f"{breaker.outage_seconds(self._now()):.0f}s, longer than the outage tolerance of "
+            f"{where} has been unavailable for "
+            f"{breaker.outage_seconds(now):.0f}s, longer than the outage tolerance of "
             f"{breaker.outage_tolerance:.0f}s (RetryPolicy.outage_tolerance); last error: "
             f"{breaker.last_error}",
             request_id=request.id,
@@ -270,7 +391,7 @@ class Engine:
         for request in batch.requests:
             request.flight = flight
         try:
-            await self._dispatcher.send(batch.requests, flight)
+            await self.servers[batch.replica].dispatcher.send(batch.requests, flight)
         except Exception as exc:
             # A bug must cost this batch, not the client's task group and every caller.
             logger.exception("internal error while sending a batch of %d", len(batch.requests))
@@ -338,12 +459,23 @@ class Engine:
             )
 
     def snapshot(self) -> Stats:
-        endpoint = self.endpoint
+        servers = tuple(self._server_stats(s) for s in self.live_servers())
+        return self._stats.snapshot(
+            self._now(),
+            {p: self._scheduler.queued(p) for p in Priority},
+            dict(self._scheduler.in_flight_by_tier),
+            servers,
+        )
+
+    def _server_stats(self, server: Server) -> ServerStats:
+        endpoint = server.endpoint
         control = endpoint.controller.state()
         breaker = endpoint.breaker
-        server = ServerStats(
+        replica = self._scheduler.replicas[server.index]
+        return ServerStats(
             base_url=endpoint.base_url,
-            bulk_limit=self._scheduler.bulk_limit,
+            in_flight=replica.in_flight,
+            bulk_limit=replica.bulk_cap,
             ceiling=control.ceiling,
             realtime_reserve=control.realtime_reserve,
             step_time=control.step_time,
@@ -355,12 +487,7 @@ class Engine:
             slo_aim=control.slo_aim,
             breaker=breaker.state.value,
             outages=breaker.opened,
-        )
-        return self._stats.snapshot(
-            self._now(),
-            {p: self._scheduler.queued(p) for p in Priority},
-            dict(self._scheduler.in_flight_by_tier),
-            server,
+            ejected=endpoint.ejected,
         )
 
     def _signal_progress(self) -> None:

@@ -141,8 +141,10 @@ class Request:
         "messages",
         "metadata",
         "might_not_fit",
+        "prefix",
         "priority",
         "prompt",
+        "replica",
         "retried",
         "seq",
         "spec",
@@ -201,6 +203,11 @@ class Request:
         """A map item's metadata, handed back in its Result."""
         self.trace: object = None
         """The tracer's record of it (a span), when tracing is on."""
+        self.replica = 0
+        """The server it was last sent to (an index into the scheduler's replicas)."""
+        self.prefix: tuple[int, ...] = ()
+        """Hashes of its prompt's leading blocks, for prefix affinity (several
+        servers only)."""
 
     def travel_alone(self) -> None:
         """Join a queue group of its own, so it is sent in a batch of one."""

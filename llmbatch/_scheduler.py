@@ -29,14 +29,25 @@ Rules, in order of precedence:
    tokens. A batch that does not fit whole is trimmed to what fits.
 7. A batch is sent only when the rate limits allow it; when they do not, nothing
    else is sent either, so the budget goes to the tiers in order.
-8. While the server is unavailable (``paused``) nothing is sent; deadlines still
-   fire. A batch that met the outage comes back (``requeue``) at the head of its
-   group, in its original order.
+8. While a server is unavailable (its replica not ``sendable``) nothing is sent to
+   it; deadlines still fire. A batch that met the outage comes back (``requeue``) at
+   the head of its group, in its original order, and goes to whichever replica
+   takes it first.
+9. With several servers (replicas), the limits of rule 6 hold per replica, each
+   with its own bulk limit, and a batch goes to one replica (``Batch.replica``).
+   A recurring prompt prefix has a home: the replica its first batch went to. Its
+   batches go home while home has a seat and is not far busier than the least busy
+   replica; otherwise, and for prompts without a home, to the less busy of two
+   replicas picked at random (power of two choices). When a seat frees, the oldest
+   ready group at home there goes first, ahead of older groups at home elsewhere.
+   Only replicas that serve the batch's model (or may: they have not said), and
+   are sendable (available, or allowed a trial batch), are considered.
 """
 
 from __future__ import annotations
 
 import heapq
+import random
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -45,7 +56,7 @@ from llmbatch._config import DEFAULT_BATCH_POLICIES, BatchPolicy, Limits, Priori
 from llmbatch._exceptions import QueueFull
 from llmbatch._request import Request, State
 
-__all__ = ["Batch", "Poll", "Scheduler", "TokenBucket"]
+__all__ = ["Batch", "Poll", "Replica", "Scheduler", "TokenBucket"]
 
 TIERS = (Priority.REALTIME, Priority.NORMAL, Priority.BATCH)
 _WAITING, _QUEUED, _IN_FLIGHT, _FINISHED = (
@@ -56,6 +67,15 @@ _WAITING, _QUEUED, _IN_FLIGHT, _FINISHED = (
 )
 #: Rate-bucket wake-ups this close to "now" count as now (float rounding).
 _EPSILON = 1e-9
+#: Prefix affinity yields to load when the affinity replica runs this many more
+#: sequences than the least busy one *and* this many times as many (both must hold,
+#: so small counts never override affinity and large ones do).
+AFFINITY_SLACK_SEQUENCES = 32
+AFFINITY_SLACK_RATIO = 1.5
+#: Ready groups of a tier looked at for one whose prefix belongs where a seat is free.
+ROUTE_SCAN = 32
+#: Prefix keys remembered for affinity (least recently used dropped first).
+AFFINITY_MEMORY = 65_536
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +84,8 @@ class Batch:
 
     priority: Priority
     requests: tuple[Request, ...]
+    replica: int = 0
+    """Which server it goes to (an index into the scheduler's replicas)."""
 
     @property
     def tokens(self) -> int:
@@ -79,7 +101,9 @@ class Poll:
     """Requests past their deadline: out of the queues; in-flight ones still flying."""
     next_wakeup: float | None = None
     blocked: bool = False
-    """Lower-tier work was ready and only the bulk limit held it back."""
+    """Lower-tier work was ready and only a bulk limit held it back."""
+    blocked_replicas: frozenset[int] = frozenset()
+    """The replicas whose bulk limit held it back (seats free, but not for bulk)."""
 
 
 class TokenBucket:
@@ -230,21 +254,86 @@ class _Tier:
 
     def ready_group(self, now: float, flush: bool, idle: bool) -> _Group | None:
         """The oldest group that has hit a trigger, if any."""
+        return next(self.ready_groups(now, flush, idle), None)
+
+    def ready_groups(self, now: float, flush: bool, idle: bool) -> Iterator[_Group]:
+        """Every group that has hit a trigger, oldest first."""
         policy = self.policy
         if flush or (idle and policy.send_when_idle):
-            return next(iter(self.groups.values()), None)
+            yield from self.groups.values()
+            return
         for group in self.groups.values():
             if (
                 group.live >= policy.max_batch_size
                 or group.head().enqueued_at + policy.max_wait <= now
                 or group.tokens >= policy.max_batch_tokens
             ):
-                return group
-        return None
+                yield group
 
     def next_trigger(self) -> float | None:
         wait = self.policy.max_wait
         return min((g.head().enqueued_at + wait for g in self.groups.values()), default=None)
+
+
+class Replica:
+    """One server's in-flight ledger: its seats, its bulk limit, who holds them."""
+
+    __slots__ = (
+        "active",
+        "bulk_cap",
+        "bulk_in_flight",
+        "bulk_in_flight_tokens",
+        "bulk_token_cap",
+        "ceiling",
+        "in_flight",
+        "in_flight_tokens",
+        "index",
+        "models",
+        "sendable",
+        "token_ceiling",
+    )
+
+    def __init__(self, index: int, limits: Limits) -> None:
+        self.index = index
+        self.ceiling = limits.max_in_flight
+        self.token_ceiling = limits.max_in_flight_tokens
+        self.bulk_cap = 0
+        self.bulk_token_cap = 0
+        self.in_flight = 0
+        self.in_flight_tokens = 0
+        self.bulk_in_flight = 0
+        self.bulk_in_flight_tokens = 0
+        self.models: frozenset[str] | None = None
+        """The models it serves (None: unknown, so any)."""
+        self.sendable: int | None = None
+        """None: send freely; 0: send nothing (unavailable); n: at most n more batches
+        (a trial while it may be back)."""
+        self.active = True
+        """False once removed: it takes nothing new, and its in-flight work drains."""
+        self.set_bulk_limit(limits.max_in_flight - limits.reserved_realtime)
+
+    def set_bulk_limit(self, sequences: int) -> None:
+        sequences = max(1, min(sequences, self.ceiling))
+        self.bulk_cap = sequences
+        share = sequences / self.ceiling
+        self.bulk_token_cap = max(1, int(self.token_ceiling * share))
+
+    def room(self, priority: Priority) -> tuple[int, int]:
+        """Free seats and tokens for a batch of ``priority`` (negative: over)."""
+        seqs = self.ceiling - self.in_flight
+        tokens = self.token_ceiling - self.in_flight_tokens
+        if priority is not Priority.REALTIME:
+            seqs = min(seqs, self.bulk_cap - self.bulk_in_flight)
+            tokens = min(tokens, self.bulk_token_cap - self.bulk_in_flight_tokens)
+        return seqs, tokens
+
+    def open_to(self, model: str | None) -> bool:
+        """Takes new batches now, for ``model`` (None: any model)."""
+        return (
+            self.active
+            and self.sendable != 0
+            and (model is None or self.models is None or model in self.models)
+        )
 
 
 class Scheduler:
@@ -262,11 +351,16 @@ class Scheduler:
         self.in_flight = 0
         self.in_flight_tokens = 0
         self.in_flight_by_tier = dict.fromkeys(TIERS, 0)
-        self._bulk_in_flight = 0
-        self._bulk_in_flight_tokens = 0
-        self._bulk_seq_cap = 0
-        self._bulk_token_cap = 0
-        self.set_bulk_limit(limits.max_in_flight - limits.reserved_realtime)
+        self.replicas: list[Replica] = [Replica(0, limits)]
+        """Every server's ledger; index 0 is the first server. Removed ones stay
+        (inactive) so indexes held by in-flight requests remain valid."""
+        self._random = random.Random(0)
+        self._listed: frozenset[str] = frozenset()
+        """Every model some active replica lists."""
+        self._unlisted = False
+        """Some active replica has not said what it serves (so it may serve any)."""
+        self._affinity: OrderedDict[int, int] = OrderedDict()
+        """Prefix key -> the replica that last served a prompt with that prefix."""
         # (deadline, seq, request) for every request with a deadline that has not left
         # the scheduler; entries of finished requests are dropped lazily.
         self._deadlines: list[tuple[float, int, Request]] = []
@@ -388,23 +482,43 @@ class Scheduler:
         self.in_flight -= 1
         self.in_flight_tokens -= request.est_tokens
         self.in_flight_by_tier[request.priority] -= 1
+        replica = self.replicas[request.replica]
+        replica.in_flight -= 1
+        replica.in_flight_tokens -= request.est_tokens
         if request.priority is not Priority.REALTIME:
-            self._bulk_in_flight -= 1
-            self._bulk_in_flight_tokens -= request.est_tokens
+            replica.bulk_in_flight -= 1
+            replica.bulk_in_flight_tokens -= request.est_tokens
 
     @property
     def bulk_limit(self) -> int:
-        """Sequences normal and batch work together may have in flight."""
-        return self._bulk_seq_cap
+        """Sequences normal and batch work together may have in flight (the first
+        replica's; see :attr:`replicas` for each)."""
+        return self.replicas[0].bulk_cap
 
-    def set_bulk_limit(self, sequences: int) -> None:
-        """Cap normal and batch work at ``sequences`` in flight (and the same share of
-        the token limit); realtime keeps every seat up to ``Limits.max_in_flight``."""
-        limits = self.limits
-        sequences = max(1, min(sequences, limits.max_in_flight))
-        self._bulk_seq_cap = sequences
-        share = sequences / limits.max_in_flight
-        self._bulk_token_cap = max(1, int(limits.max_in_flight_tokens * share))
+    def set_bulk_limit(self, sequences: int, replica: int = 0) -> None:
+        """Cap normal and batch work on ``replica`` at ``sequences`` in flight (and the
+        same share of its token limit); realtime keeps every seat up to
+        ``Limits.max_in_flight``."""
+        self.replicas[replica].set_bulk_limit(sequences)
+
+    def add_replica(self, models: frozenset[str] | None = None) -> int:
+        """A new server's ledger (sendable at once); returns its index."""
+        replica = Replica(len(self.replicas), self.limits)
+        self.replicas.append(replica)
+        self.set_models(replica.index, models)
+        return replica.index
+
+    def set_models(self, replica: int, models: frozenset[str] | None) -> None:
+        """The models ``replica`` serves (None: unknown, any)."""
+        self.replicas[replica].models = models
+        active = [r for r in self.replicas if r.active]
+        self._listed = frozenset().union(*(r.models for r in active if r.models is not None))
+        self._unlisted = any(r.models is None for r in active)
+
+    def remove_replica(self, replica: int) -> None:
+        """Send nothing more to ``replica``; what it has in flight finishes there."""
+        self.replicas[replica].active = False
+        self.set_models(replica, self.replicas[replica].models)
 
     def isolate_risky(self) -> None:
         """The server refused a prompt as too long: from now on, requests that might not
@@ -433,13 +547,77 @@ class Scheduler:
         for priority, group in by_tier.items():
             self._tiers[priority].requeue(group)
 
-    def _room(self, priority: Priority) -> tuple[int, int]:
-        seqs = self.limits.max_in_flight - self.in_flight
-        tokens = self.limits.max_in_flight_tokens - self.in_flight_tokens
-        if priority is not Priority.REALTIME:
-            seqs = min(seqs, self._bulk_seq_cap - self._bulk_in_flight)
-            tokens = min(tokens, self._bulk_token_cap - self._bulk_in_flight_tokens)
-        return seqs, tokens
+    # -- routing ---------------------------------------------------------------------
+
+    def _pick(self, priority: Priority, ready: Iterator[_Group]) -> tuple[_Group, Replica] | None:
+        """The ready group to send next and its replica: the oldest whose prefix is
+        cached on a replica with a seat, else the oldest that can go anywhere.
+
+        Among replicas that are all busy, seats free one at a time; taking the group
+        that belongs where the seat freed (rather than always the oldest) is what
+        keeps each prefix on one replica under saturation. A replica none of the
+        ready groups belongs to takes the oldest, and its prefix from then on."""
+        fallback: tuple[_Group, Replica] | None = None
+        for scanned, group in enumerate(ready):
+            if scanned >= ROUTE_SCAN:
+                break
+            replica, affine = self._route(priority, group)
+            if replica is None:
+                continue
+            if affine:
+                return group, replica
+            if fallback is None:
+                fallback = group, replica
+        return fallback
+
+    def _route(self, priority: Priority, group: _Group) -> tuple[Replica | None, bool]:
+        """The replica the group's next batch goes to (None if none has a seat), and
+        whether it is the one its prefix was last sent to."""
+        replicas = self.replicas
+        head = group.head()
+        if len(replicas) == 1:
+            only = replicas[0]
+            ok = only.open_to(None) and only.room(priority)[0] > 0
+            return (only if ok else None), False
+        # Only to replicas that serve the model or may (have not said); a model no
+        # replica may serve goes anywhere, and the server's answer says why not.
+        model: str | None = head.spec.model
+        if model not in self._listed and not self._unlisted:
+            model = None
+        open_ = [r for r in replicas if r.open_to(model) and r.room(priority)[0] > 0]
+        if not open_:
+            return None, False
+        least = min(r.in_flight for r in open_)
+        for key in reversed(head.prefix):
+            index = self._affinity.get(key)
+            if index is None:
+                continue
+            preferred = replicas[index]
+            if preferred in open_ and not _imbalanced(preferred.in_flight, least):
+                return preferred, True
+            break  # its replica is full, far busier, or away: balance instead
+        if len(open_) == 1:
+            return open_[0], False
+        a, b = self._random.sample(open_, 2)
+        return (a if _load(a) <= _load(b) else b), False
+
+    def _remember(self, replica: Replica, requests: tuple[Request, ...]) -> None:
+        """The prefixes of these requests that have no home yet (or whose home was
+        removed) are at home on ``replica`` from now on. A home does not move when a
+        batch is balanced elsewhere: a prefix that followed every such batch would
+        leave its cache behind each time."""
+        affinity = self._affinity
+        replicas = self.replicas
+        index = replica.index
+        for request in requests:
+            for key in request.prefix:
+                home = affinity.get(key)
+                if home is None or not replicas[home].active:
+                    affinity[key] = index
+                else:
+                    affinity.move_to_end(key)
+        while len(affinity) > AFFINITY_MEMORY:
+            affinity.popitem(last=False)
 
     # -- rate limits -----------------------------------------------------------------
 
@@ -469,46 +647,48 @@ class Scheduler:
 
     # -- dispatch --------------------------------------------------------------------
 
-    def poll(
-        self,
-        now: float,
-        *,
-        flush: bool = False,
-        paused: bool = False,
-        max_batches: int | None = None,
-    ) -> Poll:
-        """Expire, admit, form and pick batches; reserve their in-flight capacity.
-
-        ``paused``: send nothing (the server is unavailable); ``max_batches``: send at
-        most that many (one trial batch when it may be back)."""
+    def poll(self, now: float, *, flush: bool = False) -> Poll:
+        """Expire, admit, form and pick batches, route each to a replica, and reserve
+        their in-flight capacity there. (A replica's ``sendable`` says whether it
+        takes batches: not while it is unavailable, one while it may be back.)"""
         expired = self._expire(now) if self._deadlines else []
         for tier in self._tiers.values():
             if tier.waiting_live:
                 self._admit(tier, now)
         batches: list[Batch] = []
         rate_wakeup: float | None = None
-        limit_blocked = False
+        limit_blocked: set[int] = set()
         # Tiers whose next request does not fit the free token room this poll; without
         # this, the loop would pick the same tier again forever.
         blocked: set[Priority] = set()
-        while not paused and (max_batches is None or len(batches) < max_batches):
-            candidates: dict[Priority, _Group] = {}
+        while True:
+            candidates: dict[Priority, tuple[_Group, Replica]] = {}
             for p, tier in self._tiers.items():
                 if not tier.groups or p in blocked:
                     continue
-                if self._room(p)[0] <= 0:
-                    if p is not Priority.REALTIME and self.in_flight < self.limits.max_in_flight:
-                        limit_blocked = True  # seats are free, but not for bulk work
+                if not self._has_seat(p):
+                    if p is not Priority.REALTIME:
+                        self._note_blocked(limit_blocked)
                     continue
-                group = tier.ready_group(now, flush, self.in_flight_by_tier[p] == 0)
-                if group is not None:
-                    candidates[p] = group
+                idle = self.in_flight_by_tier[p] == 0
+                if len(self.replicas) == 1:
+                    group = tier.ready_group(now, flush, idle)
+                    if group is None:
+                        continue
+                    replica = self._route(p, group)[0]
+                    if replica is None:  # no seat where its model is served
+                        continue
+                    candidates[p] = (group, replica)
+                else:
+                    picked = self._pick(p, tier.ready_groups(now, flush, idle))
+                    if picked is not None:
+                        candidates[p] = picked
             if not candidates:
                 break
             owed = [p for p in candidates if self._tiers[p].credit >= 1.0]
             chosen = owed[0] if owed else next(p for p in TIERS if p in candidates)
-            group = candidates[chosen]
-            count, tokens = self._plan(chosen, group)
+            group, replica = candidates[chosen]
+            count, tokens = self._plan(chosen, group, replica)
             if count == 0:
                 # A single request larger than the free token room: wait for room.
                 blocked.add(chosen)
@@ -519,18 +699,34 @@ class Scheduler:
                 rate_wakeup = now + wait
                 break
             self._rate_take(tokens)
-            batches.append(self._commit(chosen, group, count, tokens))
+            batches.append(self._commit(chosen, group, count, tokens, replica))
             self._settle_credit(chosen, count, candidates, owed=chosen in owed)
             tier = self._tiers[chosen]
             if tier.waiting_live:
                 self._admit(tier, now)
         self._planned = self._next_wakeup(now, rate_wakeup)
-        return Poll(batches, expired, self._planned, limit_blocked)
+        return Poll(batches, expired, self._planned, bool(limit_blocked), frozenset(limit_blocked))
 
-    def _plan(self, priority: Priority, group: _Group) -> tuple[int, int]:
+    def _has_seat(self, priority: Priority) -> bool:
+        """Some replica takes batches now and has a seat for ``priority``."""
+        return any(r.active and r.sendable != 0 and r.room(priority)[0] > 0 for r in self.replicas)
+
+    def _note_blocked(self, blocked: set[int]) -> None:
+        """Note the replicas whose bulk limit alone holds back bulk work: seats free
+        there, none for bulk (evidence for the controller that more would be used)."""
+        for replica in self.replicas:
+            if (
+                replica.active
+                and replica.sendable != 0
+                and replica.bulk_in_flight >= replica.bulk_cap
+                and replica.in_flight < replica.ceiling
+            ):
+                blocked.add(replica.index)
+
+    def _plan(self, priority: Priority, group: _Group, replica: Replica) -> tuple[int, int]:
         """How many of the group's oldest requests the next batch takes, and their tokens."""
         policy = self._tiers[priority].policy
-        room_seqs, room_tokens = self._room(priority)
+        room_seqs, room_tokens = replica.room(priority)
         limit = min(policy.max_batch_size, room_seqs, group.head().spec.max_batch)
         count = tokens = 0
         for request in group.items:
@@ -540,26 +736,36 @@ class Scheduler:
                 break
             cost = request.est_tokens
             over_batch = count and tokens + cost > policy.max_batch_tokens
-            # An oversize request may go alone, but only onto an otherwise idle tier.
-            over_room = tokens + cost > room_tokens and (count or self.in_flight > 0)
+            # An oversize request may go alone, but only onto an otherwise idle server.
+            over_room = tokens + cost > room_tokens and (count or replica.in_flight > 0)
             if over_batch or over_room:
                 break
             count += 1
             tokens += cost
         return count, tokens
 
-    def _commit(self, priority: Priority, group: _Group, count: int, tokens: int) -> Batch:
+    def _commit(
+        self, priority: Priority, group: _Group, count: int, tokens: int, replica: Replica
+    ) -> Batch:
         tier = self._tiers[priority]
         taken = tuple(tier.pop(group) for _ in range(count))
+        index = replica.index
         for request in taken:
             request.state = _IN_FLIGHT
+            request.replica = index
         self.in_flight += count
         self.in_flight_tokens += tokens
         self.in_flight_by_tier[priority] += count
+        replica.in_flight += count
+        replica.in_flight_tokens += tokens
         if priority is not Priority.REALTIME:
-            self._bulk_in_flight += count
-            self._bulk_in_flight_tokens += tokens
-        return Batch(priority, taken)
+            replica.bulk_in_flight += count
+            replica.bulk_in_flight_tokens += tokens
+        if replica.sendable:
+            replica.sendable -= 1
+        if len(self.replicas) > 1:
+            self._remember(replica, taken)
+        return Batch(priority, taken, index)
 
     def _settle_credit(
         self, chosen: Priority, sent: int, waiting: Mapping[Priority, object], *, owed: bool
@@ -605,3 +811,13 @@ class Scheduler:
         if deadlines and (wakeup is None or deadlines[0][0] < wakeup):
             wakeup = deadlines[0][0]
         return wakeup
+
+
+def _load(replica: Replica) -> float:
+    """How busy a replica is: its share of its seats in use."""
+    return replica.in_flight / replica.ceiling
+
+
+def _imbalanced(preferred: int, least: int) -> bool:
+    """The affinity replica runs too many more sequences than the least busy one."""
+    return preferred - least > AFFINITY_SLACK_SEQUENCES and preferred > AFFINITY_SLACK_RATIO * least

@@ -134,6 +134,8 @@ class ServerStats(_Frozen):
     """What the client knows and decides about one server (closed-loop admission)."""
 
     base_url: str
+    in_flight: int = 0
+    """Sequences the client has in flight there now (every tier)."""
     bulk_limit: int
     """Sequences normal and batch work may have in flight there now (the admission
     controller's limit, realtime's reserve left out)."""
@@ -159,6 +161,9 @@ class ServerStats(_Frozen):
     """``"closed"`` (sending), ``"open"`` (waiting out an outage) or ``"half_open"``."""
     outages: int
     """How many times the server became unavailable and requests waited for it."""
+    ejected: bool = False
+    """Sent nothing because it was far slower than its peers, until a health probe
+    and a trial batch re-admit it."""
 
 
 class Stats(_Frozen):
@@ -188,8 +193,13 @@ class Stats(_Frozen):
     """Completion tokens per second over the last ``rate_window`` seconds."""
     requests_per_second: float
     """Requests answered successfully per second over the last ``rate_window`` seconds."""
-    server: ServerStats | None = None
-    """The server's admission state (None before the client opened)."""
+    servers: tuple[ServerStats, ...] = ()
+    """Each server's admission state, in the order they were given (one per replica)."""
+
+    @property
+    def server(self) -> ServerStats | None:
+        """The first server's admission state (None if there is none)."""
+        return self.servers[0] if self.servers else None
 
     def __str__(self) -> str:
         from llmbatch._stats_table import render
@@ -358,7 +368,7 @@ class StatsRecorder:
         now: float,
         queued: Mapping[Priority, int],
         in_flight: Mapping[Priority, int],
-        server: ServerStats | None = None,
+        servers: tuple[ServerStats, ...] = (),
     ) -> Stats:
         uptime = max(0.0, now - self._started_at)
         window, requests_per_second, tokens_per_second = self._rates.per_second(
@@ -392,5 +402,5 @@ class StatsRecorder:
             rate_window=window,
             tokens_per_second=tokens_per_second,
             requests_per_second=requests_per_second,
-            server=server,
+            servers=servers,
         )

@@ -41,13 +41,13 @@ def render(stats: Stats) -> str:
         f"bisections {stats.bisections:,}"
     )
     lines.append(f"tokens: {stats.prompt_tokens:,} prompt, {stats.completion_tokens:,} completion")
-    if stats.server is not None:
-        lines.append(_server(stats.server))
+    lines.extend(_server(server) for server in stats.servers)
     return "\n".join(lines)
 
 
 def _server(server: ServerStats) -> str:
     parts = [
+        f"in flight {server.in_flight:,}",
         f"bulk limit {server.bulk_limit:,} of {server.ceiling:,}",
         f"realtime reserve {server.realtime_reserve}",
         f"step {_duration(server.step_time)}",
@@ -63,6 +63,8 @@ def _server(server: ServerStats) -> str:
         )
     if server.outages:
         parts.append(f"outages {server.outages}")
+    if server.ejected:
+        parts.append("ejected (slow)")
     return f"server {server.base_url}: " + "; ".join(parts)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from llmbatch._clock import Clock
 from llmbatch._engine import Engine
+from llmbatch._prefix import HotPrefixes, prefix_keys
 from llmbatch._request import CallSpec, Kind, Request
 from llmbatch._tracing import Tracer
 from llmbatch._validate import (
@@ -47,6 +48,7 @@ class Submitter:
         self._loop = loop
         self.tracer: Tracer | None = None
         """Starts each request's span, when tracing is on."""
+        self._hot = HotPrefixes()
 
     def spec(
         self,
@@ -87,6 +89,8 @@ class Submitter:
         else:
             messages, est_tokens = check_messages(payload, spec)
             request = Request(spec, None, messages, est_tokens, self.now())
+        if self.engine.routing:
+            self._key(request)
         if self.tracer is not None:
             self.tracer.request_started(request, parent)
         if max_model_len is not None:
@@ -99,6 +103,15 @@ class Submitter:
                     # fit still batch, until the server refuses one as too long.)
                     request.travel_alone()
         return request
+
+    def _key(self, request: Request) -> None:
+        """A prompt whose prefix recurs batches with its kind and carries its prefix
+        keys, so its batch goes to the replica where that prefix is cached."""
+        keys = prefix_keys(request.prompt, request.messages)
+        group = self._hot.group_of(keys)
+        if group is not None:
+            request.prefix = keys
+            request.group_key = f"{request.group_key}\x00prefix\x00{group}"
 
     async def wait(self, request: Request) -> None:
         """Return once ``request`` is settled."""

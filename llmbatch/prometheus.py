@@ -217,6 +217,12 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
         server,
     )
     ceiling = gauge("admission_ceiling", "Limits.max_in_flight: the limit's ceiling.", server)
+    server_in_flight = gauge(
+        "server_in_flight_requests", "Requests in flight on the server, every tier.", server
+    )
+    ejected = gauge(
+        "server_ejected", "1 while the server is out of rotation for being slow.", server
+    )
     reserve = gauge("realtime_reserve", "In-flight seats kept free for realtime now.", server)
     step = gauge("server_step_seconds", "Observed time per output token on the server.", server)
     ttft = gauge("server_ttft_seconds", "Observed realtime time to first token.", server)
@@ -248,10 +254,11 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
         _observe(batch_size, own, stats.batch_size_histogram)
         prompt_tokens.add_metric(own, stats.prompt_tokens)
         completion_tokens.add_metric(own, stats.completion_tokens)
-        # A list, so the many servers of later versions report the same way.
-        for s in [stats.server] if stats.server is not None else []:
+        for s in stats.servers:
             at = [*own, s.base_url]
             limit.add_metric(at, s.bulk_limit)
+            server_in_flight.add_metric(at, s.in_flight)
+            ejected.add_metric(at, 1.0 if s.ejected else 0.0)
             ceiling.add_metric(at, s.ceiling)
             reserve.add_metric(at, s.realtime_reserve)
             for family, value in ((step, s.step_time), (ttft, s.ttft), (waiting, s.waiting)):
@@ -281,6 +288,8 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
         completion_tokens,
         limit,
         ceiling,
+        server_in_flight,
+        ejected,
         reserve,
         step,
         ttft,

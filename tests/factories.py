@@ -16,12 +16,13 @@ def make_request(
     timeout: float | None = None,
     temperature: float | None = None,
     stream: bool = False,
+    model: str = "m",
 ) -> Request:
     """A completion request created at ``at`` (its deadline is ``at + timeout``)."""
     spec = validate_options(
         kind="completion",
         priority=priority,
-        model="m",
+        model=model,
         params={"max_tokens": max_tokens, "temperature": temperature},
         timeout=timeout,
         stream=stream,

@@ -26,12 +26,12 @@ from typing import Any
 
 import anyio
 
-from llmbatch._client import DEFAULT_BASE_URL
 from llmbatch._config import DEFAULT_LIMITS, Priority
 from llmbatch._exceptions import InvalidRequestError
 from llmbatch._jobs.output import OutputError
 from llmbatch._jobs.runner import JobConfig, JobRejected, JobSummary, run_job
 from llmbatch._progress import MapProgress, ProgressBar, ProgressLike, describe
+from llmbatch._replicas import DEFAULT_BASE_URL
 
 __all__ = ["EXIT_FAILURES", "EXIT_OK", "EXIT_REJECTED", "EXIT_STOPPED", "EXIT_USAGE", "add_parser"]
 
