@@ -106,6 +106,20 @@ def test_caching_off_never_hits() -> None:
     assert (cache.queries, cache.hits) == (0, 0)  # vLLM records no stats then
 
 
+def test_sequences_without_hashes_are_not_looked_up() -> None:
+    """Embeddings do not use the prefix cache, so they are no queries either."""
+    cache = KVCache(num_blocks=100, block_size=16)
+    table = cache.admit(None, 100, 100)
+    assert table is not None
+    assert table.cached == []
+    cache.computed(table, 100)
+    cache.release(table)
+    assert (cache.queries, cache.hits, cache.cached_blocks) == (0, 0, 0)
+    # A prompt shorter than a block has no hash but is still a query, as on vLLM.
+    _run(cache, list(range(10)))
+    assert (cache.queries, cache.hits) == (10, 0)
+
+
 class VirtualTime:
     def __init__(self) -> None:
         self.now = 0.0

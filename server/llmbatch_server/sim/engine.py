@@ -44,8 +44,9 @@ class Sequence:
     finish_reason: str
     stop_reason: str | None
     seed: int
-    #: Chained hashes of the prompt's full KV blocks (empty: no prefix caching).
-    block_hashes: tuple[int, ...] = ()
+    #: Chained hashes of the prompt's full KV blocks; None for a sequence that
+    #: does not use the prefix cache (caching off, or an embedding).
+    block_hashes: tuple[int, ...] | None = None
     priority: int = 0
     arrival: float = 0.0
     prefilled: int = 0

@@ -85,19 +85,23 @@ class KVCache:
         return -(-tokens // self.block_size)
 
     def admit(
-        self, hashes: tuple[int, ...], prompt_tokens: int, kv_tokens: int
+        self, hashes: tuple[int, ...] | None, prompt_tokens: int, kv_tokens: int
     ) -> BlockTable | None:
         """Reserve the blocks of a new sequence, reusing cached prefix blocks.
 
+        ``hashes`` None: the sequence does not use the prefix cache (an
+        embedding), so it is neither looked up nor counted in ``queries``.
         Returns its table (``len(table.cached) * block_size`` prompt tokens need
         no prefill), or None when the blocks do not fit now.
         """
-        hits = self._hits(hashes, prompt_tokens)
+        looked_up = self.caching and hashes is not None
+        hashes = hashes or ()
+        hits = self._hits(hashes, prompt_tokens) if looked_up else []
         revived = sum(1 for h in hits if self._refs[h] == 0)
         new = self.blocks_for(kv_tokens) - len(hits)
         if self.used + revived + new > self.num_blocks:
             return None
-        if self.caching:
+        if looked_up:
             self.queries += prompt_tokens
             self.hits += len(hits) * self.block_size
         for h in hits:
@@ -151,8 +155,6 @@ class KVCache:
         self._free.clear()
 
     def _hits(self, hashes: tuple[int, ...], prompt_tokens: int) -> list[int]:
-        if not self.caching:
-            return []
         # The last prompt token is always recomputed (its logits are needed).
         limit = min(len(hashes), (prompt_tokens - 1) // self.block_size)
         hits = []

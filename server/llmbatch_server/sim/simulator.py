@@ -53,7 +53,7 @@ class Simulator:
             max_tokens = (
                 gen.max_tokens if gen.max_tokens is not None else limits.max_model_len - count
             )
-            hashes: tuple[int, ...] = ()
+            hashes: tuple[int, ...] | None = None
             if limits.enable_prefix_caching:
                 ids = gen.prompt_ids[p] if gen.prompt_ids else self.counter.encode(prompt)
                 hashes = block_hashes(ids, limits.block_size, gen.cache_salt)
