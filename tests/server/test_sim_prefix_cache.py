@@ -211,6 +211,24 @@ def test_a_cached_prefix_shortens_prefill_in_engine_time(caching: bool) -> None:
         assert engine.kv.hits == 0
 
 
+def test_a_cached_prefix_skips_chunked_prefill_steps() -> None:
+    async def scenario() -> tuple[Engine, list[int]]:
+        engine = _engine(max_model_len=4096, max_num_batched_tokens=512)
+        shared = list(range(3000))
+        steps = []
+        async with _stepping(engine):
+            for suffix in ([1, 2, 3], [4, 5, 6]):
+                before = engine.steps
+                await _serve(engine, [*shared, *suffix])
+                steps.append(engine.steps - before)
+        return engine, steps
+
+    engine, steps = asyncio.run(scenario())
+    # 3,003 tokens at 512 a step take 6 steps; the 11 the cache lacks, one.
+    assert steps == [6, 1]
+    assert engine.kv.hits == 187 * 16
+
+
 def _prompt(base: int, blocks: int = 20, extra: int = 10) -> list[int]:
     """A prompt of ``blocks`` full 16-token blocks and ``extra`` more tokens, its
     ids starting at ``base`` (prompts with different bases share nothing)."""
@@ -277,9 +295,10 @@ def _hit_rate(engines: list[Engine]) -> float:
 def test_routing_by_prefix_beats_round_robin_when_prefixes_outgrow_a_replica() -> None:
     """32 system prompts of ~1,000 tokens (62 full blocks each: 1,984 blocks) against
     four replicas of 768 blocks (``kv_cache_tokens=12288``): all the prefixes need
-    2.6x one replica's cache, a quarter of them fit. Sent to the replica their
-    prefix maps to, they hit after the first round; spread round robin, every
-    replica churns through all 32."""
+    2.6x one replica's cache, a replica's quarter of them fits. Sent to the
+    replica their prefix maps to, they hit after the first round; spread round
+    robin, every replica churns through all 32. (Each replica serves its requests
+    one at a time, in the order they were sent, so the outcome is exact.)"""
     prefixes = [_prompt(100_000 * p, blocks=62, extra=8) for p in range(32)]
     order = random.Random(0)
     requests = []
