@@ -75,18 +75,22 @@ def test_blocks_of_running_sequences_are_pinned() -> None:
     assert cache.cached_blocks == 3  # kept after release, until evicted
 
 
-def test_free_blocks_are_evicted_least_recently_used_tail_first() -> None:
+def test_free_blocks_are_reused_least_recently_freed_tail_first() -> None:
     cache = KVCache(num_blocks=8, block_size=4)
-    a, b, c, d = ([base + i for i in range(9)] for base in (0, 100, 200, 300))
-    for prompt in (a, b, c):  # 9 tokens: 2 cached blocks; 3 more output tokens: 3 blocks
+    a, b, c = ([base + i for i in range(9)] for base in (0, 100, 200))
+    for prompt in (a, b):  # 9 tokens: 2 cached blocks; 3 more output tokens: 3 blocks
         _run(cache, prompt, output=3)
-    assert cache.cached_blocks == 6
+    assert cache.cached_blocks == 4
+    # Free, oldest first: 2 never used; a's output block, its 2nd and 1st prompt
+    # blocks; b's likewise. c takes the 2 never used and a's output block.
+    _run(cache, c, output=3)
     assert cache.evictions == 0
-    _run(cache, d, output=3)  # needs 3 blocks, 2 never used: one cached block must go
+    _run(cache, [900], output=3)  # one block: a's second, its tail, goes first...
     assert cache.evictions == 1
-    # The oldest was a's; its tail block went first, so a keeps its first block.
-    assert _run(cache, a, output=3).done == 1
-    assert _run(cache, c, output=3).done == 2
+    assert _run(cache, a, output=3).done == 1  # ...so a still finds its first
+    # a took b's output block and b's second prompt block: b keeps its first.
+    assert cache.evictions == 2
+    assert _run(cache, b, output=3).done == 1
 
 
 def test_reset_forgets_free_cached_blocks() -> None:
@@ -281,9 +285,9 @@ def test_a_running_sequences_prefix_blocks_are_pinned() -> None:
         return engine, sharer
 
     engine, sharer = asyncio.run(scenario())
-    # The first fits in never-used blocks; the second evicts 17 of the first's
-    # 20 cached blocks, the third and fourth 20 each...
-    assert engine.kv.evictions == 17 + 20 + 20
+    # The first fits in never-used blocks; the others, and the sharer's one new
+    # block, evict cached blocks freed before them (17, 20, 20 and 1)...
+    assert engine.kv.evictions == 17 + 20 + 20 + 1
     # ...but never the holder's 20 prefix blocks, which the sharer finds.
     assert sharer.cached_tokens == 320
 
