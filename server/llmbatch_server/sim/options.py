@@ -70,7 +70,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--kv-cache-tokens",
         type=int,
         default=400_000,
-        help="KV-cache capacity in tokens (default: 400000)",
+        help="KV-cache capacity in tokens, shared by running sequences and cached prefixes "
+        "(default: 400000)",
     )
     p.add_argument(
         "--enable-prefix-caching",
