@@ -26,6 +26,7 @@ from llmbatch._exceptions import ClientClosedError
 from llmbatch._map import MapInput
 from llmbatch._models import ChatCompletion, Completion, Embedding, Result
 from llmbatch._options import NOT_GIVEN, NotGiven
+from llmbatch._replicas import Replica
 from llmbatch._stats import Stats
 
 __all__ = ["SyncClient"]
@@ -63,6 +64,12 @@ class SyncClient:
     def model(self) -> str | None:
         """The model every request names (read from the server when opened)."""
         return self._client.model
+
+    @property
+    def endpoints(self) -> SyncEndpoints:
+        """The client's replicas: iterate them, ``add`` or ``remove`` one while the
+        client is open (blocking; see :class:`llmbatch.Endpoints`)."""
+        return SyncEndpoints(self)
 
     def with_options(
         self,
@@ -211,3 +218,30 @@ class SyncClient:
         """:meth:`Client.stats`."""
         stats: Stats = self._call(self._client.stats)
         return stats
+
+
+class SyncEndpoints:
+    """A :class:`SyncClient`'s replicas: :class:`llmbatch.Endpoints`, blocking."""
+
+    def __init__(self, client: SyncClient) -> None:
+        self._sync = client
+
+    def __iter__(self) -> Iterator[Replica]:
+        return iter(list(self._sync._client.endpoints))
+
+    def __len__(self) -> int:
+        return len(self._sync._client.endpoints)
+
+    def __repr__(self) -> str:
+        return f"<llmbatch.SyncEndpoints {list(self)!r}>"
+
+    def add(self, replica: str | Replica, *, api_key: str | None = None) -> Replica:
+        """Send to another replica; see :meth:`llmbatch.Endpoints.add`."""
+        added: Replica = self._sync._call(
+            self._sync._client.endpoints.add, replica, api_key=api_key
+        )
+        return added
+
+    def remove(self, replica: str | Replica) -> None:
+        """Send nothing more to ``replica``; see :meth:`llmbatch.Endpoints.remove`."""
+        self._sync._call(self._sync._client.endpoints.remove, replica)

@@ -142,9 +142,10 @@ async def test_prompts_sharing_a_prefix_go_to_one_replica(sims: list[SimulatorPr
         where = Counter(url for url, batch in transport.sent for p in batch if p.startswith(head))
         home, count = where.most_common(1)[0]
         homes.add(home)
-        # Most at home; the rest taken by a replica that had none of its own queued
-        # (4 prefixes on 3 replicas: one has two) or sent before the prefix recurred.
-        assert count >= 80, (k, where)
+        # Most at home (without affinity each replica would get about a third); the
+        # rest taken by a replica that had none of its own queued (4 prefixes on 3
+        # replicas: one has two) or sent before the prefix recurred.
+        assert count >= 60, (k, where)
     assert len(homes) >= 2, "every prefix was homed on one replica"
 
 
@@ -258,3 +259,17 @@ async def test_endpoints_add_and_remove_replicas_while_open(sims: list[Simulator
         assert len(client.stats().servers) == 1
     with pytest.raises(llmbatch.ClientClosedError):
         await client.endpoints.add(a.base_url)
+
+
+def test_a_sync_client_adds_and_removes_replicas(sims: list[SimulatorProcess]) -> None:
+    a, b, _ = sims
+    with llmbatch.SyncClient(a.base_url) as client:
+        assert client.endpoints.add(b.base_url) == llmbatch.Replica(b.base_url)
+        assert [r.base_url for r in client.endpoints] == [a.base_url, b.base_url]
+        before = posts(b)
+        assert all(r.ok for r in client.map([f"s{i}" for i in range(300)], max_tokens=1))
+        assert posts(b) > before
+        client.endpoints.remove(b.base_url)
+        assert len(client.endpoints) == 1
+        with pytest.raises(llmbatch.ConfigError, match="last replica"):
+            client.endpoints.remove(a.base_url)
