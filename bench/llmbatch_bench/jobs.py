@@ -214,7 +214,7 @@ _VOCABULARY = (
 
 def system_prompt(k: int, chars: int) -> str:
     """The ``k``-th shared system prompt of the prefix workload: ``chars`` characters
-    (4,000 are about 1,100 tokens by the simulator's count), distinct from its first
+    (4,000 are about 1,000 tokens by the simulator's count), distinct from its first
     words on, so prompts that share it share exactly this prefix."""
     rng = random.Random(k)
     words = _VOCABULARY.split()
@@ -223,7 +223,7 @@ def system_prompt(k: int, chars: int) -> str:
     while size < chars:
         word = rng.choice(words)
         # Numbered rules: digits are a token each, as in real system prompts.
-        if rng.random() < 0.1:
+        if rng.random() < 0.2:
             word = f"({rng.randrange(1000)}) {word}"
         parts.append(word)
         size += len(word) + 1

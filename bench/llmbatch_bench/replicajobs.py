@@ -182,8 +182,8 @@ async def _prefix(job: Job, sims: list[Any], sampler: FleetSampler) -> RunMetric
     tally = _Tally(rec)
     urls = [s.base_url for s in sims]
     make = prefix_prompts(job.n, job.prefixes, job.prefix_chars, job.seed)
-    # Enough streamed prompts for the longest the job may take.
-    most = int(job.realtime_rate * (job.time_limit or 600.0)) + 1
+    # Enough streamed prompts for the longest the job may take, and then some.
+    most = int(2 * job.realtime_rate * (job.time_limit or 600.0)) + 100
     sample = prefix_prompts(most, job.prefixes, job.prefix_chars, job.seed + 1, STREAM_OFFSET)
     if job.routing == "llmbatch":
         clients = [_client(job, urls)]

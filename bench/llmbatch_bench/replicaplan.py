@@ -144,19 +144,22 @@ def replicas(runner: Runner, sim_args: tuple[str, ...] | None) -> None:
 
 
 def _sizing(kv_tokens: int | None, sim_args: tuple[str, ...], runner: Runner) -> dict[str, Any]:
+    """:func:`prefix_sizing` for the run's prompts, counted as the simulator counts
+    them (its built-in estimate); ``kv_tokens`` given overrides the size."""
+    from llmbatch_server.sim.counting import EstimateCounter
+
     c = runner.config
+    count = EstimateCounter().count
     model = model_of(sim_args, c.max_tokens)
-    try:
-        from llmbatch_server.sim.counting import EstimateCounter
-    except ImportError:  # pragma: no cover - the bench depends on the server
-        counter = None
-    else:
-        counter = EstimateCounter()
-    system = system_prompt(0, c.replicas_prefix_chars)
-    prompt = prefix_prompts(1, c.replicas_prefixes, c.replicas_prefix_chars, c.seed)(0)
+    systems = [system_prompt(k, c.replicas_prefix_chars) for k in range(c.replicas_prefixes)]
+    tokens = [count(s) for s in systems]
+    prefix = round(sum(tokens) / len(tokens))
+    # The question after the prefix, as the jobs send it.
+    first = prefix_prompts(1, c.replicas_prefixes, c.replicas_prefix_chars, c.seed)(0)
+    own = next(k for k, s in enumerate(systems) if first.startswith(s))
     sizing = prefix_sizing(
-        prefix_tokens=counter.count(system) if counter else len(system) // 4,
-        prompt_tokens=counter.count(prompt) if counter else len(prompt) // 4,
+        prefix_tokens=prefix,
+        prompt_tokens=prefix + count(first) - tokens[own],
         max_tokens=c.max_tokens,
         prefixes=c.replicas_prefixes,
         replicas=c.replicas,
