@@ -36,7 +36,7 @@ from llmbatch_bench.fleetmetrics import FleetSampler, absorbed, histogram_quanti
 from llmbatch_bench.jobs import Job, prefix_prompts, prompts, within_limit
 from llmbatch_bench.metrics import Recorder, RunMetrics, measure, record_stream
 from llmbatch_bench.replicaplan import KILLED
-from llmbatch_bench.server import discover
+from llmbatch_bench.server import discover, machine_busy, process_cpu
 from llmbatch_bench.stepmodel import SimModel, sim_model
 
 __all__ = ["own_fleet", "run_replicas"]
@@ -78,12 +78,14 @@ async def run_replicas(job: Job) -> RunMetrics:
         sampler = FleetSampler([metrics_url(url) for url in urls])
         await sampler.read()
         sampling = asyncio.ensure_future(sampler.run())
+        load = _MachineLoad([sim.pid for sim in sims])
         try:
             metrics = await workload(job, sims, sampler)
         finally:
             sampling.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampling
+        machine = load.summary()
         await sampler.read()
     ttft = sampler.ttft_buckets()
     extra = {
@@ -96,8 +98,41 @@ async def run_replicas(job: Job) -> RunMetrics:
         "server_ttft_p99_s": histogram_quantile(ttft, 0.99),
         "server_ttft_buckets": ttft,
         "gauges": sampler.to_json(),
+        **machine,
     }
     return dataclasses.replace(metrics, extra=extra)
+
+
+class _MachineLoad:
+    """What the machine's CPUs did while the workload ran, in cores: the fleet's
+    simulators, this process (the client, the sampling), and the rest
+    (``other_load_cores``: other work on a shared machine, as the harness reports it
+    for the other scenarios). A killed simulator's CPU after its last reading is lost."""
+
+    def __init__(self, pids: list[int | None]) -> None:
+        self.pids = [p for p in pids if p is not None]
+        self.wall = time.perf_counter()
+        self.own = time.process_time()
+        self.busy = machine_busy()
+        self.fleet = {p: process_cpu(p) for p in self.pids}
+
+    def summary(self) -> dict[str, Any]:
+        wall = time.perf_counter() - self.wall
+        own = time.process_time() - self.own
+        fleet = 0.0
+        for pid, before in self.fleet.items():
+            after = process_cpu(pid)
+            if before is not None and after is not None:
+                fleet += after - before
+        busy = machine_busy()
+        if busy is None or self.busy is None or wall <= 0:
+            return {}
+        total = (busy - self.busy) / wall
+        return {
+            "server_cpu_s": round(fleet, 3),
+            "machine_busy_cores": round(total, 2),
+            "other_load_cores": round(total - (own + fleet) / wall, 2),
+        }
 
 
 def _model(job: Job) -> SimModel | None:

@@ -4,7 +4,9 @@ against round-robin, failover, and the SLO across replicas.
 Per-replica columns list the replicas in order, separated by ``/``. Every table
 carries "step vs model": each replica's real mean step (its inter-token latency)
 over the simulator's step model at the running counts sampled, the worst replica
-shown; about 1 means this machine kept every simulator on its model.
+shown; about 1 means this machine kept every simulator on its model. "other load
+cores" is what the machine's CPUs did beyond the client and the simulators (the
+machine is shared).
 """
 
 from __future__ import annotations
@@ -32,6 +34,15 @@ def sections(report: Mapping[str, Any]) -> list[str]:
 
 def _each(run: Run, key: str, fmt: Callable[[Any], str]) -> str:
     return " / ".join(fmt(p.get(key)) for p in run["extra"].get("per_replica", []))
+
+
+#: What the machine did meanwhile: the simulators' CPU, and other work (shared machine).
+_MACHINE = ("simulators CPU s", "other load cores")
+
+
+def _machine(run: Run) -> list[str]:
+    extra = run["extra"]
+    return [num(extra.get("server_cpu_s"), 1), num(extra.get("other_load_cores"), 2)]
 
 
 def _worst_step(run: Run) -> str:
@@ -67,6 +78,7 @@ def _throughput(runs: Sequence[Run]) -> str:
             _ms(r, "latency", "batch", "p50"),
             _ms(r, "latency", "batch", "p99"),
             num(r["cpu_s"], 2),
+            *_machine(r),
             _worst_step(r),
             num(r["wall_s"], 1),
         ]
@@ -84,6 +96,7 @@ def _throughput(runs: Sequence[Run]) -> str:
         "p50 ms",
         "p99 ms",
         "client CPU s",
+        *_MACHINE,
         "step vs model",
         "wall s",
     ]
@@ -125,6 +138,7 @@ def _prefix(runs: Sequence[Run]) -> str:
                 " / ".join(num(m, 0) for m in running_means(r)),
                 _each(r, "waiting_mean", lambda x: num(x, 0)),
                 _each(r, "kv_usage_mean", _pct),
+                *_machine(r),
                 _worst_step(r),
             ]
         )
@@ -146,6 +160,7 @@ def _prefix(runs: Sequence[Run]) -> str:
         "mean running per replica",
         "mean waiting per replica",
         "KV usage per replica",
+        *_MACHINE,
         "step vs model",
     ]
     note = _prefix_note(rows_runs[0])
@@ -192,6 +207,7 @@ def _failover(runs: Sequence[Run]) -> str:
         num(e.get("absorb_s"), 2),
         " ".join(str(x) for x in e.get("per_second") or []),
         " / ".join(num(m, 0) for m in running_means(r)),
+        *_machine(r),
         _worst_step(r),
         num(r["wall_s"], 1),
     ]
@@ -210,6 +226,7 @@ def _failover(runs: Sequence[Run]) -> str:
         "absorbed after s",
         "results per second (5 s before the kill to 10 s after)",
         "mean running per replica",
+        *_MACHINE,
         "step vs model",
         "wall s",
     ]
@@ -244,6 +261,7 @@ def _slo(runs: Sequence[Run]) -> str:
         _ms(r, "ttft", "realtime", "p99", 1),
         f"{censored}/{r['requested']}",
         " / ".join(num(m, 1) for m in running_means(r)),
+        *_machine(r),
         _worst_step(r),
     ]
     headers = [
@@ -258,6 +276,7 @@ def _slo(runs: Sequence[Run]) -> str:
         "TTFT p99 ms",
         "rt unfinished",
         "mean running per replica",
+        *_MACHINE,
         "step vs model",
     ]
     note = (
