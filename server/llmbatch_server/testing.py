@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -31,6 +32,18 @@ DEFAULT_STARTUP_TIMEOUT = 30.0
 
 class SimulatorError(RuntimeError):
     """The simulator did not start; the message carries its log tail."""
+
+
+class PrefixCacheStats(NamedTuple):
+    """A replica's prefix-cache counters, in prompt tokens, since it started."""
+
+    queries: int
+    hits: int
+
+    @property
+    def hit_rate(self) -> float:
+        """``hits / queries`` (0.0 before any query), as vLLM's dashboards plot it."""
+        return self.hits / self.queries if self.queries else 0.0
 
 
 class SimulatorProcess:
@@ -163,9 +176,30 @@ class SimulatorProcess:
         """
         return self.set_faults(outage_mode=mode, outage_seconds=seconds)
 
-    def metrics(self) -> str:
-        """The ``/metrics`` text."""
-        return httpx.get(self.url + "/metrics", timeout=10).text
+    def metrics(self, replica: int = 0) -> str:
+        """The ``/metrics`` text (of ``urls[replica]`` with ``--replicas``)."""
+        return httpx.get(self.urls[replica] + "/metrics", timeout=10).text
+
+    def prefix_cache(self, replica: int = 0) -> PrefixCacheStats:
+        """Prompt tokens looked up in and found in the prefix cache so far.
+
+        Read from ``vllm:prefix_cache_queries_total`` and
+        ``vllm:prefix_cache_hits_total``; a bench compares replicas' ``hit_rate``
+        to see whether prompts sharing a prefix reached the same one.
+        """
+        text = self.metrics(replica)
+        return PrefixCacheStats(
+            queries=_counter(text, "vllm:prefix_cache_queries_total"),
+            hits=_counter(text, "vllm:prefix_cache_hits_total"),
+        )
+
+
+def _counter(metrics: str, name: str) -> int:
+    """The value of counter ``name`` in a ``/metrics`` text."""
+    match = re.search(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", metrics, re.M)
+    if match is None:
+        raise ValueError(f"{name} not in /metrics")
+    return int(float(match.group(1)))
 
 
 @contextlib.contextmanager

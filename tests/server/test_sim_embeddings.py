@@ -138,9 +138,11 @@ def test_embeddings_run_through_the_engine(sim: SimulatorProcess, http: httpx.Cl
         assert match
         return float(match.group(1))
 
-    before = prompt_tokens()
+    before, cache_before = prompt_tokens(), sim.prefix_cache()
     body = _embed(http, input=["count me", "and me too"]).json()
     assert prompt_tokens() - before == body["usage"]["prompt_tokens"]
+    # Embeddings do not use the prefix cache: no lookups counted.
+    assert sim.prefix_cache() == cache_before
 
 
 def test_embedding_dim_option() -> None:

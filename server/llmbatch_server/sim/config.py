@@ -140,6 +140,9 @@ class SimConfig:
     chat_batch: bool = True
     #: Count requests in flight for ``GET /load`` (vLLM's ``--enable-server-load-tracking``).
     server_load_tracking: bool = False
+    #: Report ``usage.prompt_tokens_details.cached_tokens`` (vLLM's
+    #: ``--enable-prompt-tokens-details``, off by default there too).
+    enable_prompt_tokens_details: bool = False
     #: Which of several replicas in one process (``--replicas``): their fault
     #: draws differ, their answers do not (they serve the same model).
     replica: int = 0

@@ -44,11 +44,15 @@ class Sequence:
     finish_reason: str
     stop_reason: str | None
     seed: int
-    #: Chained hashes of the prompt's full KV blocks (empty: no prefix caching).
-    block_hashes: tuple[int, ...] = ()
+    #: Chained hashes of the prompt's full KV blocks; None for a sequence that
+    #: does not use the prefix cache (caching off, or an embedding).
+    block_hashes: tuple[int, ...] | None = None
     priority: int = 0
     arrival: float = 0.0
     prefilled: int = 0
+    #: Prompt tokens found in the prefix cache when admitted, so not prefilled
+    #: (vLLM's ``num_cached_tokens``, shown in ``usage.prompt_tokens_details``).
+    cached_tokens: int = 0
     generated: int = 0
     scheduled_at: float | None = None
     first_token_at: float | None = None
@@ -211,7 +215,8 @@ class Engine:
             seq.scheduled_at = now
             self.metrics.queue_time.observe(now - seq.arrival)
             # Cached prefix blocks need no prefill: only the rest is computed.
-            seq.prefilled = len(table.cached) * self.kv.block_size
+            seq.cached_tokens = len(table.cached) * self.kv.block_size
+            seq.prefilled = seq.cached_tokens
             chunk = min(seq.prompt_tokens - seq.prefilled, budget)
             seq.prefilled += chunk
             self.kv.computed(table, seq.prefilled)

@@ -74,7 +74,14 @@ async def generate(
     if not await wait_or_disconnect(done, request.receive):
         sim.engine.abort(group)
         return Response(status_code=499)
-    payload = completion_body(request_id, sim.config.model, sequences, prompt_tokens, chat=gen.chat)
+    payload = completion_body(
+        request_id,
+        sim.config.model,
+        sequences,
+        prompt_tokens,
+        chat=gen.chat,
+        cached_tokens=sim.cached_tokens(gen, sequences),
+    )
     headers = {}
     fmt = request.headers.get(metrics.LOAD_FORMAT_HEADER)
     if load_report and fmt:
@@ -145,7 +152,11 @@ def _stream(
                         "created": int(time.time()),
                         "model": model,
                         "choices": [],
-                        "usage": usage(prompt_tokens, completion_tokens),
+                        "usage": usage(
+                            prompt_tokens,
+                            completion_tokens,
+                            sim.cached_tokens(gen, g.sequences),
+                        ),
                     }
                 )
             )

@@ -70,7 +70,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--kv-cache-tokens",
         type=int,
         default=400_000,
-        help="KV-cache capacity in tokens (default: 400000)",
+        help="KV-cache capacity in tokens, shared by running sequences and cached prefixes "
+        "(default: 400000)",
     )
     p.add_argument(
         "--enable-prefix-caching",
@@ -81,6 +82,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--block-size", type=int, default=16, help="tokens per KV-cache block (default: 16)"
+    )
+    p.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report the prompt tokens found in the prefix cache as "
+        "usage.prompt_tokens_details.cached_tokens, like vLLM's flag (default: off)",
     )
     p.add_argument(
         "--max-num-queued-reqs",
@@ -233,6 +240,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         seed=args.seed,
         chat_batch=args.chat_batch,
         server_load_tracking=args.enable_server_load_tracking,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         tokenizer=args.tokenizer,
         embedding_dim=args.embedding_dim,
         outage=OutagePlan(

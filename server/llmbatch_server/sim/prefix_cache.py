@@ -5,16 +5,17 @@ default in vLLM V1) every full block of a prompt is named by a hash chained over
 the prompt's blocks, so equal prefixes give equal hashes; a new request's
 longest run of already-cached blocks is reused and only the rest is prefilled.
 The last prompt token is always computed, so at most ``(prompt - 1) //
-block_size`` blocks hit. Blocks that running sequences hold are pinned; when a
-sequence finishes its blocks become free but keep their contents, and are
-evicted least recently used first, when new blocks are needed (vLLM frees a
-sequence's blocks tail first, so its last blocks go first).
+block_size`` blocks hit. Blocks that running sequences hold are pinned. Free
+blocks form one queue, least recently freed first, as vLLM's free block queue
+does: a sequence that ends frees its blocks tail first (its output blocks, then
+its prompt's cached blocks from the last), cached ones keep their contents and
+can still be hit, and a new block is taken from the head of the queue, evicting
+what it cached.
 
 Simplifications, documented in docs/simulator.md: a sequence reserves the blocks
 for its whole prompt and output when admitted (vLLM grows them step by step and
 may preempt); only prompt blocks are hashed (vLLM also caches full output
-blocks, which helps multi-turn chats); free blocks that never held a cached
-prompt block are reused before cached ones are evicted.
+blocks, which helps multi-turn chats).
 """
 
 from __future__ import annotations
@@ -55,6 +56,16 @@ class BlockTable:
     done: int = 0
 
 
+class _Unhashed:
+    """A run of free blocks that hold nothing to reuse (never used, output, or
+    partial blocks): one queue entry for all of them keeps freeing cheap."""
+
+    __slots__ = ("count",)
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+
 class KVCache:
     """Block accounting for the engine: admission, prefix hits, caching, eviction."""
 
@@ -66,7 +77,9 @@ class KVCache:
         self.caching = caching
         self.used = 0  # blocks referenced by at least one sequence
         self._refs: dict[int, int] = {}  # cached block hash -> sequences holding it
-        self._free: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced: LRU first
+        #: Every unreferenced block, least recently freed first: a cached block by
+        #: its hash, runs of others as one entry. Holds ``num_blocks - used`` blocks.
+        self._free: OrderedDict[int | _Unhashed, None] = OrderedDict({_Unhashed(num_blocks): None})
         #: Prompt tokens looked up and found (vLLM's prefix_cache_queries/hits).
         self.queries = 0
         self.hits = 0
@@ -85,19 +98,23 @@ class KVCache:
         return -(-tokens // self.block_size)
 
     def admit(
-        self, hashes: tuple[int, ...], prompt_tokens: int, kv_tokens: int
+        self, hashes: tuple[int, ...] | None, prompt_tokens: int, kv_tokens: int
     ) -> BlockTable | None:
         """Reserve the blocks of a new sequence, reusing cached prefix blocks.
 
+        ``hashes`` None: the sequence does not use the prefix cache (an
+        embedding), so it is neither looked up nor counted in ``queries``.
         Returns its table (``len(table.cached) * block_size`` prompt tokens need
         no prefill), or None when the blocks do not fit now.
         """
-        hits = self._hits(hashes, prompt_tokens)
+        looked_up = self.caching and hashes is not None
+        hashes = hashes or ()
+        hits = self._hits(hashes, prompt_tokens) if looked_up else []
         revived = sum(1 for h in hits if self._refs[h] == 0)
         new = self.blocks_for(kv_tokens) - len(hits)
         if self.used + revived + new > self.num_blocks:
             return None
-        if self.caching:
+        if looked_up:
             self.queries += prompt_tokens
             self.hits += len(hits) * self.block_size
         for h in hits:
@@ -105,11 +122,7 @@ class KVCache:
                 del self._free[h]
                 self.used += 1
             self._refs[h] += 1
-        never_cached = self.num_blocks - self.used - len(self._free)
-        for _ in range(max(0, new - never_cached)):
-            evicted, _ = self._free.popitem(last=False)
-            del self._refs[evicted]
-            self.evictions += 1
+        self._take(new)
         self.used += new
         return BlockTable(hashes=hashes, cached=list(hits), plain=new, done=len(hits))
 
@@ -127,17 +140,29 @@ class KVCache:
             if refs:
                 continue  # another sequence cached it first: ours stays a private copy
             if refs == 0:
-                del self._free[h]  # a stale copy (its parent was evicted): replace it
+                # A stale copy (its parent was evicted, so it was not hit): ours
+                # replaces it, and its block holds nothing to reuse any more.
+                del self._free[h]
+                emptied = _Unhashed(1)
+                self._free[emptied] = None
+                self._free.move_to_end(emptied, last=False)
             self._refs[h] = 1
             table.cached.append(h)
             table.plain -= 1
         table.done = max(table.done, upto)
 
     def release(self, table: BlockTable) -> None:
-        """A sequence ended: unpin its blocks, keeping cached ones until evicted."""
+        """A sequence ended: unpin its blocks, keeping cached ones until evicted.
+
+        Freed tail first, as vLLM frees a sequence's blocks, so they are also
+        reused in that order: its uncached (output) blocks, then its cached
+        prompt blocks from the last, its first block going last of all.
+        """
+        if table.plain:
+            self._free[_Unhashed(table.plain)] = None
         self.used -= table.plain
         table.plain = 0
-        for h in reversed(table.cached):  # tail first, so it is evicted first
+        for h in reversed(table.cached):
             self._refs[h] -= 1
             if self._refs[h] == 0:
                 self._free[h] = None
@@ -146,13 +171,32 @@ class KVCache:
 
     def reset(self) -> None:
         """Forget every free cached block (a restarted server has an empty cache)."""
-        for h in self._free:
-            del self._refs[h]
+        for entry in self._free:
+            if not isinstance(entry, _Unhashed):
+                del self._refs[entry]
         self._free.clear()
+        if self.used < self.num_blocks:
+            self._free[_Unhashed(self.num_blocks - self.used)] = None
+
+    def _take(self, blocks: int) -> None:
+        """Reuse ``blocks`` free blocks from the head of the queue, evicting the
+        cached ones among them (the caller checked that enough are free)."""
+        free = self._free
+        while blocks:
+            oldest = next(iter(free))
+            if isinstance(oldest, _Unhashed):
+                taken = min(oldest.count, blocks)
+                oldest.count -= taken
+                blocks -= taken
+                if oldest.count == 0:
+                    del free[oldest]
+            else:
+                del free[oldest]
+                del self._refs[oldest]
+                self.evictions += 1
+                blocks -= 1
 
     def _hits(self, hashes: tuple[int, ...], prompt_tokens: int) -> list[int]:
-        if not self.caching:
-            return []
         # The last prompt token is always recomputed (its logits are needed).
         limit = min(len(hashes), (prompt_tokens - 1) // self.block_size)
         hits = []

@@ -20,17 +20,28 @@ def dumps(obj: object) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+) -> dict[str, Any]:
+    """vLLM's ``usage`` object; ``cached_tokens`` is None unless the server was
+    asked for prompt token details (``--enable-prompt-tokens-details``)."""
+    details = None if cached_tokens is None else {"cached_tokens": cached_tokens}
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": details,
     }
 
 
 def completion_body(
-    request_id: str, model: str, sequences: Iterable[Sequence], prompt_tokens: int, *, chat: bool
+    request_id: str,
+    model: str,
+    sequences: Iterable[Sequence],
+    prompt_tokens: int,
+    *,
+    chat: bool,
+    cached_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The non-streaming answer, choices ordered by index."""
     choices = []
@@ -50,7 +61,7 @@ def completion_body(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
     }
 
 

@@ -53,7 +53,7 @@ class Simulator:
             max_tokens = (
                 gen.max_tokens if gen.max_tokens is not None else limits.max_model_len - count
             )
-            hashes: tuple[int, ...] = ()
+            hashes: tuple[int, ...] | None = None
             if limits.enable_prefix_caching:
                 ids = gen.prompt_ids[p] if gen.prompt_ids else self.counter.encode(prompt)
                 hashes = block_hashes(ids, limits.block_size, gen.cache_salt)
@@ -66,6 +66,18 @@ class Simulator:
                 seq.block_hashes = hashes
                 out.append(seq)
         return out
+
+    def cached_tokens(self, gen: Generation, sequences: list[Sequence]) -> int | None:
+        """What ``usage.prompt_tokens_details.cached_tokens`` reports for ``gen``'s
+        admitted ``sequences``: None unless ``--enable-prompt-tokens-details``.
+
+        Summed over the prompts, each counted once (by its first choice) as
+        ``prompt_tokens`` counts it, so the two compare. (vLLM's
+        ``/v1/completions`` reports only the last prompt's for a list.)
+        """
+        if not self.config.enable_prompt_tokens_details:
+            return None
+        return sum(seq.cached_tokens for seq in sequences[:: gen.n])
 
     def restart(self) -> None:
         """What a restart loses: every request in flight and the prefix cache."""
