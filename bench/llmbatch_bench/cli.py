@@ -6,6 +6,7 @@ llmbatch-bench --scenario bulk --n 200 --json out.json
 llmbatch-bench --scenario overhead,single,chat  # the hot-path scenarios only
 llmbatch-bench --scenario dropin,embed          # openai's client vs the drop-in; embeddings
 llmbatch-bench --scenario slo,saturate,outage,control --smoke   # closed loop, short
+llmbatch-bench --scenario replicas              # four simulators: routing and failover
 llmbatch-bench --scale                          # all, plus 1M prompts through map_unordered
 """
 
@@ -23,6 +24,7 @@ from llmbatch_bench.config import (
     CLOSED_SIM_ARGS,
     DEFAULT_SIM_ARGS,
     EXTRA_SCENARIOS,
+    REPLICAS_SIM_ARGS,
     SCENARIOS,
     SMOKE,
     BenchConfig,
@@ -83,7 +85,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
         action="append",
         type=_csv(str, (*SCENARIOS, "all")),
         help=f"comma list of {', '.join(SCENARIOS)} or all (default: all, which leaves "
-        f"out {' and '.join(EXTRA_SCENARIOS)}; repeatable)",
+        f"out {', '.join(EXTRA_SCENARIOS)}; repeatable)",
     )
     what.add_argument(
         "--clients",
@@ -124,7 +126,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
     closed.add_argument(
         "--smoke",
         action="store_true",
-        help="the short form: each closed-loop job a few seconds (CI)",
+        help="the short form: each closed-loop and replicas job a few seconds (CI)",
     )
     closed.add_argument(
         "--slo-factor", type=float, help="SLO = this x the idle per-token time (default 3)"
@@ -148,6 +150,45 @@ def _configure(p: argparse.ArgumentParser) -> None:
         "--control-phases",
         type=_csv(float),
         help="seconds of bulk alone, with realtime, of outage, of recovery (default 8,12,6,12)",
+    )
+    fleet = p.add_argument_group(
+        "replicas",
+        "One client over several simulators (each job starts its own): throughput "
+        "against one, prefix-heavy work against round-robin, a replica killed mid-map, "
+        "the SLO across them. Defaults are the full form, --smoke the short one.",
+    )
+    fleet.add_argument(
+        "--replicas-sim",
+        metavar="ARGS",
+        help=f"each replica's simulator arguments (default: {' '.join(REPLICAS_SIM_ARGS)!r})",
+    )
+    fleet.add_argument("--replicas", type=int, help="replicas of the fleet (default 4)")
+    fleet.add_argument(
+        "--replicas-bulk-n", type=int, help="throughput prompts per replica (default 3,000)"
+    )
+    fleet.add_argument("--replicas-prefix-n", type=int, help="prompts per prefix-heavy run")
+    fleet.add_argument("--replicas-prefixes", type=int, help="shared system prompts (default 32)")
+    fleet.add_argument(
+        "--replicas-prefix-chars", type=int, help="characters of each (default 4,000)"
+    )
+    fleet.add_argument(
+        "--replicas-kv-tokens",
+        type=int,
+        help="each replica's KV cache in the prefix runs (default: sized from the prompts)",
+    )
+    fleet.add_argument(
+        "--replicas-stream-rate",
+        type=float,
+        help="streamed requests a second beside the prefix runs (TTFT sample, default 4)",
+    )
+    fleet.add_argument("--replicas-failover-n", type=int, help="prompts of the failover map")
+    fleet.add_argument(
+        "--replicas-slo-warmup", type=float, help="seconds of bulk before realtime arrivals"
+    )
+    fleet.add_argument(
+        "--replicas-slo-duration",
+        type=float,
+        help="seconds of realtime arrivals in the SLO run (0 leaves it out)",
     )
     hot = p.add_argument_group(
         "hot path (overhead, chat, embed, single, burst, dropin, transport, scale)",
@@ -272,6 +313,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if args.scale is not None and args.scale < 1:
         raise ValueError("--scale must be >= 1")
     closed = _closed(args)
+    fleet = _fleet(args)
     return BenchConfig(
         url=args.url,
         sim_args=tuple(shlex.split(args.sim)) if args.sim is not None else DEFAULT_SIM_ARGS,
@@ -310,6 +352,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         overhead_max_tokens=args.overhead_max_tokens,
         overhead_url=args.overhead_url,
         **closed,
+        **fleet,
         max_in_flight=args.max_in_flight,
         priority_scheduling=args.priority_scheduling,
         isolate=not args.in_process,
@@ -332,12 +375,7 @@ def _closed(args: argparse.Namespace) -> dict[str, Any]:
         "outage_restart",
         "control_phases",
     )
-    out: dict[str, Any] = {}
-    for name in names:
-        value = getattr(args, name)
-        if value is None:
-            value = SMOKE[name] if args.smoke and name in SMOKE else getattr(_DEFAULTS, name)
-        out[name] = tuple(value) if isinstance(value, list | tuple) else value
+    out = {name: _given(args, name) for name in names}
     for name in ("saturate_n", "saturate_rounds", "outage_n"):
         if out[name] < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
@@ -351,6 +389,45 @@ def _closed(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError("--control-phases takes four positive numbers of seconds")
     if args.closed_sim is not None:
         out["closed_sim_args"] = tuple(shlex.split(args.closed_sim))
+    return out
+
+
+def _given(args: argparse.Namespace, name: str) -> Any:
+    """An option as given, else ``--smoke``'s value, else the default."""
+    value = getattr(args, name)
+    if value is None:
+        value = SMOKE[name] if args.smoke and name in SMOKE else getattr(_DEFAULTS, name)
+    return tuple(value) if isinstance(value, list | tuple) else value
+
+
+def _fleet(args: argparse.Namespace) -> dict[str, Any]:
+    """The replicas fields: given options, else ``--smoke``'s, else the defaults."""
+    names = (
+        "replicas",
+        "replicas_bulk_n",
+        "replicas_prefix_n",
+        "replicas_prefixes",
+        "replicas_prefix_chars",
+        "replicas_kv_tokens",
+        "replicas_stream_rate",
+        "replicas_failover_n",
+        "replicas_slo_warmup",
+        "replicas_slo_duration",
+    )
+    out = {name: _given(args, name) for name in names}
+    for name in names[:6]:
+        if out[name] is not None and out[name] < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if out["replicas"] < 2:
+        raise ValueError("--replicas must be >= 2")
+    if not out["replicas_stream_rate"] > 0:
+        raise ValueError("--replicas-stream-rate must be > 0")
+    if out["replicas_failover_n"] < 2:
+        raise ValueError("--replicas-failover-n must be >= 2")
+    if out["replicas_slo_warmup"] < 0 or out["replicas_slo_duration"] < 0:
+        raise ValueError("--replicas-slo-warmup and --replicas-slo-duration must be >= 0")
+    if args.replicas_sim is not None:
+        out["replicas_sim_args"] = tuple(shlex.split(args.replicas_sim))
     return out
 
 

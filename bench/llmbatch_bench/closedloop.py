@@ -33,7 +33,7 @@ from llmbatch_bench.wirelog import (
     resume,
 )
 
-__all__ = ["metrics_url", "own_simulator", "run_control", "run_outage"]
+__all__ = ["metrics_url", "own_simulator", "record_result", "run_control", "run_outage"]
 
 
 def metrics_url(base_url: str) -> str:
@@ -102,7 +102,7 @@ async def run_outage(job: Job) -> RunMetrics:
                     async with contextlib.aclosing(results):
                         async for index, result in results:
                             seen[index] += 1
-                            _record(rec, result)
+                            record_result(rec, result)
                             if rec.ok + rec.failed == max(1, job.n // 5) and not taking_down:
                                 taking_down.append(asyncio.create_task(outage()))
 
@@ -153,7 +153,8 @@ async def run_outage(job: Job) -> RunMetrics:
     )
 
 
-def _record(rec: Recorder, result: llmbatch.Result[Any]) -> None:
+def record_result(rec: Recorder, result: llmbatch.Result[Any]) -> None:
+    """One map result into ``rec``: its latency and output tokens, or its error."""
     value = result.value
     if value is None:
         rec.failure(result.error or "NoValue")

@@ -7,7 +7,9 @@ scenarios (slo, saturate, outage, control) judge the client's admission controll
 and circuit breaker on a slower simulator (``CLOSED_SIM_ARGS``) whose step timing
 this machine can hold, so the bound its step model predicts is the real one;
 ``outage`` and ``control`` start their own simulator, since they take it down. The
-*hot-path* scenarios (overhead, chat, single, burst, dropin, and on request embed,
+*replicas* scenario (on request) starts several simulators in each of its jobs
+(``REPLICAS_SIM_ARGS``, one killed in the failover job) and judges routing across
+them. The *hot-path* scenarios (overhead, chat, single, burst, dropin, and on request embed,
 transport and scale) measure llmbatch's own cost per call: they run against a zero-latency server
 (``--overhead-url``, or ``llmbatch-server sim --zero-latency``), in a process of
 their own, so the client's CPU is all that the measurement contains.
@@ -28,6 +30,8 @@ __all__ = [
     "EXTRA_SCENARIOS",
     "HOT_SCENARIOS",
     "HOT_SIM_ARGS",
+    "REPLICAS_SIM_ARGS",
+    "REPLICA_SCENARIOS",
     "SCENARIOS",
     "SERVER_SCENARIOS",
     "SMOKE",
@@ -36,17 +40,22 @@ __all__ = [
 
 SERVER_SCENARIOS = ("sweep", "bulk", "mixed")
 CLOSED_SCENARIOS = ("slo", "saturate", "outage", "control")
+REPLICA_SCENARIOS = ("replicas",)
 HOT_SCENARIOS = ("overhead", "chat", "embed", "single", "burst", "dropin", "transport", "scale")
 #: What "all" (the default) leaves out: scenarios without a target (embed needs a
-#: server with /v1/embeddings), diagnostics and the long 1M-prompt run.
-EXTRA_SCENARIOS = ("embed", "transport", "scale")
+#: server with /v1/embeddings), diagnostics, the long 1M-prompt run, and the
+#: replicas scenario (four simulators at a time, minutes).
+EXTRA_SCENARIOS = ("replicas", "embed", "transport", "scale")
 #: Every scenario, in the order a run takes them.
-SCENARIOS = (*SERVER_SCENARIOS, *CLOSED_SCENARIOS, *HOT_SCENARIOS)
+SCENARIOS = (*SERVER_SCENARIOS, *CLOSED_SCENARIOS, *REPLICA_SCENARIOS, *HOT_SCENARIOS)
 #: The simulator's calibrated default profile, 100x faster so a full run takes minutes.
 DEFAULT_SIM_ARGS = ("--speed", "100")
 #: The closed-loop scenarios' simulator: 10x faster than the modelled GPU, slow enough
 #: that a 2-core machine holds its step timing while a client runs beside it.
 CLOSED_SIM_ARGS = ("--speed", "10")
+#: Each replica of the replicas scenario: the closed-loop speed, which this 2-core
+#: machine holds for four simulators and the client (checked in every job).
+REPLICAS_SIM_ARGS = ("--speed", "10")
 #: The hot-path server: answers at once, so the client's CPU is the bottleneck.
 HOT_SIM_ARGS = ("--zero-latency",)
 
@@ -87,6 +96,28 @@ class BenchConfig:
     outage_restart: float = 20.0
     #: Seconds of bulk alone, with realtime arrivals, of a 503 outage, of recovery.
     control_phases: tuple[float, float, float, float] = (8.0, 12.0, 6.0, 12.0)
+    # -- replicas (each job starts its own simulators) ---------------------------------
+    replicas_sim_args: tuple[str, ...] = REPLICAS_SIM_ARGS
+    #: Replicas of the fleet (the throughput job compares them with one).
+    replicas: int = 4
+    #: Bulk prompts per replica of the throughput jobs (one replica gets this many,
+    #: the fleet this many times ``replicas``: ~22 s each at ``--speed 10``).
+    replicas_bulk_n: int = 3_000
+    #: Prompts of each prefix-heavy job, and its shared system prompts.
+    replicas_prefix_n: int = 12_000
+    replicas_prefixes: int = 32
+    replicas_prefix_chars: int = 4_000
+    #: Each replica's ``--kv-cache-tokens`` in the prefix jobs (None: sized from the
+    #: prompts, :func:`llmbatch_bench.replicaplan.prefix_kv_tokens`).
+    replicas_kv_tokens: int | None = None
+    #: Streamed requests a second beside the prefix jobs' map (the TTFT sample).
+    replicas_stream_rate: float = 4.0
+    #: Prompts of the failover map (one replica is killed halfway).
+    replicas_failover_n: int = 20_000
+    #: Seconds of bulk alone, then of realtime arrivals (20/s per replica) in the SLO
+    #: job; 0 seconds of arrivals leaves the job out.
+    replicas_slo_warmup: float = 8.0
+    replicas_slo_duration: float = 20.0
     # -- hot path (zero-latency server) -------------------------------------------------
     #: Rounds of every repeated hot-path measurement; the report shows the median.
     repeat: int = 3
@@ -122,8 +153,8 @@ class BenchConfig:
         return data
 
 
-#: The closed-loop scenarios' short form (``--smoke``): the same jobs, each a few
-#: seconds, for CI. Options given explicitly still win.
+#: The closed-loop and replicas scenarios' short form (``--smoke``): the same jobs,
+#: each a few seconds, for CI. Options given explicitly still win.
 SMOKE: dict[str, Any] = {
     "slo_warmup": 3.0,
     "slo_duration": 4.0,
@@ -135,4 +166,9 @@ SMOKE: dict[str, Any] = {
     "outage_503": 3.0,
     "outage_restart": 3.0,
     "control_phases": (3.0, 4.0, 3.0, 4.0),
+    "replicas_bulk_n": 300,
+    "replicas_prefix_n": 1_500,
+    "replicas_failover_n": 2_000,
+    "replicas_slo_warmup": 3.0,
+    "replicas_slo_duration": 4.0,
 }

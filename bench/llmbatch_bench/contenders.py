@@ -54,7 +54,7 @@ class LlmbatchContender:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | list[str],
         *,
         model: str,
         api_key: str | None = None,

@@ -3,7 +3,8 @@
 Order matters: the capacity sweep runs first (the bulk ratio needs it and the mixed
 scenario sizes its bulk work from it), then bulk and mixed (with its idle twin) on
 the main server; then the closed-loop scenarios (:mod:`.closedplan`) on a slower
-simulator (``outage`` and ``control`` start their own); then the hot-path scenarios
+simulator (``outage`` and ``control`` start their own); then the replicas scenario
+(:mod:`.replicaplan`: each job starts a fleet of its own); then the hot-path scenarios
 (:mod:`.hotplan`) on a zero-latency server of their own. After every job the
 harness waits until the server reports nothing running, so no job inherits
 another's leftovers.
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from llmbatch import __version__
-from llmbatch_bench import closedplan, hotplan
+from llmbatch_bench import closedplan, hotplan, replicaplan
 from llmbatch_bench.config import (
     CLOSED_SCENARIOS,
     HOT_SCENARIOS,
@@ -38,6 +39,7 @@ from llmbatch_bench.server import MetricsSampler, ServerInfo, discover, simulato
 from llmbatch_bench.summary import summarize
 from llmbatch_bench.targets import capacity, evaluate
 from llmbatch_bench.targets_closed import evaluate_closed
+from llmbatch_bench.targets_replicas import evaluate_replicas
 from llmbatch_bench.worker import WorkerError, run_in_process, run_in_worker
 
 __all__ = ["SCHEMA", "run_bench"]
@@ -61,6 +63,7 @@ def run_bench(
         "server": None,
         "closed_loop_server": None,
         "hot_server": None,
+        "replicas_server": None,
     }
     main = [s for s in SERVER_SCENARIOS if s in config.scenarios]
     hot = [s for s in HOT_SCENARIOS if s in config.scenarios]
@@ -74,6 +77,16 @@ def run_bench(
                 getattr(runner, scenario)(contenders)
     if closed:
         _closed_loop(config, closed, contenders, runs, notes, progress, servers)
+    fleet = "replicas" in config.scenarios
+    if fleet:
+        own = None if config.url else config.replicas_sim_args
+        servers["replicas_server"] = {
+            "replicas": config.replicas,
+            "simulator_args": list(own) if own is not None else None,
+        }
+        # A stand-in: every job carries its simulators' arguments and starts them.
+        placeholder = ServerInfo("http://127.0.0.1:0/v1", "llmbatch-sim", sim_args=own)
+        replicaplan.replicas(_Runner(config, placeholder, runs, notes, progress), own)
     if hot:
         with _hot_server(config) as zero:
             progress(f"hot-path server: {zero.base_url} sim_args={zero.sim_args}")
@@ -85,6 +98,7 @@ def run_bench(
                         runner.run(job)
     # The closed-loop targets are listed when their scenarios were asked for.
     closed_targets = evaluate_closed([r.to_json() for r in runs]) if closed else []
+    fleet_targets = evaluate_replicas([r.to_json() for r in runs]) if fleet else []
     return {
         "schema": SCHEMA,
         "llmbatch_version": __version__,
@@ -103,7 +117,7 @@ def run_bench(
         "notes": notes,
         "runs": [r.to_json() for r in runs],
         "summaries": [s.to_json() for s in summarize(runs)],
-        "targets": [t.to_json() for t in (*evaluate(runs), *closed_targets)],
+        "targets": [t.to_json() for t in (*evaluate(runs), *closed_targets, *fleet_targets)],
     }
 
 

@@ -25,7 +25,10 @@ Job kinds (the runner of each is named in parentheses):
 - ``outage``: a ``map`` through a recording transport while the job's own simulator
   answers 503 or is killed and restarted (:mod:`.closedloop`);
 - ``control``: bulk work, then realtime arrivals, an outage and recovery on the job's
-  own simulator, with the controller's time series (:mod:`.closedloop`).
+  own simulator, with the controller's time series (:mod:`.closedloop`);
+- ``replicas``: ``replicas`` simulators of the job's own, sent a ``workload`` through
+  one llmbatch client over all of them or one client per replica in turn
+  (``routing``), each replica's ``/metrics`` sampled throughout (:mod:`.replicajobs`).
 """
 
 from __future__ import annotations
@@ -51,8 +54,10 @@ __all__ = [
     "chat_inputs",
     "embedding_inputs",
     "poisson_arrivals",
+    "prefix_prompts",
     "prompt",
     "prompts",
+    "system_prompt",
     "watchdog",
     "within_limit",
 ]
@@ -69,6 +74,7 @@ JobKind = Literal[
     "program",
     "outage",
     "control",
+    "replicas",
 ]
 Tier = Literal["realtime", "normal", "batch"]
 #: llmbatch's public calls a ``llmbatch`` job can measure.
@@ -140,6 +146,20 @@ class Job:
     #: ``control``: seconds of bulk alone, with realtime arrivals, of outage (503),
     #: and of recovery.
     phases: tuple[float, float, float, float] = (8.0, 12.0, 6.0, 12.0)
+    # -- replicas (a fleet of the job's own simulators) --------------------------------
+    #: Simulators the job starts, each with ``sim_args``.
+    replicas: int = 1
+    #: What they are sent: ``uniform`` (``n`` distinct prompts through ``map``),
+    #: ``prefix`` (``n`` prompts, each one of ``prefixes`` system prompts of
+    #: ``prefix_chars`` characters picked at random plus a short unique question, and
+    #: streamed ones of the same kind at ``realtime_rate``), ``failover`` (uniform,
+    #: one replica killed halfway), ``slo`` (the ``mixed`` kind over every replica).
+    workload: Literal["uniform", "prefix", "failover", "slo"] = "uniform"
+    #: ``llmbatch``: one client over every replica; ``round_robin``: a client per
+    #: replica, the prompts dealt to them in turn (nginx round-robin before llmbatch).
+    routing: Literal["llmbatch", "round_robin"] = "llmbatch"
+    prefixes: int = 32
+    prefix_chars: int = 4_000
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -180,6 +200,51 @@ def chat_inputs(n: int, start: int = 0) -> Iterator[list[dict[str, str]]]:
 def embedding_inputs(n: int, start: int = 0) -> Iterator[dict[str, str]]:
     """The same ``n`` prompts as ``map`` items to embed, lazily."""
     return ({"input": text} for text in prompts(n, start))
+
+
+#: The words system prompts are made of (split when one is made).
+_VOCABULARY = (
+    "answer account action agent always before budget careful check clear client "
+    "context customer detail document english example explain follow formal format "
+    "friendly helpful invoice issue language limit never note order policy polite "
+    "question quote reason refund reply request review rule safety short source "
+    "step summary support table thank ticket tone topic user value warranty write"
+)
+
+
+def system_prompt(k: int, chars: int) -> str:
+    """The ``k``-th shared system prompt of the prefix workload: ``chars`` characters
+    (4,000 are about 1,000 tokens by the simulator's count), distinct from its first
+    words on, so prompts that share it share exactly this prefix."""
+    rng = random.Random(k)
+    words = _VOCABULARY.split()
+    parts = [f"System prompt {k}. You are assistant {k}; rules follow."]
+    size = len(parts[0])
+    while size < chars:
+        word = rng.choice(words)
+        # Numbered rules: digits are a token each, as in real system prompts.
+        if rng.random() < 0.2:
+            word = f"({rng.randrange(1000)}) {word}"
+        parts.append(word)
+        size += len(word) + 1
+    return " ".join(parts)[:chars]
+
+
+def prefix_prompts(
+    n: int, prefixes: int, chars: int, seed: int, start: int = 0
+) -> Callable[[int], str]:
+    """The prefix workload's prompt ``i`` (``start <= i < start + n``): one of
+    ``prefixes`` system prompts, picked at random (seeded), then a short question of
+    its own. Random, not in turn: prompts dealt in turn to 4 replicas would give each
+    replica the same 8 prefixes, which is affinity by accident."""
+    rng = random.Random(seed)
+    systems = [system_prompt(k, chars) for k in range(prefixes)]
+    picks = [rng.randrange(prefixes) for _ in range(n)]
+
+    def one(i: int) -> str:
+        return f"{systems[picks[i - start]]}\n\nUser {i}: which rule applies to my order?"
+
+    return one
 
 
 def poisson_arrivals(rate: float, duration: float, seed: int) -> list[float]:

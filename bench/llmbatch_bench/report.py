@@ -1,7 +1,8 @@
 """Turns a bench report (the JSON dict) into tables and a JSON file.
 
 Sections for the server scenarios (sweep, bulk, mixed) and the targets are here;
-the closed-loop scenarios' sections are in :mod:`.report_closed`, the hot-path
+the closed-loop scenarios' sections are in :mod:`.report_closed`, the replicas
+scenario's in :mod:`.report_replicas`, the hot-path
 scenarios' in :mod:`.report_hot`, plots in :mod:`.plots`.
 """
 
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from llmbatch_bench import report_closed, report_hot
+from llmbatch_bench import report_closed, report_hot, report_replicas
 from llmbatch_bench.tables import num, section, table
 
 __all__ = ["capacity_run", "render", "runs_of", "write_json"]
@@ -62,6 +63,7 @@ def render(report: Mapping[str, Any]) -> str:
         _bulk(report),
         _mixed(report),
         *report_closed.sections(report),
+        *report_replicas.sections(report),
         *report_hot.sections(report),
         _targets(report),
     ]

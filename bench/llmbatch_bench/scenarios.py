@@ -6,8 +6,9 @@ realtime requests arriving as a Poisson process to saturating bulk work and meas
 a window after a warm-up (the ``slo`` scenario too, with ``Job.slo_tpot`` and the
 controller's time series); ``idle`` sends the same arrivals to an idle server.
 :func:`run_job` also dispatches the steady-state kinds of :mod:`.hotpath`,
-:mod:`.references` and :mod:`.program` and the closed-loop kinds of
-:mod:`.closedloop`, so a worker runs any :class:`~llmbatch_bench.jobs.Job`.
+:mod:`.references` and :mod:`.program`, the closed-loop kinds of
+:mod:`.closedloop` and the replicas jobs of :mod:`.replicajobs`, so a worker runs
+any :class:`~llmbatch_bench.jobs.Job`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from llmbatch_bench import closedloop, hotpath, program, references
+from llmbatch_bench import closedloop, hotpath, program, references, replicajobs
 from llmbatch_bench.contenders import Contender, make_contender
 from llmbatch_bench.jobs import Job, poisson_arrivals, prompt, prompts, watchdog, within_limit
 from llmbatch_bench.metrics import Recorder, RunMetrics, measure
@@ -39,6 +40,7 @@ async def run_job(job: Job, contender: Contender | None = None) -> RunMetrics:
         "program": program.run_program,
         "outage": closedloop.run_outage,
         "control": closedloop.run_control,
+        "replicas": replicajobs.run_replicas,
     }.get(job.kind)
     if steady is not None:
         return await steady(job)

@@ -23,7 +23,9 @@ __all__ = [
     "ServerInfo",
     "api_posts",
     "discover",
+    "machine_busy",
     "parse_metrics",
+    "process_cpu",
     "read_api_posts",
     "simulator",
     "wait_idle",
@@ -97,7 +99,7 @@ class MetricsSampler:
 
     def __enter__(self) -> MetricsSampler:
         self._cpu_start = self._server_cpu()
-        self._busy_start = _machine_busy()
+        self._busy_start = machine_busy()
         self._wall_start = time.perf_counter()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
@@ -116,7 +118,7 @@ class MetricsSampler:
         cpu = self._server_cpu()
         if cpu is not None and self._cpu_start is not None:
             out["server_cpu_s"] = round(cpu - self._cpu_start, 3)
-        busy, wall = _machine_busy(), time.perf_counter() - self._wall_start
+        busy, wall = machine_busy(), time.perf_counter() - self._wall_start
         if busy is not None and self._busy_start is not None and wall > 0:
             # Everything the machine's CPUs did meanwhile, in cores: the client and the
             # server, plus whatever else runs here (noise on a shared machine).
@@ -124,17 +126,7 @@ class MetricsSampler:
         return out
 
     def _server_cpu(self) -> float | None:
-        if self._pid is None:
-            return None
-        try:
-            import psutil  # type: ignore[import-untyped, unused-ignore]
-        except ImportError:
-            return None
-        try:
-            times = psutil.Process(self._pid).cpu_times()
-        except psutil.Error:
-            return None
-        return float(times.user + times.system)
+        return None if self._pid is None else process_cpu(self._pid)
 
     def _poll(self) -> None:
         with httpx.Client(headers=self._headers, timeout=5) as http:
@@ -152,7 +144,20 @@ class MetricsSampler:
                 self._waiting.append(values["vllm:num_requests_waiting"])
 
 
-def _machine_busy() -> float | None:
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds process ``pid`` has used (None without psutil, or if it is gone)."""
+    try:
+        import psutil  # type: ignore[import-untyped, unused-ignore]
+    except ImportError:
+        return None
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return float(times.user + times.system)
+
+
+def machine_busy() -> float | None:
     """CPU seconds all CPUs spent not idle since boot (None without psutil)."""
     try:
         import psutil  # type: ignore[import-untyped, unused-ignore]
