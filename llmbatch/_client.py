@@ -836,9 +836,9 @@ class Client:
         Never raises because an item failed and never cancels siblings. An input is a
         prompt ``str``, a chat ``list`` of messages, or a ``dict`` with ``prompt`` or
         ``messages`` plus per-item options and ``metadata``. At most ``window`` inputs
-        (default ``2 * Limits.max_in_flight``) are pulled from ``inputs`` ahead of
-        their results, but the returned list holds every result: for inputs too large
-        to keep in memory use :meth:`map_unordered` or :meth:`imap`.
+        (default ``2 * Limits.max_in_flight`` per replica) are pulled from ``inputs``
+        ahead of their results, but the returned list holds every result: for inputs
+        too large to keep in memory use :meth:`map_unordered` or :meth:`imap`.
 
         ``progress=True`` draws a :class:`ProgressBar` on stderr (when it is a
         terminal); a callable receives a :class:`MapProgress` snapshot at most every
@@ -907,7 +907,10 @@ class Client:
         submitter = self._open()
         runner = self._root._map
         assert runner is not None
-        size = window if window is not None else 2 * self.limits.max_in_flight
+        if window is None:
+            # The limits hold per replica: room for twice what all of them may run.
+            window = 2 * self.limits.max_in_flight * max(1, len(self.endpoints))
+        size = window
         check_inputs(inputs, size)
         defaults = self._defaults
         if defaults is not None:

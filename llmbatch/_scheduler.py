@@ -74,6 +74,10 @@ AFFINITY_SLACK_SEQUENCES = 32
 AFFINITY_SLACK_RATIO = 1.5
 #: Ready groups of a tier looked at for one whose prefix belongs where a seat is free.
 ROUTE_SCAN = 32
+#: Seconds a group at home where a seat is free may overtake an older group: past
+#: that the older one goes first, wherever there is room (so a replica home to more
+#: work than it can run is helped, and nobody waits without bound).
+AFFINITY_PATIENCE = 1.0
 #: Prefix keys remembered for affinity (least recently used dropped first).
 AFFINITY_MEMORY = 65_536
 
@@ -549,18 +553,30 @@ class Scheduler:
 
     # -- routing ---------------------------------------------------------------------
 
-    def _pick(self, priority: Priority, ready: Iterator[_Group]) -> tuple[_Group, Replica] | None:
-        """The ready group to send next and its replica: the oldest whose prefix is
-        cached on a replica with a seat, else the oldest that can go anywhere.
+    def _pick(
+        self, priority: Priority, tier: _Tier, ready: Iterator[_Group]
+    ) -> tuple[_Group, Replica] | None:
+        """The group to send next and its replica: the oldest ready group whose
+        prefix is at home on a replica with a seat; else, for the replica the oldest
+        ready group would be balanced to, a group at home there even if not yet
+        ready (a smaller batch, but its prefix stays where it is cached); else that
+        oldest ready group.
 
-        Among replicas that are all busy, seats free one at a time; taking the group
-        that belongs where the seat freed (rather than always the oldest) is what
-        keeps each prefix on one replica under saturation. A replica none of the
-        ready groups belongs to takes the oldest, and its prefix from then on."""
+        Among replicas that are all busy, seats free a few at a time; taking the
+        group that belongs where the seat freed (rather than always the oldest) is
+        what keeps each prefix on one replica under saturation. A replica takes
+        another's prefix only when none of its own is queued, or when that prefix's
+        work has waited ``AFFINITY_PATIENCE`` longer than its own."""
         fallback: tuple[_Group, Replica] | None = None
+        oldest: float | None = None
         for scanned, group in enumerate(ready):
             if scanned >= ROUTE_SCAN:
                 break
+            head = group.head()
+            if oldest is None:
+                oldest = head.enqueued_at
+            elif head.enqueued_at - oldest > AFFINITY_PATIENCE:
+                break  # younger groups may not overtake the oldest by more than this
             replica, affine = self._route(priority, group)
             if replica is None:
                 continue
@@ -568,34 +584,55 @@ class Scheduler:
                 return group, replica
             if fallback is None:
                 fallback = group, replica
+        if fallback is not None and oldest is not None:
+            replica = fallback[1]
+            for scanned, group in enumerate(tier.groups.values()):
+                if scanned >= ROUTE_SCAN:
+                    break
+                head = group.head()
+                if (
+                    head.enqueued_at - oldest <= AFFINITY_PATIENCE
+                    and self._home(head) == replica.index
+                    and replica.open_to(self._model(head))
+                ):
+                    return group, replica
         return fallback
+
+    def _home(self, head: Request) -> int | None:
+        """The replica where the longest of the request's prefixes is at home."""
+        affinity = self._affinity
+        for key in reversed(head.prefix):
+            index = affinity.get(key)
+            if index is not None:
+                return index
+        return None
+
+    def _model(self, head: Request) -> str | None:
+        """The model a replica must serve to take this request (None: any)."""
+        model = head.spec.model
+        if model not in self._listed and not self._unlisted:
+            return None  # no replica may serve it: it goes anywhere, the server says why
+        return model
 
     def _route(self, priority: Priority, group: _Group) -> tuple[Replica | None, bool]:
         """The replica the group's next batch goes to (None if none has a seat), and
-        whether it is the one its prefix was last sent to."""
+        whether that is its prefix's home."""
         replicas = self.replicas
         head = group.head()
         if len(replicas) == 1:
             only = replicas[0]
             ok = only.open_to(None) and only.room(priority)[0] > 0
             return (only if ok else None), False
-        # Only to replicas that serve the model or may (have not said); a model no
-        # replica may serve goes anywhere, and the server's answer says why not.
-        model: str | None = head.spec.model
-        if model not in self._listed and not self._unlisted:
-            model = None
-        open_ = [r for r in replicas if r.open_to(model) and r.room(priority)[0] > 0]
+        open_ = [r for r in replicas if r.open_to(self._model(head)) and r.room(priority)[0] > 0]
         if not open_:
             return None, False
-        least = min(r.in_flight for r in open_)
-        for key in reversed(head.prefix):
-            index = self._affinity.get(key)
-            if index is None:
-                continue
-            preferred = replicas[index]
+        home = self._home(head)
+        if home is not None:
+            preferred = replicas[home]
+            least = min(r.in_flight for r in open_)
             if preferred in open_ and not _imbalanced(preferred.in_flight, least):
                 return preferred, True
-            break  # its replica is full, far busier, or away: balance instead
+            # Its home is full, far busier, or away: balance instead.
         if len(open_) == 1:
             return open_[0], False
         a, b = self._random.sample(open_, 2)
@@ -680,7 +717,7 @@ class Scheduler:
                         continue
                     candidates[p] = (group, replica)
                 else:
-                    picked = self._pick(p, tier.ready_groups(now, flush, idle))
+                    picked = self._pick(p, tier, tier.ready_groups(now, flush, idle))
                     if picked is not None:
                         candidates[p] = picked
             if not candidates:
