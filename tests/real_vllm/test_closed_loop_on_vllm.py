@@ -2,7 +2,7 @@
 
 The CPU machine running this is shared and slow, so latencies are printed, never
 asserted; what is asserted is behaviour: which routes were used, that the load
-report is read, that bulk work in flight drops while realtime runs under an SLO,
+report is read, that realtime runs beside less bulk work under an SLO than without,
 and that a vLLM stopped and started again in the middle of a map loses nothing.
 """
 
@@ -118,13 +118,14 @@ async def _bulk_in_flight_while(client: llmbatch.Client, work: Any) -> tuple[flo
     return statistics.mean(before), statistics.mean(during or [0]), result[0]
 
 
-async def test_with_an_slo_bulk_in_flight_drops_while_realtime_runs(
+async def test_with_an_slo_realtime_runs_beside_less_bulk_work(
     vllm_server: RunningServer,
 ) -> None:
     async with llmbatch.Client(vllm_server.base_url) as idle:
         idle_tpot = statistics.median(await _realtime_latencies(idle, 3))
     slo = llmbatch.SLO(tpot=3 * idle_tpot)
     ratios = {}
+    bulk_during: dict[str, float] = {}
     for label, options in (("with SLO", {"slo": slo}), ("without", {})):
         async with llmbatch.Client(vllm_server.base_url, on_close="cancel", **options) as client:
             async with anyio.create_task_group() as tg:
@@ -142,13 +143,17 @@ async def test_with_an_slo_bulk_in_flight_drops_while_realtime_runs(
                 server = client.stats().server
                 tg.cancel_scope.cancel()
         ratios[label] = statistics.median(latencies) / idle_tpot
+        bulk_during[label] = (before + during) / 2
         print(
             f"\n{label}: bulk in flight {before:.1f} before realtime, {during:.1f} during; "
             f"realtime per-token time {ratios[label]:.1f}x idle ({idle_tpot * 1000:.0f} ms); "
             f"limit {server.bulk_limit if server else '?'}"
         )
-        if label == "with SLO":
-            assert during <= before + 0.5, (before, during)
+    # The SLO holds bulk down before realtime arrives as well (so realtime is admitted
+    # at once), and without one the controller also settles near the server's
+    # max_num_seqs once realtime queues there; so what must hold is that over the
+    # whole window the SLO kept less bulk work beside realtime than no SLO did.
+    assert bulk_during["with SLO"] < bulk_during["without"], bulk_during
     print(
         f"realtime latency ratio, with SLO / without: {ratios['with SLO'] / ratios['without']:.2f}"
     )
