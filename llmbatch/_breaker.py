@@ -5,7 +5,8 @@ A server that was answering and then refuses connections or answers 503 to
 everything is usually restarting (a vLLM restart takes 40-60 s on CPU and minutes for
 a large model on GPUs) or overloaded. Retrying each request on its own backoff sends
 a storm into the outage and still fails long jobs once their attempts run out. So
-after ``failure_threshold`` consecutive connection failures or 503s the breaker
+after ``failure_threshold`` consecutive connection failures or 503s (answers to
+requests sent before the latest failure do not break the run) the breaker
 **opens**: nothing is sent and requests wait in the client (their own deadlines still
 apply, and waiting costs none of their retry attempts). Every ``probe_interval`` one
 probe goes out (``/health``, then one real batch); when it succeeds the breaker is
@@ -55,7 +56,8 @@ class Breaker:
         self.outage_tolerance = outage_tolerance
         self.state = BreakerState.CLOSED
         self.failures = 0
-        """Consecutive failures since the last success."""
+        """Consecutive failures since the last success of a request sent after them."""
+        self._failed_at: float | None = None
         self.opened_at: float | None = None
         """When the current outage began (the breaker opened)."""
         self._next_probe: float | None = None
@@ -68,9 +70,15 @@ class Breaker:
 
     # -- what the dispatcher reports -------------------------------------------------
 
-    def on_success(self) -> None:
-        """An answer (any status but 503) came back: the server is up."""
+    def on_success(self, sent_at: float | None = None) -> None:
+        """An answer (any status but 503) came back: the server is up.
+
+        An answer to a request sent before the latest failure says nothing about
+        the server since (a batch that ran for seconds finishes with 200 while new
+        requests get 503s), so it does not reset the count of failures."""
         self.ever_answered = True
+        if sent_at is not None and self._failed_at is not None and sent_at < self._failed_at:
+            return
         self.failures = 0
         if self.state is not BreakerState.CLOSED:
             self.state = BreakerState.CLOSED
@@ -80,6 +88,7 @@ class Breaker:
     def on_failure(self, now: float, error: str) -> bool:
         """A connection failure or a 503; returns True if this opened the breaker."""
         self.failures += 1
+        self._failed_at = now
         self.last_error = error
         if self.state is BreakerState.HALF_OPEN:
             # The trial batch failed: back to waiting, probing again later.

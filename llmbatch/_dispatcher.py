@@ -413,6 +413,7 @@ class Dispatcher:
         if spec.headers:  # extra_headers
             headers = {**headers, **dict(spec.headers)}
         url = endpoint.base_url + path + spec.query
+        sent_at = self._now()
         tracer = self.tracer
         if tracer is None:
             response = await endpoint.transport.send(HTTPRequest("POST", url, headers, body))
@@ -424,7 +425,7 @@ class Dispatcher:
                 tracer.http_ended(handle, None, exc)
                 raise
             tracer.http_ended(handle, response.status, None)
-        endpoint.on_response(response.status, response.headers)
+        endpoint.on_response(response.status, response.headers, sent_at)
         return response
 
     async def _post(self, path: str, requests: Sequence[Request], body: bytes) -> bytes:

@@ -76,8 +76,11 @@ class Endpoint:
 
     # -- what exchanges report ---------------------------------------------------------
 
-    def on_response(self, status: int, headers: Mapping[str, str]) -> None:
-        """An HTTP response arrived (any status): the server is reachable."""
+    def on_response(
+        self, status: int, headers: Mapping[str, str], sent_at: float | None = None
+    ) -> None:
+        """An HTTP response arrived (any status) to a request sent at ``sent_at``: the
+        server is reachable."""
         if status in (429, 503):
             if self.breaker.state is BreakerState.CLOSED:  # (not an outage's 503s)
                 self.controller.on_overload()
@@ -86,10 +89,10 @@ class Endpoint:
         if status == 503:
             return  # overloaded or restarting: the dispatcher reports it as a failure
         if not self.ejected:
-            self.breaker.on_success()
+            self.breaker.on_success(sent_at)
         elif self.breaker.state is BreakerState.HALF_OPEN:
             self.ejected = False  # its trial batch was answered: back in rotation
-            self.breaker.on_success()
+            self.breaker.on_success(sent_at)
         # (Answers to work sent before an ejection do not end it.)
         load = parse_load_header(headers.get(LOAD_HEADER))
         if load is not None:

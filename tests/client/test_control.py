@@ -182,6 +182,31 @@ def test_consecutive_failures_open_the_breaker_and_a_success_resets_the_count() 
     assert not breaker.allows()
 
 
+def test_answers_to_requests_sent_before_a_failure_do_not_reset_the_count() -> None:
+    # A 503 storm on a busy server: batches sent before it keep finishing with 200
+    # while every new request gets a 503. Only an answer to a request sent after the
+    # latest failure shows the server is back.
+    breaker = Breaker(failure_threshold=3, probe_interval=1.0)
+    breaker.on_success(sent_at=0.0)
+    assert not breaker.on_failure(1.0, "503")
+    breaker.on_success(sent_at=0.5)  # sent before the failure: says nothing since
+    assert not breaker.on_failure(1.1, "503")
+    breaker.on_success(sent_at=0.9)
+    assert breaker.on_failure(1.2, "503")  # the third in a row opens it
+    assert breaker.state is BreakerState.OPEN
+    breaker.on_success(sent_at=1.0)  # an old batch's answer does not close it either
+    assert breaker.state is BreakerState.OPEN
+    breaker.on_probe(2.2, healthy=True)
+    breaker.trial_sent()
+    breaker.on_success(sent_at=2.2)
+    assert breaker.state is BreakerState.CLOSED
+    assert breaker.failures == 0
+    assert not breaker.on_failure(3.0, "503")
+    breaker.on_success(sent_at=3.5)  # sent after it: the count starts over
+    assert not breaker.on_failure(4.0, "503")
+    assert not breaker.on_failure(4.1, "503")
+
+
 def test_an_open_breaker_probes_then_sends_one_trial_batch_then_closes() -> None:
     breaker = Breaker(failure_threshold=1, probe_interval=1.0)
     breaker.on_success()
