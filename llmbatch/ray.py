@@ -42,7 +42,9 @@ from llmbatch._sync import SyncClient
 __all__ = ["Chat", "Completions"]
 
 COMPLETION_COLUMN = "completion"
+"""The column a row's answer goes to: its text, or None if the row failed."""
 ERROR_COLUMN = "error"
+"""The column a row's failure goes to: ``"ErrorClass: message"``, or None."""
 
 
 class _Rows:
@@ -220,7 +222,7 @@ class Chat(_Rows):
 
 def _column(batch: Any, name: str) -> list[Any]:
     """The named column of a dict-of-columns or pandas batch, as a list."""
-    if isinstance(batch, Mapping) or hasattr(batch, "columns"):
+    if isinstance(batch, Mapping) or _is_data_frame(batch):
         try:
             column = batch[name]
         except KeyError:
@@ -230,6 +232,15 @@ def _column(batch: Any, name: str) -> list[Any]:
         "a batch must be a dict of columns or a pandas DataFrame "
         f"(batch_format='numpy' or 'pandas'), got {type(batch).__name__}",
         field="batch",
+    )
+
+
+def _is_data_frame(batch: Any) -> bool:
+    # Checked by name: llmbatch does not import pandas (a pyarrow Table also has
+    # columns, but is not supported).
+    return any(
+        klass.__name__ == "DataFrame" and klass.__module__.startswith("pandas")
+        for klass in type(batch).__mro__
     )
 
 

@@ -124,6 +124,9 @@ def test_missing_column_and_bad_batch_type_raise(completions: llmbatch.ray.Compl
         completions({"text": ["a"]})
     with pytest.raises(llmbatch.InvalidTypeError, match="dict of columns"):
         completions(["a", "b"])
+    pyarrow = pytest.importorskip("pyarrow")
+    with pytest.raises(llmbatch.InvalidTypeError, match="dict of columns"):
+        completions(pyarrow.table({"prompt": ["a"]}))
 
 
 def test_bad_client_option_fails_in_the_constructor() -> None:
@@ -163,7 +166,35 @@ def test_map_batches_on_a_local_ray(sim: SimulatorProcess) -> None:
             batch_size=200,
         )
         rows = dataset.take_all()
+        # Chat, pandas batches, and messages whose keys differ (Arrow fills the gaps
+        # with None, which must not reach the server).
+        conversations = ray.data.from_items(
+            [
+                {"id": 0, "messages": [{"role": "user", "content": "hi"}]},
+                {
+                    "id": 1,
+                    "messages": [
+                        {"role": "system", "content": "be brief", "name": "x"},
+                        {"role": "user", "content": "hi"},
+                    ],
+                },
+                {"id": 2, "messages": []},
+            ]
+        )
+        chats = conversations.map_batches(
+            llmbatch.ray.Chat,
+            fn_constructor_kwargs={"base_url": sim.base_url, "max_tokens": 2},
+            concurrency=1,
+            num_cpus=0.25,
+            batch_format="pandas",
+        ).take_all()
     finally:
         ray.shutdown()
     assert sorted(row["id"] for row in rows) == list(range(n))
     assert all(row["error"] is None and row["completion"] for row in rows)
+    by_id = {row["id"]: row for row in chats}
+    assert by_id[0]["completion"]
+    assert by_id[1]["completion"]
+    assert by_id[1]["error"] is None
+    assert by_id[2]["completion"] is None
+    assert by_id[2]["error"] == "InvalidRequestError: messages must not be empty"
