@@ -34,7 +34,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llmbatch._config import Limits, PriorityLike
+from llmbatch._config import Limits, PriorityLike, parse_priority
 from llmbatch._exceptions import ConfigTypeError, InvalidTypeError, LLMBatchError
 from llmbatch._map import MapInput
 from llmbatch._sync import SyncClient
@@ -75,7 +75,7 @@ class _Rows:
         # it as the actor's start-up error), but open it only on the first batch.
         self._client = SyncClient(base_url, api_key=api_key, model=model, **options)
         self._open = False
-        self._priority = priority
+        self._priority = parse_priority(priority)
         self._params = params
         atexit.register(_close_at_exit, weakref.ref(self))
 

@@ -132,6 +132,8 @@ def test_missing_column_and_bad_batch_type_raise(completions: llmbatch.ray.Compl
 def test_bad_client_option_fails_in_the_constructor() -> None:
     with pytest.raises(llmbatch.ConfigTypeError):
         llmbatch.ray.Completions("http://127.0.0.1:1/v1", limits="many")  # type: ignore[arg-type]
+    with pytest.raises(llmbatch.InvalidRequestError, match="priority"):
+        llmbatch.ray.Chat("http://127.0.0.1:1/v1", priority="urgent")  # type: ignore[arg-type]
 
 
 def test_importing_llmbatch_does_not_import_ray_or_pandas() -> None:
