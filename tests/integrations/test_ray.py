@@ -1,8 +1,13 @@
 """llmbatch.ray: the batch transformation called directly on dict, numpy and pandas
 batches (a bad row gets its error, the others their completions, in order), and
 one real local Ray run through ``Dataset.map_batches``. Against a real simulator
-process. The Ray run is skipped when Ray is not installed (``pip install
-'llmbatch[ray]'``; CI's "ray" stage installs it)."""
+process.
+
+The tests that import numpy, pandas, pyarrow or Ray are marked ``ray`` and are
+deselected by default (they would add ~200 MB to the test process, which
+tests/jobs/test_scale.py's peak-RSS bound counts). CI's ray stage installs
+``llmbatch[ray]`` and runs the whole file: ``pytest -m "not slow"
+tests/integrations/test_ray.py``."""
 
 from __future__ import annotations
 
@@ -69,6 +74,7 @@ def test_a_batch_of_only_bad_rows_sends_nothing(sim: SimulatorProcess) -> None:
     rows.close()
 
 
+@pytest.mark.ray
 def test_numpy_batch(sim: SimulatorProcess) -> None:
     numpy = pytest.importorskip("numpy")
     rows = llmbatch.ray.Completions(sim.base_url, prompt_column="text", max_tokens=2)
@@ -81,6 +87,7 @@ def test_numpy_batch(sim: SimulatorProcess) -> None:
     assert all(out["completion"])
 
 
+@pytest.mark.ray
 def test_pandas_batch_keeps_order_and_none(sim: SimulatorProcess) -> None:
     pandas = pytest.importorskip("pandas")
     frame = pandas.DataFrame({"prompt": [f"p{i}" for i in range(50)] + [LONG_PROMPT]})
@@ -124,6 +131,10 @@ def test_missing_column_and_bad_batch_type_raise(completions: llmbatch.ray.Compl
         completions({"text": ["a"]})
     with pytest.raises(llmbatch.InvalidTypeError, match="dict of columns"):
         completions(["a", "b"])
+
+
+@pytest.mark.ray
+def test_pyarrow_batch_is_refused(completions: llmbatch.ray.Completions) -> None:
     pyarrow = pytest.importorskip("pyarrow")
     with pytest.raises(llmbatch.InvalidTypeError, match="dict of columns"):
         completions(pyarrow.table({"prompt": ["a"]}))
@@ -148,6 +159,7 @@ def test_importing_llmbatch_does_not_import_ray_or_pandas() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.ray
 @pytest.mark.skipif(
     importlib.util.find_spec("ray") is None,
     reason="Ray is not installed: pip install 'llmbatch[ray]' (CI's ray stage does)",
