@@ -31,7 +31,7 @@ from llmbatch._exceptions import (
     ServerInfoError,
     UnknownModelError,
 )
-from llmbatch._replicas import Replica
+from llmbatch._replicas import Replica, with_default_key
 from llmbatch._request import Request
 from llmbatch._serverinfo import ModelList, read_models
 
@@ -315,12 +315,10 @@ class Endpoints:
         not serve).
         """
         fleet = self._open()
-        if not isinstance(replica, Replica):
-            replica = Replica(replica, api_key=api_key)
-        elif api_key is not None:
-            replica = Replica(replica.base_url, api_key=api_key)
-        if replica.api_key is None and self._api_key is not None:
-            replica = Replica(replica.base_url, api_key=self._api_key)
+        if not isinstance(replica, Replica) or api_key is not None:
+            url = replica.base_url if isinstance(replica, Replica) else replica
+            replica = Replica(url, api_key=api_key)
+        replica = with_default_key(replica, self._api_key)
         await fleet.add(replica)
         return replica
 

@@ -10,7 +10,15 @@ from urllib.parse import urlsplit
 
 from llmbatch._exceptions import ConfigError, ConfigTypeError
 
-__all__ = ["DEFAULT_BASE_URL", "Replica", "check_api_key", "check_base_url", "env", "resolve"]
+__all__ = [
+    "DEFAULT_BASE_URL",
+    "Replica",
+    "check_api_key",
+    "check_base_url",
+    "env",
+    "resolve",
+    "with_default_key",
+]
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 
@@ -76,10 +84,15 @@ def resolve(base_url: object, api_key: str | None) -> list[Replica]:
         replica = item if isinstance(item, Replica) else Replica(check_base_url(item))
         if replica in replicas:
             raise ConfigError(f"base_url lists {replica.base_url!r} twice", field="base_url")
-        if replica.api_key is None and api_key is not None:
-            replica = Replica(replica.base_url, api_key=api_key)
-        replicas.append(replica)
+        replicas.append(with_default_key(replica, api_key))
     return replicas
+
+
+def with_default_key(replica: Replica, api_key: str | None) -> Replica:
+    """``replica`` as it is if it has a key of its own, else with ``api_key``."""
+    if replica.api_key is None and api_key is not None:
+        return Replica(replica.base_url, api_key=api_key)
+    return replica
 
 
 def env(*names: str) -> str | None:
