@@ -26,6 +26,7 @@ from llmbatch._config import (
     Priority,
     RateLimit,
     RetryPolicy,
+    SharedInFlight,
     Timeout,
 )
 from llmbatch._exceptions import (
@@ -75,7 +76,7 @@ from llmbatch._models import (
 )
 from llmbatch._progress import MapProgress, ProgressBar
 from llmbatch._replicas import Replica
-from llmbatch._stats import Histogram, Percentiles, ServerStats, Stats, TierStats
+from llmbatch._stats import Histogram, Percentiles, ServerStats, SharedStats, Stats, TierStats
 from llmbatch._sync import SyncClient
 from llmbatch._version import __version__
 
@@ -136,6 +137,8 @@ __all__ = [
     "ServerOutageError",
     "ServerStats",
     "ServiceUnavailableError",
+    "SharedInFlight",
+    "SharedStats",
     "Stats",
     "SyncClient",
     "TierStats",

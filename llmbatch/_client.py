@@ -39,6 +39,7 @@ from llmbatch._config import (
     PriorityLike,
     RateLimit,
     RetryPolicy,
+    SharedInFlight,
     Timeout,
     parse_priority,
 )
@@ -59,6 +60,7 @@ from llmbatch._progress import ProgressLike, make_tracker
 from llmbatch._replicas import Replica, check_api_key, env, resolve
 from llmbatch._request import Kind
 from llmbatch._scheduler import Scheduler
+from llmbatch._shared.budgets import SharedBudgets
 from llmbatch._stats import Stats, StatsRecorder
 from llmbatch._submit import Submitter
 from llmbatch._tracing import Tracer
@@ -132,6 +134,7 @@ class Client:
         limits: Limits = DEFAULT_LIMITS,
         retry: RetryPolicy = DEFAULT_RETRY_POLICY,
         rate_limit: RateLimit | None = None,
+        shared_in_flight: SharedInFlight | None = None,
         timeout: Timeout | float = DEFAULT_TIMEOUT,
         max_retries: int | None = None,
         default_headers: Mapping[str, str] | None = None,
@@ -189,6 +192,10 @@ class Client:
         """The client that owns the engine: this one, or the one a view was made from."""
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
             raise ConfigTypeError("rate_limit must be a RateLimit or None", field="rate_limit")
+        if shared_in_flight is not None and not isinstance(shared_in_flight, SharedInFlight):
+            raise ConfigTypeError(
+                "shared_in_flight must be a SharedInFlight or None", field="shared_in_flight"
+            )
         if slo is not None and not isinstance(slo, SLO):
             raise ConfigTypeError("slo must be an SLO or None", field="slo")
         if priority_scheduling is not None and not isinstance(priority_scheduling, bool):
@@ -219,6 +226,7 @@ class Client:
         """The :class:`Limits` this client runs with."""
         self._retry = retry
         self._rate_limit = rate_limit
+        self._shared = SharedBudgets(rate_limit, shared_in_flight)
         self._timeout = timeout
         self._slo = slo
         self._transport_choice = transport
@@ -348,6 +356,10 @@ class Client:
                 tg = await stack.enter_async_context(anyio.create_task_group())
                 tg.start_soon(engine.run, tg)
             self._task_group = tg
+            if self._shared:
+                self._shared.start(tg, scheduler, engine.wake, now)
+                engine.shared_stats = self._shared.stats
+                stack.push_async_callback(self._shared.aclose)
             self._install_tracer(self._tracer, engine)
             self._map = MapRunner(self._submitter, tg)
             self._engine = engine

@@ -33,6 +33,7 @@ __all__ = [
     "PriorityLike",
     "RateLimit",
     "RetryPolicy",
+    "SharedInFlight",
     "Timeout",
     "parse_priority",
 ]
@@ -256,22 +257,157 @@ class RateLimit:
 
     - ``requests_per_minute``: HTTP requests as the server sees them; a batch of 64
       prompts is one request, and so is each retry and each bisection half.
-    - ``tokens_per_minute``: each request weighs its prompts' estimated tokens plus
-      ``max_tokens`` (what the server may have to process).
+    - ``tokens_per_minute``: tokens the server processes. A request is charged when it
+      leaves, from its prompts' estimated tokens plus ``max_tokens`` (so the server is
+      never sent more than the budget), and corrected when the answer reports its
+      usage: tokens a request did not use go back into the budget.
 
     Both are token buckets refilled continuously, holding at most one second's worth
     (so a burst never exceeds about one second of budget). Batches leave in tier
     order: when the budget is short, realtime goes first and nothing overtakes it.
     A batch larger than one second's token budget still goes once the bucket is
     full, and the overdraft delays what follows, so the average holds.
+
+    With ``redis_url`` and ``key``, every process (and every client) that names the
+    same key shares one budget, kept in Redis (``pip install 'llmbatch[redis]'``):
+    four processes with ``requests_per_minute=1200`` send 1,200 a minute between
+    them, not 4,800. Each process leases small blocks of the budget (a quarter of a
+    second's worth); a quarter of a second's worth is kept for realtime, which goes
+    ahead of every bulk lease not yet granted.
+    ``on_redis_error`` says what a process does while Redis cannot be reached
+    (a WARNING is logged either way): ``"local"`` (the default) goes on alone at
+    its share of the budget (the budget divided by the processes seen sharing it),
+    ``"wait"`` sends nothing until Redis answers again. docs/shared-limits.md has
+    the details.
     """
 
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
+    redis_url: str | None = field(default=None, repr=False)
+    key: str | None = None
+    on_redis_error: Literal["local", "wait"] = "local"
 
     def __post_init__(self) -> None:
         for name in ("requests_per_minute", "tokens_per_minute"):
             _check_number("RateLimit", name, getattr(self, name), optional=True)
+        _check_shared("RateLimit", self.redis_url, self.key, self.on_redis_error)
+        if self.redis_url is not None and not (self.requests_per_minute or self.tokens_per_minute):
+            raise ConfigError(
+                "RateLimit with redis_url needs requests_per_minute or tokens_per_minute "
+                "(the budget to share)",
+                field="redis_url",
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"RateLimit(requests_per_minute={self.requests_per_minute!r}, "
+            f"tokens_per_minute={self.tokens_per_minute!r}"
+            + _shared_repr(self.redis_url, self.key, self.on_redis_error)
+            + ")"
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SharedInFlight:
+    """An in-flight budget shared through Redis by every process (and client) that
+    names the same ``key``: several applications in front of the same servers share
+    their capacity, as a quota (``pip install 'llmbatch[redis]'``).
+
+    - ``max_in_flight``: sequences on the server(s) at once, across all of them.
+    - ``max_in_flight_tokens``: estimated tokens in flight across all of them (None:
+      no shared token limit).
+    - ``lease``: seconds a process's share is held without being renewed; a process
+      that dies (even by ``kill -9``) gives its share back within this time. A live
+      process renews it several times per lease.
+    - ``on_redis_error``: while Redis cannot be reached (a WARNING is logged),
+      ``"local"`` keeps the share the process last held, ``"wait"`` sends nothing
+      new once that share's lease has run out.
+
+    Processes that want more than an equal share get it only while the others leave
+    it free: the budget is split max-min fair among the processes that have work. It
+    caps each process's own limits (``Limits`` and the adaptive controller); it does
+    not replace them. docs/shared-limits.md has the details.
+    """
+
+    redis_url: str = field(repr=False)
+    key: str
+    max_in_flight: int
+    max_in_flight_tokens: int | None = None
+    lease: float = 10.0
+    on_redis_error: Literal["local", "wait"] = "local"
+
+    def __post_init__(self) -> None:
+        _check_shared("SharedInFlight", self.redis_url, self.key, self.on_redis_error)
+        _check_int("SharedInFlight", "max_in_flight", self.max_in_flight, 1)
+        if self.max_in_flight_tokens is not None:
+            _check_int("SharedInFlight", "max_in_flight_tokens", self.max_in_flight_tokens, 1)
+        _check_number("SharedInFlight", "lease", self.lease, minimum=0.5, strict=False)
+
+    def __repr__(self) -> str:
+        return (
+            f"SharedInFlight(max_in_flight={self.max_in_flight!r}, "
+            f"max_in_flight_tokens={self.max_in_flight_tokens!r}, lease={self.lease!r}"
+            + _shared_repr(self.redis_url, self.key, self.on_redis_error)
+            + ")"
+        )
+
+
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _check_shared(owner: str, url: object, key: object, on_error: object) -> None:
+    """``redis_url`` and ``key`` come together; the URL is a Redis one."""
+    if url is None and key is None:
+        return
+    if url is None or key is None:
+        missing = "key" if key is None else "redis_url"
+        raise ConfigError(
+            f"{owner}: redis_url and key go together (the key names the shared budget); "
+            f"{missing} is missing",
+            field=missing,
+        )
+    if not isinstance(url, str):
+        raise ConfigTypeError(
+            f"{owner}.redis_url must be a str, got {type(url).__name__}", field="redis_url"
+        )
+    if not url.startswith(_REDIS_SCHEMES):
+        raise ConfigError(
+            f"{owner}.redis_url must start with redis://, rediss:// or unix://, got "
+            f"{redact_url(url)!r}",
+            field="redis_url",
+        )
+    if not isinstance(key, str):
+        raise ConfigTypeError(f"{owner}.key must be a str, got {type(key).__name__}", field="key")
+    if not key or key != key.strip():
+        raise ConfigError(
+            f"{owner}.key must be a non-empty name without surrounding spaces, got {key!r}",
+            field="key",
+        )
+    if on_error not in ("local", "wait"):
+        raise ConfigError(
+            f"{owner}.on_redis_error must be 'local' or 'wait', got {on_error!r}",
+            field="on_redis_error",
+        )
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for reprs and logs)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    credentials, at, host = authority.rpartition("@")
+    if not at:
+        return url
+    user, colon, _ = credentials.partition(":")
+    hidden = f"{user}:***" if colon else "***"
+    return f"{scheme}://{hidden}@{host}{slash}{path}"
+
+
+def _shared_repr(url: str | None, key: str | None, on_error: str) -> str:
+    if url is None:
+        return ""
+    return f", redis_url={redact_url(url)!r}, key={key!r}, on_redis_error={on_error!r}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

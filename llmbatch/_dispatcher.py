@@ -106,6 +106,7 @@ class Dispatcher:
         stats: StatsRecorder,
         requeue: Callable[[Sequence[Request]], None],
         reserve_resend: Callable[[float, int], float] | None = None,
+        correct_tokens: Callable[[int, int], None] | None = None,
         priority_scheduling: bool | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
@@ -116,6 +117,8 @@ class Dispatcher:
         self._stats = stats
         self._requeue = requeue
         self._reserve_resend = reserve_resend
+        self._correct_tokens = correct_tokens
+        """Tells the token budget what an answered request really used."""
         self._priority_scheduling = priority_scheduling
         self.chat_batch: bool | None = None
         """Whether the server has /chat/completions/batch: None until the first try."""
@@ -560,6 +563,8 @@ class Dispatcher:
             system_fingerprint=answers.system_fingerprint,
         )
         kind = _ANSWER_TYPES[first.spec.kind]
+        if self._correct_tokens is not None and usage[2]:
+            self._correct_tokens(sum(r.est_tokens for r in requests), usage[2])
         prompt_parts, completion_parts = split_usage(usage, requests, answers.choices)
         settle = self._stats.settle_value
         for request, choices, prompt, completion in zip(

@@ -35,7 +35,7 @@ from llmbatch._exceptions import (
 )
 from llmbatch._request import Flight, Request
 from llmbatch._scheduler import Batch, Scheduler
-from llmbatch._stats import ServerStats, Stats, StatsRecorder
+from llmbatch._stats import ServerStats, SharedStats, Stats, StatsRecorder
 
 __all__ = ["Engine"]
 
@@ -109,6 +109,8 @@ class Engine:
         self._idle: list[_Sender] = []
         self.flushing = False
         self.closed = False
+        self.shared_stats: Callable[[], SharedStats | None] | None = None
+        """The state of budgets shared through Redis, for ``stats()``."""
 
     @property
     def endpoint(self) -> Endpoint:
@@ -359,6 +361,10 @@ class Engine:
             attempts=request.attempts,
         )
 
+    def wake(self) -> None:
+        """Ask the loop to poll again: a shared budget granted more."""
+        self._wake()
+
     def _wake(self) -> None:
         """Ask the loop to poll again (now, or as soon as it is done polling)."""
         self._woken = True
@@ -465,6 +471,7 @@ class Engine:
             {p: self._scheduler.queued(p) for p in Priority},
             dict(self._scheduler.in_flight_by_tier),
             servers,
+            self.shared_stats() if self.shared_stats is not None else None,
         )
 
     def _server_stats(self, server: Server) -> ServerStats:

@@ -184,6 +184,7 @@ class Fleet:
             stats=stats,
             requeue=self._requeue,
             reserve_resend=scheduler.reserve_resend if rate_limited else None,
+            correct_tokens=scheduler.correct_tokens if rate_limited else None,
             priority_scheduling=self._config.priority_scheduling,
             clock=clock,
         )

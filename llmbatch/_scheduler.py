@@ -47,16 +47,18 @@ Rules, in order of precedence:
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from llmbatch._buckets import LeasedBucket, TokenBucket
 from llmbatch._config import DEFAULT_BATCH_POLICIES, BatchPolicy, Limits, Priority, RateLimit
 from llmbatch._exceptions import QueueFull
 from llmbatch._request import Request, State
 
-__all__ = ["Batch", "Poll", "Replica", "Scheduler", "TokenBucket"]
+__all__ = ["Batch", "Poll", "Replica", "Scheduler"]
 
 TIERS = (Priority.REALTIME, Priority.NORMAL, Priority.BATCH)
 _WAITING, _QUEUED, _IN_FLIGHT, _FINISHED = (
@@ -65,8 +67,6 @@ _WAITING, _QUEUED, _IN_FLIGHT, _FINISHED = (
     State.IN_FLIGHT,
     State.FINISHED,
 )
-#: Rate-bucket wake-ups this close to "now" count as now (float rounding).
-_EPSILON = 1e-9
 #: Prefix affinity yields to load when the affinity replica runs this many more
 #: sequences than the least busy one *and* this many times as many (both must hold,
 #: so small counts never override affinity and large ones do).
@@ -108,45 +108,6 @@ class Poll:
     """Lower-tier work was ready and only a bulk limit held it back."""
     blocked_replicas: frozenset[int] = frozenset()
     """The replicas whose bulk limit held it back (seats free, but not for bulk)."""
-
-
-class TokenBucket:
-    """``rate`` units per second, holding at most ``capacity``.
-
-    A take larger than the capacity is allowed once the bucket is full and leaves
-    it in debt, so a request bigger than one second's budget still goes and the
-    average rate holds.
-    """
-
-    __slots__ = ("capacity", "level", "rate", "updated")
-
-    def __init__(self, rate: float, capacity: float) -> None:
-        self.rate = rate
-        self.capacity = capacity
-        self.level = capacity
-        self.updated: float | None = None
-
-    def _refill(self, now: float) -> None:
-        if self.updated is not None and now > self.updated:
-            self.level = min(self.capacity, self.level + (now - self.updated) * self.rate)
-        if self.updated is None or now > self.updated:
-            self.updated = now
-
-    def wait_time(self, now: float, cost: float) -> float:
-        """Seconds until ``cost`` may be taken (0 if now)."""
-        self._refill(now)
-        need = min(cost, self.capacity)
-        missing = need - self.level
-        return 0.0 if missing <= _EPSILON * max(1.0, need) else missing / self.rate
-
-    def take(self, cost: float) -> None:
-        self.level -= cost
-
-    def reserve(self, now: float, cost: float) -> float:
-        """Take ``cost`` now, into debt if need be; the seconds until the debt is paid."""
-        self._refill(now)
-        self.level -= cost
-        return 0.0 if self.level >= 0 else -self.level / self.rate
 
 
 class _Group:
@@ -371,13 +332,23 @@ class Scheduler:
         self._request_bucket: TokenBucket | None = None
         self._token_bucket: TokenBucket | None = None
         if rate_limit is not None:
-            # At most one second's worth in the bucket caps any burst.
+            shared = rate_limit.redis_url is not None
+            # At most one second's worth in the bucket caps any burst (a shared
+            # budget caps it in Redis; the leaser fills these buckets).
             if rate_limit.requests_per_minute:
                 rate = rate_limit.requests_per_minute / 60.0
-                self._request_bucket = TokenBucket(rate, max(1.0, rate))
+                self._request_bucket = (
+                    LeasedBucket() if shared else TokenBucket(rate, max(1.0, rate))
+                )
             if rate_limit.tokens_per_minute:
                 rate = rate_limit.tokens_per_minute / 60.0
-                self._token_bucket = TokenBucket(rate, rate)
+                self._token_bucket = LeasedBucket() if shared else TokenBucket(rate, rate)
+        self.shared_seats: int | None = None
+        """Sequences a shared in-flight budget allows this client (None: no such budget)."""
+        self.shared_tokens: int | None = None
+        """Estimated tokens it allows in flight (None: no shared token limit)."""
+        self.on_shared_full: Callable[[], None] | None = None
+        """Called when work waits only for the shared in-flight budget."""
         self._isolating = False
         """The server refused a prompt as too long: requests that might not fit go alone."""
         self._planned: float | None = None
@@ -658,12 +629,20 @@ class Scheduler:
 
     # -- rate limits -----------------------------------------------------------------
 
-    def _rate_wait(self, now: float, tokens: int) -> float:
+    @property
+    def rate_buckets(self) -> tuple[TokenBucket | None, TokenBucket | None]:
+        """The request and token buckets (None: that limit is not set)."""
+        return self._request_bucket, self._token_bucket
+
+    def _rate_wait(self, now: float, tokens: int, priority: Priority) -> float:
+        """Seconds until a batch of ``tokens`` may leave (``inf``: when a lease of the
+        shared budget comes, which no timer can say)."""
+        realtime = priority is Priority.REALTIME
         wait = 0.0
         if self._request_bucket is not None:
-            wait = self._request_bucket.wait_time(now, 1)
+            wait = self._request_bucket.wait_time(now, 1, realtime)
         if self._token_bucket is not None:
-            wait = max(wait, self._token_bucket.wait_time(now, tokens))
+            wait = max(wait, self._token_bucket.wait_time(now, tokens, realtime))
         return wait
 
     def _rate_take(self, tokens: int) -> None:
@@ -681,6 +660,12 @@ class Scheduler:
         if self._token_bucket is not None:
             wait = max(wait, self._token_bucket.reserve(now, tokens))
         return wait
+
+    def correct_tokens(self, charged: int, used: int) -> None:
+        """A request charged ``charged`` tokens (its estimate) reported ``used``: the
+        token budget gets the difference back (or pays what it lacked)."""
+        if self._token_bucket is not None and charged != used:
+            self._token_bucket.refund(charged - used)
 
     # -- dispatch --------------------------------------------------------------------
 
@@ -730,10 +715,12 @@ class Scheduler:
                 # A single request larger than the free token room: wait for room.
                 blocked.add(chosen)
                 continue
-            wait = self._rate_wait(now, tokens)
+            wait = self._rate_wait(now, tokens, chosen)
             if wait > 0:
-                # Nothing overtakes the tier the budget is owed to.
-                rate_wakeup = now + wait
+                # Nothing overtakes the tier the budget is owed to. (An infinite wait
+                # ends with a lease of the shared budget, which wakes the driver.)
+                if wait != math.inf:
+                    rate_wakeup = now + wait
                 break
             self._rate_take(tokens)
             batches.append(self._commit(chosen, group, count, tokens, replica))
@@ -745,8 +732,40 @@ class Scheduler:
         return Poll(batches, expired, self._planned, bool(limit_blocked), frozenset(limit_blocked))
 
     def _has_seat(self, priority: Priority) -> bool:
-        """Some replica takes batches now and has a seat for ``priority``."""
+        """Some replica takes batches now and has a seat for ``priority``, and the
+        shared in-flight budget (if any) has one too."""
+        if self.shared_seats is not None and self.in_flight >= self.shared_seats:
+            if self.on_shared_full is not None:
+                self.on_shared_full()
+            return False
         return any(r.active and r.sendable != 0 and r.room(priority)[0] > 0 for r in self.replicas)
+
+    def _shared_room(self) -> tuple[float, float]:
+        """Seats and tokens the shared in-flight budget leaves (inf: no such budget)."""
+        seats = math.inf if self.shared_seats is None else self.shared_seats - self.in_flight
+        tokens = (
+            math.inf if self.shared_tokens is None else self.shared_tokens - self.in_flight_tokens
+        )
+        return seats, tokens
+
+    def seat_demand(self) -> tuple[int, int]:
+        """Sequences and tokens this client would have in flight now if the shared
+        budget allowed: what is in flight plus what is queued, up to what its own
+        limits (and the adaptive bulk limit) would let it send."""
+        own_seats = own_tokens = 0
+        for replica in self.replicas:
+            if replica.active:
+                reserved = self.limits.reserved_realtime
+                own_seats += min(replica.ceiling, replica.bulk_cap + reserved)
+                own_tokens += replica.token_ceiling
+        queued = queued_tokens = 0
+        for tier in self._tiers.values():
+            queued += tier.size + tier.waiting_live
+            queued_tokens += sum(group.tokens for group in tier.groups.values())
+        return (
+            min(own_seats, self.in_flight + queued),
+            min(own_tokens, self.in_flight_tokens + queued_tokens),
+        )
 
     def _note_blocked(self, blocked: set[int]) -> None:
         """Note the replicas whose bulk limit alone holds back bulk work: seats free
@@ -764,6 +783,12 @@ class Scheduler:
         """How many of the group's oldest requests the next batch takes, and their tokens."""
         policy = self._tiers[priority].policy
         room_seqs, room_tokens = replica.room(priority)
+        busy = replica.in_flight > 0
+        if self.shared_seats is not None:
+            shared_seqs, shared_tokens = self._shared_room()
+            room_seqs = int(min(room_seqs, shared_seqs))
+            if shared_tokens < room_tokens:
+                room_tokens, busy = int(shared_tokens), self.in_flight > 0
         limit = min(policy.max_batch_size, room_seqs, group.head().spec.max_batch)
         count = tokens = 0
         for request in group.items:
@@ -774,7 +799,7 @@ class Scheduler:
             cost = request.est_tokens
             over_batch = count and tokens + cost > policy.max_batch_tokens
             # An oversize request may go alone, but only onto an otherwise idle server.
-            over_room = tokens + cost > room_tokens and (count or replica.in_flight > 0)
+            over_room = tokens + cost > room_tokens and (count or busy)
             if over_batch or over_room:
                 break
             count += 1

@@ -21,7 +21,15 @@ if TYPE_CHECKING:
     from llmbatch._scheduler import Batch
     from llmbatch._tracing import Tracer
 
-__all__ = ["Histogram", "Percentiles", "ServerStats", "Stats", "StatsRecorder", "TierStats"]
+__all__ = [
+    "Histogram",
+    "Percentiles",
+    "ServerStats",
+    "SharedStats",
+    "Stats",
+    "StatsRecorder",
+    "TierStats",
+]
 
 #: Latency samples kept per tier for percentiles (a sliding window, bounded memory).
 SAMPLE_WINDOW = 8192
@@ -166,6 +174,29 @@ class ServerStats(_Frozen):
     and a trial batch re-admit it."""
 
 
+class SharedStats(_Frozen):
+    """The budgets a client shares through Redis (``RateLimit(redis_url=...)``,
+    ``SharedInFlight``)."""
+
+    round_trips: int
+    """Calls to Redis (leases, renewals, give-backs)."""
+    failures: int
+    """Calls that failed (Redis unreachable, a timeout, an error reply)."""
+    round_trip_p50: float | None
+    """Seconds per call as the connection saw it (None before the first)."""
+    round_trip_p99: float | None
+    reachable: bool
+    """False while Redis cannot be reached (the ``on_redis_error`` policy applies)."""
+    rate_sharers: int | None
+    """Processes (clients) seen sharing the rate limit in the last 10 s."""
+    seats_allowed: int | None
+    """Sequences the shared in-flight budget lets this client have in flight now."""
+    seats_held: int | None
+    """Sequences held for it in Redis (at least what it has in flight)."""
+    seat_sharers: int | None
+    """Processes (clients) holding a share of the in-flight budget."""
+
+
 class Stats(_Frozen):
     """An immutable snapshot of a client's activity (``client.stats()``)."""
 
@@ -195,6 +226,8 @@ class Stats(_Frozen):
     """Requests answered successfully per second over the last ``rate_window`` seconds."""
     servers: tuple[ServerStats, ...] = ()
     """Each server's admission state, in the order they were given (one per replica)."""
+    shared: SharedStats | None = None
+    """The budgets shared through Redis (None: the client shares none)."""
 
     @property
     def server(self) -> ServerStats | None:
@@ -369,6 +402,7 @@ class StatsRecorder:
         queued: Mapping[Priority, int],
         in_flight: Mapping[Priority, int],
         servers: tuple[ServerStats, ...] = (),
+        shared: SharedStats | None = None,
     ) -> Stats:
         uptime = max(0.0, now - self._started_at)
         window, requests_per_second, tokens_per_second = self._rates.per_second(
@@ -403,4 +437,5 @@ class StatsRecorder:
             tokens_per_second=tokens_per_second,
             requests_per_second=requests_per_second,
             servers=servers,
+            shared=shared,
         )

@@ -193,6 +193,20 @@ class SimulatorProcess:
             hits=_counter(text, "vllm:prefix_cache_hits_total"),
         )
 
+    def peak_sequences(self, replica: int = 0) -> int:
+        """The most sequences the server has held at once (running and waiting), from
+        ``llmbatch_sim:peak_sequences``: proof that clients sharing an in-flight
+        budget never sent more, whatever happened between two scrapes."""
+        return _counter(self.metrics(replica), "llmbatch_sim:peak_sequences")
+
+    def post_count(self, replica: int = 0) -> int:
+        """POST requests the server has answered, by its own count."""
+        total = 0
+        for line in self.metrics(replica).splitlines():
+            if line.startswith("http_requests_total{") and 'method="POST"' in line:
+                total += int(float(line.rsplit(" ", 1)[1]))
+        return total
+
 
 def _counter(metrics: str, name: str) -> int:
     """The value of counter ``name`` in a ``/metrics`` text."""

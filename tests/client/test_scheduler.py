@@ -8,8 +8,9 @@ import pytest
 from factories import make_request as make
 
 from llmbatch import BatchPolicy, Limits, Priority, QueueFull, RateLimit
+from llmbatch._buckets import TokenBucket
 from llmbatch._request import State
-from llmbatch._scheduler import Scheduler, TokenBucket
+from llmbatch._scheduler import Scheduler
 
 RT, NORMAL, BULK = Priority.REALTIME, Priority.NORMAL, Priority.BATCH
 

@@ -107,6 +107,8 @@ class Engine:
         self._wake = asyncio.Event()
         self.steps = 0
         self.busy_seconds = 0.0
+        self.in_system = 0
+        """Sequences added and not yet finished or aborted (running or waiting)."""
 
     # -- public ----------------------------------------------------------------
 
@@ -131,6 +133,8 @@ class Engine:
         use_priority = self.limits.scheduling_policy == "priority"
         group.sequences = sequences
         group.pending = len(sequences)
+        self.in_system += len(sequences)
+        self.metrics.peak_sequences = max(self.metrics.peak_sequences, self.in_system)
         for seq in sequences:
             seq.arrival = now
             seq.priority = priority
@@ -146,6 +150,7 @@ class Engine:
         for seq in group.sequences:
             if not seq.finished:
                 seq.finished = True
+                self.in_system -= 1
                 if seq.table is not None:
                     self.kv.release(seq.table)
         self._running = [s for s in self._running if not s.finished]
@@ -267,6 +272,7 @@ class Engine:
 
     def _finish(self, seq: Sequence, now: float) -> None:
         seq.finished = True
+        self.in_system -= 1
         assert seq.table is not None
         self.kv.release(seq.table)
         self.metrics.finish(seq.finish_reason, now - seq.arrival)

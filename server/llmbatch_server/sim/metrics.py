@@ -49,6 +49,8 @@ class EngineMetrics:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     aborted: int = 0
+    peak_sequences: int = 0
+    """The most sequences the server has held at once (running and waiting)."""
     success: Counter[str] = field(default_factory=Counter)
     e2e: Histogram = field(default_factory=Histogram)
     ttft: Histogram = field(default_factory=Histogram)
@@ -80,6 +82,9 @@ def render(
         f"vllm:num_requests_running{{{labels}}} {running}",
         "# TYPE vllm:num_requests_waiting gauge",
         f"vllm:num_requests_waiting{{{labels}}} {waiting}",
+        # The simulator's own: a high-water mark, which no scrape interval can miss.
+        "# TYPE llmbatch_sim:peak_sequences gauge",
+        f"llmbatch_sim:peak_sequences{{{labels}}} {metrics.peak_sequences}",
         "# TYPE vllm:kv_cache_usage_perc gauge",
         f"vllm:kv_cache_usage_perc{{{labels}}} {kv_usage}",
         # vLLM's V1 names, in tokens (prometheus_client adds the _total).

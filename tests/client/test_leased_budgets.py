@@ -1,0 +1,173 @@
+"""The scheduler's side of shared budgets, on explicit time: leased buckets that only
+leases fill, and a shared in-flight count. No Redis here (tests/shared has it)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from factories import make_request as make
+
+from llmbatch import BatchPolicy, Limits, Priority, RateLimit
+from llmbatch._buckets import LeasedBucket, TokenBucket
+from llmbatch._scheduler import Scheduler
+
+RT, NORMAL = Priority.REALTIME, Priority.NORMAL
+SHARED = RateLimit(requests_per_minute=600, redis_url="redis://127.0.0.1:1", key="k")
+ONE = BatchPolicy(max_batch_size=1, max_wait=0.0, send_when_idle=False)
+
+
+def scheduler(rate_limit: RateLimit | None = SHARED, **limits: object) -> Scheduler:
+    return Scheduler(
+        policies={p: ONE for p in Priority},
+        limits=Limits(**limits),  # type: ignore[arg-type]
+        rate_limit=rate_limit,
+    )
+
+
+def test_a_leased_bucket_starts_empty_and_asks_when_a_batch_waits() -> None:
+    asked: list[bool] = []
+    bucket = LeasedBucket()
+    bucket.notify = lambda: asked.append(True)
+    assert bucket.wait_time(0.0, 1) == math.inf
+    assert bucket.wanted == 1
+    assert asked == [True]
+    assert not bucket.wanted_realtime
+    bucket.wait_time(0.0, 3, realtime=True)
+    assert bucket.wanted == 3
+    assert bucket.wanted_realtime
+
+
+def test_a_lease_is_usable_from_its_time_and_counts_as_coming() -> None:
+    bucket = LeasedBucket()
+    bucket.wait_time(0.0, 2)
+    bucket.credit(5, usable_at=0.3)
+    assert bucket.wanted == 0
+    assert bucket.wait_time(0.1, 2) == pytest.approx(0.2)  # a timer, not a new lease
+    assert bucket.available(0.1) == 5
+    assert bucket.wait_time(0.3, 2) == 0.0
+    bucket.take(2)
+    assert bucket.level == 3
+
+
+def test_taking_below_the_low_mark_asks_for_the_next_lease_early() -> None:
+    asked: list[bool] = []
+    bucket = LeasedBucket()
+    bucket.low = 2.5
+    bucket.notify = lambda: asked.append(True)
+    bucket.credit(5, usable_at=0.0)
+    bucket.wait_time(0.0, 1)
+    bucket.take(1)
+    bucket.take(1)
+    assert asked == []
+    bucket.take(1)  # 2 left < 2.5
+    assert asked == [True]
+
+
+def test_a_retry_goes_at_once_and_its_debt_holds_back_the_next_batch() -> None:
+    bucket = LeasedBucket()
+    bucket.credit(1, usable_at=0.0)
+    assert bucket.reserve(0.0, 2) == 0.0
+    assert bucket.level == -1
+    assert bucket.wait_time(0.0, 1) == math.inf
+    assert bucket.wanted == 2  # the debt and the batch
+
+
+def test_falling_back_refills_by_time_and_resuming_keeps_what_was_added() -> None:
+    bucket = LeasedBucket()
+    bucket.fall_back(rate=2.0, capacity=2.0, now=0.0)
+    assert not bucket.leasing
+    assert bucket.wait_time(0.0, 1) == pytest.approx(0.5)  # a local budget: a timer
+    assert bucket.wait_time(1.0, 1) == 0.0
+    bucket.resume(1.0)
+    assert bucket.leasing
+    assert bucket.level == 2.0
+
+
+def test_refunds_cap_at_a_local_buckets_capacity_and_may_charge_more() -> None:
+    bucket = TokenBucket(rate=10.0, capacity=10.0)
+    bucket.take(8)
+    bucket.refund(20)
+    assert bucket.level == 10.0
+    bucket.refund(-15)
+    assert bucket.level == -5.0
+
+
+def test_a_shared_rate_limit_gives_the_scheduler_leased_buckets() -> None:
+    s = scheduler(RateLimit(tokens_per_minute=6000, redis_url="redis://h", key="k"))
+    requests, tokens = s.rate_buckets
+    assert requests is None
+    assert isinstance(tokens, LeasedBucket)
+    local = scheduler(RateLimit(requests_per_minute=60)).rate_buckets[0]
+    assert type(local) is TokenBucket
+
+
+def test_without_a_lease_nothing_leaves_and_no_timer_is_set() -> None:
+    s = scheduler()
+    s.add(make(NORMAL))
+    poll = s.poll(0.0)
+    assert poll.batches == []
+    assert poll.next_wakeup is None
+    bucket = s.rate_buckets[0]
+    assert isinstance(bucket, LeasedBucket)
+    bucket.credit(1, usable_at=0.0)
+    assert len(s.poll(0.0).batches) == 1
+
+
+def test_a_waiting_realtime_batch_is_what_the_leased_bucket_asks_for() -> None:
+    s = scheduler()
+    s.add(make(NORMAL))
+    s.add(make(RT))
+    assert s.poll(0.0).batches == []
+    bucket = s.rate_buckets[0]
+    assert isinstance(bucket, LeasedBucket)
+    assert bucket.wanted_realtime
+    bucket.credit(1, usable_at=0.0)
+    (batch,) = s.poll(0.0).batches
+    assert batch.priority is RT  # realtime first with the leased budget too
+
+
+def test_usage_corrects_the_token_charge() -> None:
+    s = scheduler(RateLimit(tokens_per_minute=600))  # 10 tokens/s, bucket of 10
+    bucket = s.rate_buckets[1]
+    assert bucket is not None
+    s.add(make(NORMAL, max_tokens=8))  # estimated ~9-10 tokens
+    (batch,) = s.poll(0.0).batches
+    charged = batch.tokens
+    assert bucket.level == pytest.approx(10 - charged)
+    s.correct_tokens(charged, 3)  # the answer used 3
+    assert bucket.level == pytest.approx(7)
+
+
+def test_the_shared_in_flight_count_caps_what_is_sent() -> None:
+    s = scheduler(None, max_in_flight=8, reserved_realtime=0)
+    full: list[bool] = []
+    s.shared_seats = 0
+    s.on_shared_full = lambda: full.append(True)
+    for _ in range(5):
+        s.add(make(NORMAL))
+    assert s.poll(0.0).batches == []
+    assert full
+    s.shared_seats = 3
+    assert len(s.poll(0.0).batches) == 3
+    assert s.in_flight == 3
+    assert s.seat_demand() == (5, s.in_flight_tokens + 2 * make().est_tokens)
+
+
+def test_the_shared_token_count_trims_a_batch() -> None:
+    big = BatchPolicy(max_batch_size=10, max_wait=0.0, send_when_idle=False)
+    s = Scheduler(policies={p: big for p in Priority}, limits=Limits(reserved_realtime=0))
+    s.shared_seats = 100
+    cost = make().est_tokens
+    s.shared_tokens = 3 * cost
+    for _ in range(5):
+        s.add(make(NORMAL))
+    (batch,) = s.poll(0.0).batches
+    assert len(batch.requests) == 3
+
+
+def test_seat_demand_is_bounded_by_the_clients_own_limits() -> None:
+    s = scheduler(None, max_in_flight=4, reserved_realtime=1)
+    for _ in range(10):
+        s.add(make(NORMAL))
+    assert s.seat_demand()[0] == 4
