@@ -137,9 +137,6 @@ class LeasedBucket(TokenBucket):
         self.take(cost)
         return 0.0
 
-    def refund(self, amount: float) -> None:
-        self.level = min(self.capacity, self.level + amount)
-
     def credit(self, amount: float, usable_at: float) -> None:
         """Add a lease of ``amount``, usable from ``usable_at``."""
         bisect.insort(self.pending, (usable_at, amount))

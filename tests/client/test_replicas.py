@@ -41,15 +41,6 @@ def refused_url() -> Iterator[str]:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
 
 
-def posts(sim: SimulatorProcess) -> int:
-    """POSTs the simulator has answered, by its own count."""
-    total = 0
-    for line in sim.metrics().splitlines():
-        if line.startswith("http_requests_total{") and 'method="POST"' in line:
-            total += int(float(line.rsplit(" ", 1)[1]))
-    return total
-
-
 class Recording(HttpxTransport):
     """httpx, noting which server each POST's prompts went to."""
 
@@ -111,13 +102,13 @@ def test_a_bad_replica_list_is_a_config_error(
 async def test_a_map_spreads_over_every_replica_and_stats_show_each(
     sims: list[SimulatorProcess],
 ) -> None:
-    before = [posts(s) for s in sims]
+    before = [s.post_count() for s in sims]
     async with llmbatch.Client([s.base_url for s in sims]) as client:
         assert [r.base_url for r in client.endpoints] == [s.base_url for s in sims]
         results = await client.map([f"prompt {i}" for i in range(600)], max_tokens=2)
         stats = client.stats()
     assert all(r.ok for r in results)
-    got = [posts(s) - b for s, b in zip(sims, before, strict=True)]
+    got = [s.post_count() - b for s, b in zip(sims, before, strict=True)]
     assert all(n > 0 for n in got), got
     assert [s.base_url for s in stats.servers] == [s.base_url for s in sims]
     assert all(s.breaker == "closed" and s.in_flight == 0 for s in stats.servers)
@@ -161,10 +152,10 @@ async def test_a_batch_goes_only_to_replicas_that_serve_its_model() -> None:
         run_simulator("--zero-latency", "--model", "beta") as b,
     ):
         async with llmbatch.Client([a.base_url, b.base_url], model="alpha") as client:
-            before = posts(a), posts(b)
+            before = a.post_count(), b.post_count()
             alpha = await client.map([f"a{i}" for i in range(100)], max_tokens=1)
             beta = await client.map([f"b{i}" for i in range(100)], max_tokens=1, model="beta")
-            after = posts(a), posts(b)
+            after = a.post_count(), b.post_count()
     assert all(r.ok and r.value.model == "alpha" for r in alpha)
     assert all(r.ok and r.value.model == "beta" for r in beta)
     assert after[0] > before[0]
@@ -219,9 +210,11 @@ async def test_open_succeeds_with_one_replica_down_and_it_joins_when_up() -> Non
                 with run_simulator(*FAST, port=port) as late:
                     # Probed once a second: it joins, then takes its share.
                     with anyio.fail_after(30):
-                        while client.stats().servers[0].breaker != "closed" or posts(late) == 0:
+                        while (
+                            client.stats().servers[0].breaker != "closed" or late.post_count() == 0
+                        ):
                             await client.map([f"q{i}" for i in range(50)], max_tokens=1)
-                    assert posts(late) > 0
+                    assert late.post_count() > 0
 
 
 async def test_open_fails_fast_when_no_replica_answers(refused_url: str) -> None:
@@ -246,18 +239,18 @@ async def test_endpoints_add_and_remove_replicas_while_open(sims: list[Simulator
         added = await client.endpoints.add(b.base_url)
         assert added == llmbatch.Replica(b.base_url)
         assert [r.base_url for r in client.endpoints] == [a.base_url, b.base_url]
-        before = posts(a), posts(b)
+        before = a.post_count(), b.post_count()
         assert all(r.ok for r in await client.map([f"x{i}" for i in range(400)], max_tokens=1))
-        assert posts(a) > before[0]
-        assert posts(b) > before[1]
+        assert a.post_count() > before[0]
+        assert b.post_count() > before[1]
         with pytest.raises(llmbatch.ConfigError, match="already a replica"):
             await client.endpoints.add(b.base_url)
         await client.endpoints.remove(a.base_url)
         assert [r.base_url for r in client.endpoints] == [b.base_url]
-        before = posts(a), posts(b)
+        before = a.post_count(), b.post_count()
         assert all(r.ok for r in await client.map([f"y{i}" for i in range(200)], max_tokens=1))
-        assert posts(a) == before[0]
-        assert posts(b) > before[1]
+        assert a.post_count() == before[0]
+        assert b.post_count() > before[1]
         with pytest.raises(llmbatch.ConfigError, match="last replica"):
             await client.endpoints.remove(b.base_url)
         with pytest.raises(llmbatch.ConfigError, match="not one of the client's replicas"):
@@ -272,9 +265,9 @@ def test_a_sync_client_adds_and_removes_replicas(sims: list[SimulatorProcess]) -
     with llmbatch.SyncClient(a.base_url) as client:
         assert client.endpoints.add(b.base_url) == llmbatch.Replica(b.base_url)
         assert [r.base_url for r in client.endpoints] == [a.base_url, b.base_url]
-        before = posts(b)
+        before = b.post_count()
         assert all(r.ok for r in client.map([f"s{i}" for i in range(300)], max_tokens=1))
-        assert posts(b) > before
+        assert b.post_count() > before
         client.endpoints.remove(b.base_url)
         assert len(client.endpoints) == 1
         with pytest.raises(llmbatch.ConfigError, match="last replica"):

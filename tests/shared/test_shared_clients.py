@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
+from typing import Any
 
 import anyio
 import pytest
@@ -49,6 +50,11 @@ def slow_sim() -> Iterator[SimulatorProcess]:
         yield server
 
 
+async def open_clients(stack: AsyncExitStack, n: int, url: str, **options: Any) -> list[Client]:
+    """``n`` open clients with the same options, closed when ``stack`` closes."""
+    return [await stack.enter_async_context(Client(url, **options)) for _ in range(n)]
+
+
 async def hammer(clients: list[Client], seconds: float, **params: object) -> None:
     """Every client maps far more prompts than it may send, for ``seconds``."""
 
@@ -66,10 +72,7 @@ async def test_clients_sharing_a_key_share_one_request_budget(
 ) -> None:
     limit = RateLimit(requests_per_minute=1200, redis_url=redis_server.url, key=fresh("rpm"))
     async with AsyncExitStack() as stack:
-        clients = [
-            await stack.enter_async_context(Client(sim.base_url, rate_limit=limit, batching=ONE))
-            for _ in range(3)
-        ]
+        clients = await open_clients(stack, 3, sim.base_url, rate_limit=limit, batching=ONE)
         before, started = sim.post_count(), time.monotonic()
         await hammer(clients, 3.0, max_tokens=2)
         elapsed = time.monotonic() - started
@@ -92,10 +95,7 @@ async def test_a_shared_token_budget_is_charged_by_usage(
     # up-front charge alone allows.
     limit = RateLimit(tokens_per_minute=60_000, redis_url=redis_server.url, key=fresh("tpm"))
     async with AsyncExitStack() as stack:
-        clients = [
-            await stack.enter_async_context(Client(sim.base_url, rate_limit=limit, batching=ONE))
-            for _ in range(2)
-        ]
+        clients = await open_clients(stack, 2, sim.base_url, rate_limit=limit, batching=ONE)
         started = time.monotonic()
         await hammer(clients, 2.0, max_tokens=400)
         elapsed = time.monotonic() - started
@@ -134,10 +134,7 @@ async def test_clients_sharing_an_in_flight_budget_never_exceed_it(
     assert before <= 12  # (a fresh simulator for this module)
     shared = SharedInFlight(max_in_flight=12, redis_url=redis_server.url, key=fresh("gpu"))
     async with AsyncExitStack() as stack:
-        clients = [
-            await stack.enter_async_context(Client(slow_sim.base_url, shared_in_flight=shared))
-            for _ in range(3)
-        ]
+        clients = await open_clients(stack, 3, slow_sim.base_url, shared_in_flight=shared)
         await hammer(clients, 3.0, max_tokens=64)
         allowed = [c.stats().shared.seats_allowed for c in clients]  # type: ignore[union-attr]
     assert slow_sim.peak_sequences() <= 12
