@@ -34,6 +34,9 @@ RAY_MISSING = (
     "(in a checkout: pip install -e '.[ray]')"
 )
 
+# Ray, or what `ray[data]` adds to it: without any of them, the extra is missing.
+_RAY_DATA_PARTS = frozenset({"ray", "pyarrow", "pandas", "numpy"})
+
 
 class RayMissing(ImportError):
     """``--ray`` without Ray installed; the message says what to install."""
@@ -57,7 +60,7 @@ def import_ray() -> ModuleType:
     try:
         importlib.import_module("ray.data")
     except ModuleNotFoundError as exc:
-        if exc.name is not None and exc.name.split(".")[0] != "ray":
+        if exc.name is not None and exc.name.split(".")[0] not in _RAY_DATA_PARTS:
             raise  # Ray is there but broken: show the real error
         raise RayMissing(RAY_MISSING) from None
     return importlib.import_module("ray")
