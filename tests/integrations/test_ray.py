@@ -226,3 +226,25 @@ def test_map_batches_on_a_local_ray(sim: SimulatorProcess) -> None:
     assert by_id[1]["error"] is None
     assert by_id[2]["completion"] is None
     assert by_id[2]["error"] == "InvalidRequestError: messages must not be empty"
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None,
+    reason="Ray is not installed: pip install 'llmbatch[ray]' (CI's ray stage does)",
+)
+def test_actor_options_make_a_fixed_pool_of_threaded_actors() -> None:
+    from ray.data import ActorPoolStrategy
+
+    options = llmbatch.ray.actor_options(3, num_cpus=0.5)
+    assert options["num_cpus"] == 0.5
+    compute = options["compute"]
+    assert isinstance(compute, ActorPoolStrategy)
+    assert (compute.min_size, compute.max_size) == (3, 3)
+    assert compute.max_concurrent_calls_per_actor == 2
+    assert compute.enable_true_multi_threading
+    single = llmbatch.ray.actor_options(1, calls_per_actor=1)["compute"]
+    assert single.max_concurrent_calls_per_actor == 1
+    assert not single.enable_true_multi_threading
+    with pytest.raises(llmbatch.ConfigError):
+        llmbatch.ray.actor_options(0)
