@@ -83,7 +83,7 @@ def ray_data(
         ),
     )
     for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
-        if first is None:  # the actors are up and the first batch is answered
+        if first is None:  # the actors are up and the first block is answered
             first = (time.perf_counter(), len(batch["id"]))
         ids.update(batch["id"].tolist())
         for row, completion, error in zip(
@@ -96,8 +96,8 @@ def ray_data(
     ended = time.perf_counter()
     measured = _measured(len(texts), ended - started, ids, errors, answered)
     assert first is not None
-    measured["first_batch_s"] = round(first[0] - started, 3)
-    measured["after_first_batch_rows_per_s"] = round(
+    measured["first_output_s"] = round(first[0] - started, 3)
+    measured["after_first_output_rows_per_s"] = round(
         (len(texts) - first[1]) / (ended - first[0]), 1
     )
     return measured
@@ -163,10 +163,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "single_process_rows_per_s": single["rows_per_s"],
         "ray_rows_per_s": distributed["rows_per_s"],
         "ratio": round(distributed["rows_per_s"] / single["rows_per_s"], 3),
-        "ray_first_batch_s": distributed["first_batch_s"],
-        "ray_after_first_batch_rows_per_s": distributed["after_first_batch_rows_per_s"],
-        "ratio_after_first_batch": round(
-            distributed["after_first_batch_rows_per_s"] / single["rows_per_s"], 3
+        "ray_first_output_s": distributed["first_output_s"],
+        "ray_after_first_output_rows_per_s": distributed["after_first_output_rows_per_s"],
+        "ratio_after_first_output": round(
+            distributed["after_first_output_rows_per_s"] / single["rows_per_s"], 3
         ),
         "poisoned_row_error": distributed["errors"].get(poisoned),
         "checks": problems or "ok",
