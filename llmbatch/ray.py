@@ -30,21 +30,57 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
+import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llmbatch._config import Limits, PriorityLike, parse_priority
-from llmbatch._exceptions import ConfigTypeError, InvalidTypeError, LLMBatchError
+from llmbatch._exceptions import ConfigError, ConfigTypeError, InvalidTypeError, LLMBatchError
 from llmbatch._map import MapInput
 from llmbatch._sync import SyncClient
 
-__all__ = ["Chat", "Completions"]
+__all__ = ["Chat", "Completions", "actor_options"]
 
 COMPLETION_COLUMN = "completion"
 """The column a row's answer goes to: its text, or None if the row failed."""
 ERROR_COLUMN = "error"
 """The column a row's failure goes to: ``"ErrorClass: message"``, or None."""
+DEFAULT_NUM_CPUS = 0.25
+"""The CPU an actor asks for: it mostly waits on the server (see docs/ray.md)."""
+DEFAULT_BATCH_SIZE = 1000
+"""Rows per batch that docs/ray.md advises: one ``map`` per batch, big enough that
+Ray's per-batch cost is small beside the batch's requests."""
+DEFAULT_CALLS_PER_ACTOR = 2
+"""Batches one actor answers at once (see :func:`actor_options`)."""
+
+
+def actor_options(
+    actors: int,
+    *,
+    num_cpus: float = DEFAULT_NUM_CPUS,
+    calls_per_actor: int = DEFAULT_CALLS_PER_ACTOR,
+) -> dict[str, Any]:
+    """``map_batches`` keywords for a pool of ``actors`` llmbatch actors::
+
+        ds.map_batches(llmbatch.ray.Completions, fn_constructor_kwargs={...},
+                       batch_size=1000, **llmbatch.ray.actor_options(2))
+
+    Each actor asks for ``num_cpus`` and answers up to ``calls_per_actor`` batches
+    at once, on as many threads sharing its one client: a batch ends with a wait
+    for its slowest row, and the next batch's requests fill the server meanwhile.
+    Needs Ray (imported here, not when this module is).
+    """
+    if actors < 1 or calls_per_actor < 1:
+        raise ConfigError("actors and calls_per_actor must be at least 1")
+    data = importlib.import_module("ray.data")
+    compute = data.ActorPoolStrategy(
+        size=actors,
+        max_concurrent_calls_per_actor=calls_per_actor,
+        # Without it Ray runs one call of an actor at a time, whatever the above says.
+        enable_true_multi_threading=calls_per_actor > 1,
+    )
+    return {"compute": compute, "num_cpus": num_cpus}
 
 
 class _Rows:
@@ -75,6 +111,7 @@ class _Rows:
         # it as the actor's start-up error), but open it only on the first batch.
         self._client = SyncClient(base_url, api_key=api_key, model=model, **options)
         self._open = False
+        self._opening = threading.Lock()
         self._priority = parse_priority(priority)
         self._params = params
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -82,27 +119,33 @@ class _Rows:
     def __call__(self, batch: Any) -> Any:
         """Answer every row of ``batch``; returns the batch with ``completion`` and
         ``error`` columns added (one bad row gets an ``error``, the others still run)."""
-        values = _column(batch, self._column)
+        completions: list[str | None] = []
+        errors: list[str | None] = []
+        for value, error in self._answer(_column(batch, self._column)):
+            completions.append(None if value is None else value.text)
+            errors.append(None if error is None else _message(error))
+        return _with_columns(batch, {COMPLETION_COLUMN: completions, ERROR_COLUMN: errors})
+
+    def _answer(self, values: list[Any]) -> list[tuple[Any, LLMBatchError | None]]:
+        """Each row's ``(answer, None)`` or ``(None, error)``, in row order: a row
+        ``_input`` refuses is not sent, the others go out in one ``map``."""
+        answers: list[tuple[Any, LLMBatchError | None]] = []
         inputs: list[MapInput] = []
         sent: list[int] = []
-        completions: list[str | None] = [None] * len(values)
-        errors: list[str | None] = [None] * len(values)
         for row, value in enumerate(values):
             try:
                 inputs.append(self._input(value))
             except LLMBatchError as exc:
-                errors[row] = _message(exc)
+                answers.append((None, exc))
             else:
+                answers.append((None, None))
                 sent.append(row)
         if inputs:
             client = self._client_for_call()
             results = client.map(inputs, priority=self._priority, **self._params)
             for row, result in zip(sent, results, strict=True):
-                if result.value is not None:
-                    completions[row] = result.value.text
-                else:
-                    errors[row] = _message(result.error)
-        return _with_columns(batch, {COMPLETION_COLUMN: completions, ERROR_COLUMN: errors})
+                answers[row] = (result.value, result.error)
+        return answers
 
     def close(self) -> None:
         """Close the client (draining what it still runs). Safe to call twice; the
@@ -117,9 +160,12 @@ class _Rows:
             self.close()
 
     def _client_for_call(self) -> SyncClient:
-        if not self._open:
-            self._client.open()
-            self._open = True
+        # Ray may call one actor from several threads at once (calls_per_actor > 1):
+        # the first call opens the client, the others wait for it.
+        with self._opening:
+            if not self._open:
+                self._client.open()
+                self._open = True
         return self._client
 
     def _input(self, value: Any) -> MapInput:
@@ -246,12 +292,26 @@ def _is_data_frame(batch: Any) -> bool:
 
 def _with_columns(batch: Any, columns: dict[str, list[str | None]]) -> Any:
     if isinstance(batch, Mapping):
+        if any(_is_numpy(values) for values in batch.values()):
+            return {**batch, **{name: _string_array(values) for name, values in columns.items()}}
         return {**batch, **columns}
     batch = batch.copy(deep=False)
     for name, values in columns.items():
         # An object column keeps None as None (a str dtype would make it NaN).
         batch[name] = _object_series(batch, values)
     return batch
+
+
+def _is_numpy(values: Any) -> bool:
+    return type(values).__module__ == "numpy"
+
+
+def _string_array(values: list[str | None]) -> Any:
+    # A numpy batch comes from Ray, which turns a list of nothing but None into an
+    # Arrow column of type null, read back as NaN (numpy) on the way out; a typed
+    # string column keeps None as None whatever the other blocks hold.
+    pyarrow = importlib.import_module("pyarrow")
+    return pyarrow.array(values, type=pyarrow.string())
 
 
 def _object_series(frame: Any, values: list[str | None]) -> Any:

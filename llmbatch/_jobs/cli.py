@@ -30,8 +30,10 @@ from llmbatch._config import DEFAULT_LIMITS, Priority
 from llmbatch._exceptions import InvalidRequestError
 from llmbatch._jobs.output import OutputError
 from llmbatch._jobs.runner import JobConfig, JobRejected, JobSummary, run_job
+from llmbatch._jobs.shards import InputError
 from llmbatch._progress import MapProgress, ProgressBar, ProgressLike, describe
 from llmbatch._replicas import DEFAULT_BASE_URL
+from llmbatch.ray import DEFAULT_BATCH_SIZE
 
 __all__ = ["EXIT_FAILURES", "EXIT_OK", "EXIT_REJECTED", "EXIT_STOPPED", "EXIT_USAGE", "add_parser"]
 
@@ -68,7 +70,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "input",
         type=Path,
         metavar="INPUT.jsonl",
-        help="the requests: one OpenAI Batch API line each (a file; it is read twice)",
+        help="the requests: one OpenAI Batch API line each (a file; it is read twice); "
+        "with --ray also a directory of *.jsonl shards or a quoted glob",
     )
     parser.add_argument(
         "-o",
@@ -76,7 +79,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         type=Path,
         required=True,
         metavar="OUTPUT.jsonl",
-        help="where results are appended as they finish; a rerun resumes from it (required)",
+        help="where results are appended as they finish; a rerun resumes from it "
+        "(required); with --ray a directory of part-*.jsonl shards",
     )
     server = parser.add_argument_group("server")
     server.add_argument(
@@ -154,12 +158,45 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="PATH",
         help="also write the summary as JSON, '-' for stdout (default: none)",
     )
+    ray = parser.add_argument_group(
+        "ray", "spread a job too big for one process over Ray actors (docs/ray.md)"
+    )
+    ray.add_argument(
+        "--ray",
+        action="store_true",
+        help="run the job on Ray Data: INPUT may be a file, a directory or a glob of "
+        "shards, OUTPUT is a directory; needs `pip install 'llmbatch[ray]'` (default: off)",
+    )
+    ray.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="the Ray cluster to join (default: $RAY_ADDRESS, else a local Ray for the run)",
+    )
+    ray.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=2,
+        metavar="N",
+        help="actors, each with its own client; --max-in-flight, --rpm and --tpm are "
+        "shared out among them (default: %(default)s)",
+    )
+    ray.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=DEFAULT_BATCH_SIZE,
+        metavar="N",
+        help="lines per batch an actor answers at once (default: %(default)s)",
+    )
     parser.set_defaults(handler=handle)
     return parser
 
 
 def handle(args: argparse.Namespace) -> int:
     """Run the job described by ``args``; returns the exit code."""
+    if args.ray:
+        return handle_ray(args)
+    if args.ray_address:
+        return _fail(EXIT_USAGE, "--ray-address needs --ray")
     if args.input.resolve() == args.output.resolve():
         return _fail(EXIT_USAGE, "INPUT and OUTPUT must be different files")
     if not args.input.is_file():
@@ -168,7 +205,23 @@ def handle(args: argparse.Namespace) -> int:
         progress = _progress(args.progress, args.input.name)
     except ImportError as exc:
         return _fail(EXIT_USAGE, str(exc))
-    config = JobConfig(
+    config = _config(args, progress)
+    summary = JobSummary()  # filled in as the job runs: still readable after Ctrl-C
+    try:
+        anyio.run(lambda: run_job(config, report=_say, summary=summary))
+    except JobRejected as exc:
+        return _fail(EXIT_REJECTED, str(exc))
+    except InvalidRequestError as exc:  # e.g. a --base-url that is not a URL
+        return _fail(EXIT_USAGE, str(exc))
+    except OutputError as exc:
+        return _fail(EXIT_STOPPED, str(exc))
+    except KeyboardInterrupt:
+        return _fail(EXIT_INTERRUPTED, format_interrupted(summary, args.output))
+    return _finish(summary, args)
+
+
+def _config(args: argparse.Namespace, progress: ProgressLike) -> JobConfig:
+    return JobConfig(
         input=args.input,
         output=args.output,
         base_url=args.base_url,
@@ -183,17 +236,10 @@ def handle(args: argparse.Namespace) -> int:
         retry_failed=args.retry_failed,
         progress=progress,
     )
-    summary = JobSummary()  # filled in as the job runs: still readable after Ctrl-C
-    try:
-        anyio.run(lambda: run_job(config, report=_say, summary=summary))
-    except JobRejected as exc:
-        return _fail(EXIT_REJECTED, str(exc))
-    except InvalidRequestError as exc:  # e.g. a --base-url that is not a URL
-        return _fail(EXIT_USAGE, str(exc))
-    except OutputError as exc:
-        return _fail(EXIT_STOPPED, str(exc))
-    except KeyboardInterrupt:
-        return _fail(EXIT_INTERRUPTED, format_interrupted(summary, args.output))
+
+
+def _finish(summary: JobSummary, args: argparse.Namespace) -> int:
+    """Print the summary (and write it with --summary-json); returns the exit code."""
     code = exit_code(summary)
     _say(format_summary(summary))
     if summary.stopped:
@@ -209,6 +255,41 @@ def handle(args: argparse.Namespace) -> int:
         else:
             Path(args.summary_json).write_text(text)
     return code
+
+
+def handle_ray(args: argparse.Namespace) -> int:
+    """``--ray``: the job on Ray Data (imported only now); returns the exit code."""
+    # Not at the top: the Ray path's modules are only needed with --ray.
+    from llmbatch._jobs.ray_run import RayMissing, RayOptions, run_on_ray
+
+    if args.input.resolve() == args.output.resolve():
+        return _fail(EXIT_USAGE, "INPUT and OUTPUT must be different")
+    options = RayOptions(
+        address=args.ray_address,
+        actors=args.concurrency,
+        batch_size=args.batch_size,
+        show_progress=args.progress,
+    )
+    summary = JobSummary()
+    try:
+        run_on_ray(_config(args, None), options, report=_say, summary=summary)
+    except RayMissing as exc:
+        return _fail(EXIT_USAGE, str(exc))
+    except InputError as exc:
+        return _fail(EXIT_USAGE, str(exc))
+    except JobRejected as exc:
+        return _fail(EXIT_REJECTED, str(exc))
+    except InvalidRequestError as exc:
+        return _fail(EXIT_USAGE, str(exc))
+    except OutputError as exc:
+        return _fail(EXIT_STOPPED, str(exc))
+    except KeyboardInterrupt:
+        return _fail(
+            EXIT_INTERRUPTED,
+            f"interrupted: the results received so far are in {args.output}; "
+            "rerun the same command to resume",
+        )
+    return _finish(summary, args)
 
 
 def exit_code(summary: JobSummary) -> int:

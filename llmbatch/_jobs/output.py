@@ -51,8 +51,9 @@ class OutputFile:
     """An append-only JSONL output file owned by one run at a time.
 
     ``with OutputFile(path) as out:`` locks the file (another run on the same file
-    gets :class:`OutputError`), repairs it and reads what is done into
-    ``out.resumed``; :meth:`write` appends one record.
+    gets :class:`OutputError`; ``lock=False`` when a lock the caller holds already
+    covers it, as a sharded run's directory lock covers its shards), repairs it and
+    reads what is done into ``out.resumed``; :meth:`write` appends one record.
     """
 
     def __init__(
@@ -61,9 +62,11 @@ class OutputFile:
         *,
         retry_failed: bool = False,
         fsync_interval: float = DEFAULT_FSYNC_INTERVAL,
+        lock: bool = True,
     ) -> None:
         self.path = path
         self._retry_failed = retry_failed
+        self._lock = lock
         self._fsync_interval = fsync_interval
         self._fd = -1
         self._last_sync = 0.0
@@ -116,7 +119,7 @@ class OutputFile:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as exc:
             raise OutputError(f"cannot open {self.path}: {exc.strerror}") from exc
-        if sys.platform != "win32":
+        if self._lock and sys.platform != "win32":
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

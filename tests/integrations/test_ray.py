@@ -83,8 +83,11 @@ def test_numpy_batch(sim: SimulatorProcess) -> None:
     finally:
         rows.close()
     assert list(out["n"]) == [0, 1, 2]
-    assert out["error"] == [None, None, None]
-    assert all(out["completion"])
+    # Typed Arrow string columns: Ray would turn a list of nothing but None into a
+    # column of Arrow's null type, read back as NaN in a later numpy batch.
+    assert str(out["error"].type) == "string"
+    assert out["error"].to_pylist() == [None, None, None]
+    assert all(out["completion"].to_pylist())
 
 
 @pytest.mark.ray
@@ -168,18 +171,25 @@ def test_importing_llmbatch_does_not_import_ray_or_pandas() -> None:
 def test_map_batches_on_a_local_ray(sim: SimulatorProcess) -> None:
     import ray
 
-    n = 2000
+    n, bad = 2000, 1234
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        items = ray.data.from_items([{"id": i, "prompt": f"row {i}"} for i in range(n)])
+        # Ten blocks, so both actors get work; one row in one block is too long.
+        items = ray.data.from_items(
+            [{"id": i, "prompt": LONG_PROMPT if i == bad else f"row {i}"} for i in range(n)],
+            override_num_blocks=10,
+        )
         dataset = items.map_batches(
             llmbatch.ray.Completions,
             fn_constructor_kwargs={"base_url": sim.base_url, "max_tokens": 2},
-            concurrency=2,
-            num_cpus=0.25,
             batch_size=200,
+            **llmbatch.ray.actor_options(2),
         )
-        rows = dataset.take_all()
+        rows = [
+            dict(zip(batch, values, strict=True))
+            for batch in dataset.iter_batches(batch_size=None, batch_format="numpy")
+            for values in zip(*batch.values(), strict=True)
+        ]
         # Chat, pandas batches, and messages whose keys differ (Arrow fills the gaps
         # with None, which must not reach the server).
         conversations = ray.data.from_items(
@@ -205,10 +215,36 @@ def test_map_batches_on_a_local_ray(sim: SimulatorProcess) -> None:
     finally:
         ray.shutdown()
     assert sorted(row["id"] for row in rows) == list(range(n))
-    assert all(row["error"] is None and row["completion"] for row in rows)
+    # None, not NaN, in the blocks where nothing failed.
+    assert all(row["error"] is None and row["completion"] for row in rows if row["id"] != bad)
+    [failed] = [row for row in rows if row["id"] == bad]
+    assert failed["completion"] is None
+    assert "max_model_len" in failed["error"]
     by_id = {row["id"]: row for row in chats}
     assert by_id[0]["completion"]
     assert by_id[1]["completion"]
     assert by_id[1]["error"] is None
     assert by_id[2]["completion"] is None
     assert by_id[2]["error"] == "InvalidRequestError: messages must not be empty"
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None,
+    reason="Ray is not installed: pip install 'llmbatch[ray]' (CI's ray stage does)",
+)
+def test_actor_options_make_a_fixed_pool_of_threaded_actors() -> None:
+    from ray.data import ActorPoolStrategy
+
+    options = llmbatch.ray.actor_options(3, num_cpus=0.5)
+    assert options["num_cpus"] == 0.5
+    compute = options["compute"]
+    assert isinstance(compute, ActorPoolStrategy)
+    assert (compute.min_size, compute.max_size) == (3, 3)
+    assert compute.max_concurrent_calls_per_actor == 2
+    assert compute.enable_true_multi_threading
+    single = llmbatch.ray.actor_options(1, calls_per_actor=1)["compute"]
+    assert single.max_concurrent_calls_per_actor == 1
+    assert not single.enable_true_multi_threading
+    with pytest.raises(llmbatch.ConfigError):
+        llmbatch.ray.actor_options(0)
