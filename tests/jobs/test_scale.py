@@ -25,8 +25,9 @@ pytestmark = [
 ]
 
 MODEL = "sim-model"
-PEAK_RSS_LIMIT_MB = 200
-#: The map's own memory: RSS growth from just before it starts to its peak.
+#: The map's own memory: RSS growth from just before it starts to its peak. (Not the
+#: process's whole RSS: that depends on what the rest of the session imported, e.g.
+#: pandas and pyarrow when the ray extra is installed.)
 MAP_GROWTH_LIMIT_MB = 50
 #: RSS may grow this much after the first tenth of the run (allocator noise, not
 #: per-item state: a leak of even 100 bytes per prompt would show as ~90 MB at 1M).
@@ -92,7 +93,6 @@ async def pump(sim: SimulatorProcess, n: int, capsys: pytest.CaptureFixture[str]
             f"(the map's own: {mb(rss.peak - before):.1f} MB; at 10%: {mb(rss_at_tenth):.1f} MB)"
         )
     assert (ok, failed) == (n, 0)
-    assert mb(rss.peak) < PEAK_RSS_LIMIT_MB
     assert mb(rss.peak - before) < MAP_GROWTH_LIMIT_MB
     assert mb(rss.peak - rss_at_tenth) < GROWTH_LIMIT_MB
 
