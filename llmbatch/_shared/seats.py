@@ -101,7 +101,14 @@ class SeatLeaser:
     async def _renew(self) -> None:
         scheduler = self._scheduler
         want_seats, want_tokens = scheduler.seat_demand()
-        await self._call(want_seats, want_tokens, scheduler.in_flight, scheduler.in_flight_tokens)
+        # The scheduler may go on sending up to its allowance while the call is on its
+        # way, so the seats in use by the time the script runs are up to that, not
+        # just what is in flight now: the script must keep them held. (Reporting only
+        # the in-flight count let a process shrink its hold below what it then sent,
+        # and another process take the difference.) A share shrinks one renewal later.
+        in_use = max(scheduler.in_flight, scheduler.shared_seats or 0)
+        in_use_tokens = max(scheduler.in_flight_tokens, scheduler.shared_tokens or 0)
+        await self._call(want_seats, want_tokens, in_use, in_use_tokens)
 
     async def _call(self, want_seats: int, want_tokens: int, seats: int, tokens: int) -> None:
         config = self._config

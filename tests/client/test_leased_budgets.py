@@ -171,3 +171,48 @@ def test_seat_demand_is_bounded_by_the_clients_own_limits() -> None:
     for _ in range(10):
         s.add(make(NORMAL))
     assert s.seat_demand()[0] == 4
+
+
+class _SendingLink:
+    """Stands in for Redis in the seat leaser: records what each renewal reports and,
+    like a real round trip, lets the scheduler send while the call is on its way."""
+
+    where = "redis://stub"
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.reported: list[int] = []
+
+    async def run(self, script: str, keys: list[str], args: list[object]) -> list[str]:
+        self.reported.append(int(args[3]))  # type: ignore[call-overload]
+        self.scheduler.poll(0.0)  # the scheduler sends up to its allowance meanwhile
+        held = max(int(args[3]), 2)  # type: ignore[call-overload]
+        return [str(held), "2", "0", "0", "1", "2"]
+
+
+@pytest.mark.anyio
+async def test_a_renewal_keeps_held_what_may_be_sent_while_it_is_on_its_way() -> None:
+    from llmbatch import SharedInFlight
+    from llmbatch._shared.seats import SeatLeaser
+
+    s = scheduler(None, max_in_flight=8, reserved_realtime=0)
+    link = _SendingLink(s)
+    config = SharedInFlight(redis_url="redis://127.0.0.1:1", key="k", max_in_flight=8)
+    leaser = SeatLeaser(
+        link,  # type: ignore[arg-type]
+        config,
+        s,
+        member="me",
+        wake=lambda: None,
+        clock=lambda: 0.0,
+    )
+    for _ in range(10):
+        s.add(make(NORMAL))
+    s.shared_seats = 2
+    s.poll(0.0)
+    s.shared_seats = 6  # the last renewal allowed 6; 2 are in flight, 4 about to go
+    await leaser._renew()
+    assert s.in_flight == 6
+    # What the script was told is in use covers what was in flight when it ran.
+    assert link.reported == [6]
+    assert s.shared_seats == 2  # the smaller share applies from the reply on
