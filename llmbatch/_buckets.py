@@ -76,7 +76,7 @@ class LeasedBucket(TokenBucket):
     ``resume`` leasing later.
     """
 
-    __slots__ = ("low", "notify", "pending", "wanted", "wanted_realtime")
+    __slots__ = ("batch_cost", "low", "notify", "pending", "wanted", "wanted_realtime")
 
     def __init__(self) -> None:
         super().__init__(rate=0.0, capacity=math.inf)
@@ -87,6 +87,8 @@ class LeasedBucket(TokenBucket):
         """What a waiting batch lacks beyond the level and the pending leases."""
         self.wanted_realtime = False
         """That batch is realtime (it may lease the reserve)."""
+        self.batch_cost = 0.0
+        """What the last batch that asked cost (the leaser sizes leases by it)."""
         self.low = 0.0
         self.notify: Callable[[], None] | None = None
 
@@ -109,6 +111,7 @@ class LeasedBucket(TokenBucket):
     def wait_time(self, now: float, cost: float, realtime: bool = False) -> float:
         self._refill(now)
         need = cost if self.leasing else min(cost, self.capacity)
+        self.batch_cost = need
         level = self.level
         if need - level <= EPSILON * max(1.0, need):
             return 0.0

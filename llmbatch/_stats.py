@@ -189,6 +189,9 @@ class SharedStats(_Frozen):
     """False while Redis cannot be reached (the ``on_redis_error`` policy applies)."""
     rate_sharers: int | None
     """Processes (clients) seen sharing the rate limit in the last 10 s."""
+    rate_refusals: int | None
+    """Lease calls the shared rate budget refused with a time to come back (each costs
+    a round trip; many mean the processes wait for each other's leases)."""
     seats_allowed: int | None
     """Sequences the shared in-flight budget lets this client have in flight now."""
     seats_held: int | None

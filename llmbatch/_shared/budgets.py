@@ -100,6 +100,7 @@ class SharedBudgets:
             round_trip_p99=pick(0.99),
             reachable=all(r is not False for r in reachable),
             rate_sharers=rate.sharers if rate is not None else None,
+            rate_refusals=rate.refusals if rate is not None else None,
             seats_allowed=seats.allowed if seats is not None else None,
             seats_held=seats.held[0] if seats is not None else None,
             seat_sharers=seats.sharers if seats is not None else None,

@@ -1,10 +1,12 @@
-"""Rate limits shared through Redis: an engine-side task leases small blocks of the
-shared budget and credits the scheduler's :class:`~llmbatch._buckets.LeasedBucket`s.
+"""Rate limits shared through Redis: an engine-side task leases blocks of the shared
+budget and credits the scheduler's :class:`~llmbatch._buckets.LeasedBucket`s.
 
-A block is a quarter of a second of the whole budget (at least one request), or
-enough for three batches like the one waiting if that is more (up to what bulk may
-take), asked for when the local bucket runs below half a block. Realtime asks for
-just what its batch lacks, ahead of bulk leases not yet granted (see the script).
+A bulk lease is enough for three batches like the last one (at least a quarter of a
+second of the whole budget, at most half a second, and no more than each sharer's
+part of the bulk horizon), asked for when the local bucket holds less than half a
+lease. The script may grant it up to two seconds before it is usable, so a process
+waits for its turn locally instead of asking twice. Realtime asks for just what its
+batch lacks and goes ahead of bulk leases granted but not yet usable (see the script).
 """
 
 from __future__ import annotations
@@ -25,12 +27,19 @@ __all__ = ["RateLeaser"]
 
 logger = logging.getLogger("llmbatch")
 
-#: Seconds of the whole budget in one bulk lease.
+#: Seconds of the whole budget in the smallest bulk lease.
 BLOCK = 0.25
+#: Seconds of the whole budget in the largest bulk lease (a larger one would only be
+#: usable once the shared bucket is nearly full, and refill beyond full is lost).
+MOST = 0.5
+#: A bulk lease covers this many batches like the last one, within BLOCK..MOST.
+BATCHES_PER_LEASE = 3
 #: Seconds of the budget only realtime may lease (bulk leaves it in the bucket).
 REALTIME_RESERVE = 0.25
-#: Bulk leases may be granted this long before they are usable.
-BULK_HORIZON = 0.25
+#: Bulk leases may be granted this long before they are usable, so a process waits
+#: for its turn without asking twice; realtime goes ahead of them (borrowing up to
+#: this much of later budget).
+BULK_HORIZON = 2.0
 #: Realtime leases may be granted this long before they are usable.
 REALTIME_HORIZON = 1.0
 #: A process counts as sharing the budget for this long after its last lease.
@@ -67,6 +76,7 @@ class RateLeaser:
         # One second's worth caps a burst (at least one request, as for local limits).
         self._caps = (max(1.0, rates[0]), rates[1])
         self._blocks = (max(1.0, round(rates[0] * BLOCK)), rates[1] * BLOCK)
+        self._most = (max(1.0, round(rates[0] * MOST)), rates[1] * MOST)
         self._buckets: list[tuple[int, LeasedBucket]] = []
         for index, bucket in enumerate(buckets):
             if bucket is None:
@@ -81,6 +91,8 @@ class RateLeaser:
         self.reachable: bool | None = None
         """Whether the last call reached Redis (None: not tried yet)."""
         self._mismatch_told = False
+        self.refusals = 0
+        """Lease calls the budget refused (come back later)."""
 
     def _poke(self) -> None:
         self._due.set()
@@ -138,15 +150,21 @@ class RateLeaser:
         """What to lease for one bucket now (0: nothing)."""
         if not bucket.leasing:
             return 0.0
+        if bucket.wanted_realtime and bucket.wanted > 0:
+            return bucket.wanted
+        # Small enough that every sharer's lease fits in the bulk horizon (a lease
+        # beyond it is refused, and costs a second round trip).
+        fits = self._rates[index] * BULK_HORIZON / self.sharers
+        lease = min(
+            self._most[index],
+            max(1.0 if index == 0 else 0.0, fits),
+            max(self._blocks[index], BATCHES_PER_LEASE * bucket.batch_cost),
+        )
+        bucket.low = lease / 2
         if bucket.wanted > 0:
-            if bucket.wanted_realtime:
-                return bucket.wanted
-            # A batch waits: lease enough for a few like it (a batch of 64 prompts may
-            # weigh more than a block of tokens), but never more than bulk may take.
-            most = self._caps[index] * (1 - REALTIME_RESERVE)
-            return max(bucket.wanted, min(most, max(self._blocks[index], 3 * bucket.wanted)))
+            return max(bucket.wanted, lease)
         if bucket.available(now) < bucket.low:
-            return self._blocks[index]
+            return lease
         return 0.0
 
     def _args(self, wants: list[float], realtime: bool, ticket: bool = False) -> list[object]:
@@ -180,6 +198,8 @@ class RateLeaser:
                 credited = True
             elif self._want(index, bucket, now) > 0:
                 retry = seconds if retry is None else min(retry, seconds)
+        if retry is not None and not credited:
+            self.refusals += 1
         if reply[5] == "1" and not self._mismatch_told:
             self._mismatch_told = True
             logger.warning(

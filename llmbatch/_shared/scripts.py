@@ -35,14 +35,21 @@ def seat_keys(key: str) -> list[str]:
 # ``want / rate``, so over any period the leases add up to the rate (plus one
 # bucket). A negative ``want`` gives units back.
 #
+# Both kinds may be granted up to a horizon before they are usable (the process then
+# waits locally, without asking again). A bulk lease that would be usable later than
+# that is refused with the time to come back: a slot in a queue (``slot`` is the next
+# free one), so processes that wait come back one after another instead of all at
+# once, and each one's return (``ticket``) is served ahead of bulk leases that did
+# not wait.
+#
 # Realtime first: bulk leases leave ``reserve`` seconds of budget in the bucket
-# (``floor``), which only realtime may lease. Both may be granted up to a horizon
-# before they are usable (the process then waits locally, without asking again).
-# A bulk lease that would be usable later than that is refused with the time to
-# come back: a slot in a queue (``slot`` is the next free one), so processes that
-# wait come back one after another instead of all at once, and each one's return
-# (``ticket``) is served ahead of bulk leases that did not wait. Realtime ignores
-# the queue.
+# (``floor``), which only realtime may lease, and realtime goes ahead of the bulk
+# leases granted but not yet usable (``bulk``: when the last one becomes usable, at
+# most the bulk horizon away): it borrows their time, and ``tat`` moving on delays
+# the bulk leases granted after it. So a realtime lease up to the reserve is usable
+# at once however many bulk leases are queued, and over any period the leases add
+# up to the rate plus one bucket plus, while bulk leases are queued, at most the
+# bulk horizon's worth lent to realtime. Realtime ignores the slot queue.
 #
 # KEYS: requests state, tokens state, sharers (a sorted set: process id -> last seen).
 # ARGV: process id, realtime ("1"/"0"), request rate, cap, want, token rate, cap,
@@ -55,7 +62,8 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) * 1e-6
 local realtime = ARGV[2] == '1'
 local reserve = tonumber(ARGV[9])
-local horizon = realtime and tonumber(ARGV[11]) or tonumber(ARGV[10])
+local bulk_horizon = tonumber(ARGV[10])
+local horizon = realtime and tonumber(ARGV[11]) or bulk_horizon
 local window = tonumber(ARGV[12])
 local ticket = ARGV[13] == '1'
 redis.call('ZADD', KEYS[3], now, ARGV[1])
@@ -70,9 +78,10 @@ for i = 0, 1 do
   local granted, seconds = 0, 0
   if rate > 0 and want ~= 0 then
     local key = KEYS[1 + i]
-    local stored = redis.call('HMGET', key, 'tat', 'rate', 'slot')
+    local stored = redis.call('HMGET', key, 'tat', 'rate', 'slot', 'bulk')
     local tat = tonumber(stored[1]) or now
     local slot = tonumber(stored[3]) or 0
+    local bulk = tonumber(stored[4]) or 0
     if stored[2] and math.abs(tonumber(stored[2]) - rate) > 1e-9 * rate then
       mismatch = '1'
     end
@@ -82,7 +91,11 @@ for i = 0, 1 do
     else
       local floor = realtime and 0 or reserve * rate
       local start = math.max(tat, now)
-      local usable = start - (cap - math.min(want + floor, cap)) / rate
+      local ahead = start
+      if realtime then
+        ahead = math.max(now, tat - math.min(bulk_horizon, math.max(0, bulk - now)))
+      end
+      local usable = ahead - (cap - math.min(want + floor, cap)) / rate
       if not realtime and not ticket and slot > now then
         seconds = slot - now
         slot = slot + want / rate
@@ -97,10 +110,11 @@ for i = 0, 1 do
         tat = start + want / rate
         granted = want
         seconds = math.max(0, usable - now)
+        if not realtime then bulk = math.max(bulk, usable) end
       end
     end
     redis.call('HSET', key, 'tat', string.format('%.6f', tat), 'rate', tostring(rate),
-      'slot', string.format('%.6f', slot))
+      'slot', string.format('%.6f', slot), 'bulk', string.format('%.6f', bulk))
     local ahead = math.max(0, tat - now, slot - now)
     redis.call('PEXPIRE', key, math.ceil((ahead + cap / rate + 60) * 1000))
   end

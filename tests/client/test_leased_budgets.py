@@ -216,3 +216,37 @@ async def test_a_renewal_keeps_held_what_may_be_sent_while_it_is_on_its_way() ->
     # What the script was told is in use covers what was in flight when it ran.
     assert link.reported == [6]
     assert s.shared_seats == 2  # the smaller share applies from the reply on
+
+
+def test_a_bulk_lease_covers_three_batches_within_its_bounds() -> None:
+    from llmbatch._shared.rate import RateLeaser
+
+    limit = RateLimit(tokens_per_minute=600_000, redis_url="redis://127.0.0.1:1", key="k")
+    bucket = LeasedBucket()
+    leaser = RateLeaser(
+        None,  # type: ignore[arg-type]  # no call is made here
+        limit,
+        (None, bucket),
+        member="me",
+        wake=lambda: None,
+        clock=lambda: 0.0,
+    )
+    # 10,000 tokens a second: leases of 2,500 (a quarter second) to 5,000 (a half).
+    bucket.wait_time(0.0, 1000)  # a batch of 1,000 tokens waits
+    assert leaser._want(1, bucket, 0.0) == 3000
+    bucket.wait_time(0.0, 400)
+    assert leaser._want(1, bucket, 0.0) == 2500
+    bucket.wait_time(0.0, 3000)
+    assert leaser._want(1, bucket, 0.0) == 5000
+    # Eight processes' leases must fit in the two-second horizon: 2,500 each, but
+    # never less than the waiting batch needs.
+    leaser.sharers = 8
+    assert leaser._want(1, bucket, 0.0) == 3000
+    bucket.wait_time(0.0, 500)
+    assert leaser._want(1, bucket, 0.0) == 2500
+    # Nothing waits: the next lease is asked for once less than half of one is left.
+    bucket.credit(bucket.wanted, usable_at=0.0)
+    assert bucket.wait_time(0.0, 500) == 0.0
+    bucket.take(500)
+    assert bucket.low == 1250
+    assert leaser._want(1, bucket, 0.0) == 2500

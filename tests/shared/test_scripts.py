@@ -19,8 +19,10 @@ _keys = (f"test-{n}" for n in itertools.count())
 class Rate:
     """Leases of one request budget: ``rate`` per second, a bucket of ``cap``."""
 
-    def __init__(self, link: RedisLink, rate: float = 10.0, cap: float = 10.0) -> None:
-        self.link, self.rate, self.cap = link, rate, cap
+    def __init__(
+        self, link: RedisLink, rate: float = 10.0, cap: float = 10.0, horizon: float = 0.25
+    ) -> None:
+        self.link, self.rate, self.cap, self.horizon = link, rate, cap, horizon
         self.keys = rate_keys(next(_keys))
 
     async def lease(
@@ -31,7 +33,7 @@ class Rate:
             RATE_LEASE,
             self.keys,
             [member, "1" if realtime else "0", self.rate, self.cap, want, 0, 0, 0,
-             0.25, 0.25, 1.0, 10.0, "1" if ticket else "0"],
+             0.25, self.horizon, 1.0, 10.0, "1" if ticket else "0"],
         )  # fmt: skip
         return int(reply[0]), float(reply[1]), float(reply[2])
 
@@ -66,6 +68,46 @@ async def test_realtime_takes_the_reserve_that_bulk_leaves(redis_server: RedisPr
     _, got, usable_in = await rate.lease(1, member="rt", realtime=True)
     assert got == 1
     assert usable_in <= 0.11
+    await link.aclose()
+
+
+async def test_realtime_goes_ahead_of_bulk_leases_granted_for_later(
+    redis_server: RedisProcess,
+) -> None:
+    link = RedisLink(redis_server.url)
+    rate = Rate(link, horizon=2.0)
+    grants: list[tuple[float, float]] = []  # (usable in, amount)
+    while True:  # bulk queues leases as far ahead as the horizon lets it
+        _, got, seconds = await rate.lease(2.5)
+        if not got:
+            break
+        grants.append((seconds, got))
+    assert len(grants) == 3 + 8  # 7.5 now (the reserve left), then 2 s of the rate
+    assert grants[-1][0] == pytest.approx(2.0, abs=0.05)
+    # Realtime does not wait behind them: the reserve is usable at once, then more at
+    # the rate, borrowed from later budget (the bulk leases after it wait longer).
+    realtime = [await rate.lease(1, member="rt", realtime=True) for _ in range(4)]
+    assert [r[1] for r in realtime] == [1, 1, 1, 1]
+    assert realtime[1][2] <= 0.01
+    assert realtime[3][2] == pytest.approx(0.15, abs=0.05)
+    grants += [(r[2], r[1]) for r in realtime]
+    # What is usable by any time t stays within one bucket, the rate, and what
+    # realtime may borrow (the bulk horizon's worth).
+    for t, _ in grants:
+        usable_by_t = sum(amount for at, amount in grants if at <= t)
+        assert usable_by_t <= 10 + 10 * t + 10 * 2.0 + 1e-6
+    _, got, _ = await rate.lease(2.5, member="b")
+    assert got == 0  # the queue of bulk leases is two seconds (and realtime's) ahead
+    await link.aclose()
+
+
+async def test_realtime_alone_gets_one_bucket_at_once(redis_server: RedisProcess) -> None:
+    link = RedisLink(redis_server.url)
+    rate = Rate(link, horizon=2.0)
+    usable = [(await rate.lease(2.5, member="rt", realtime=True))[2] for _ in range(5)]
+    # Nothing to borrow from without bulk leases queued: a burst is one bucket (10).
+    assert usable[:4] == [0.0] * 4
+    assert usable[4] == pytest.approx(0.25, abs=0.02)
     await link.aclose()
 
 
