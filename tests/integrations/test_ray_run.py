@@ -6,7 +6,6 @@ tests/integrations/test_ray_run.py``)."""
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 from collections import Counter
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jobfiles import llmbatch_run
 
 from llmbatch._jobs import cli
 from llmbatch_server.testing import SimulatorProcess, run_simulator
@@ -73,14 +73,6 @@ def records(directory: Path) -> list[dict[str, Any]]:
         for shard in sorted(directory.glob("part-*.jsonl"))
         for line in shard.read_text().splitlines()
     ]
-
-
-def llmbatch_run(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="llmbatch")
-    cli.add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["run", *argv])
-    code: int = args.handler(args)
-    return code
 
 
 @pytest.mark.timeout(240)

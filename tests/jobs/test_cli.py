@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from jobfiles import chat_line, completion_line, id_counts, write_jsonl
+from jobfiles import chat_line, completion_line, id_counts, llmbatch_run, write_jsonl
 
 from llmbatch._jobs import cli
 from llmbatch._jobs.output import OutputFile
@@ -21,15 +20,6 @@ MODEL = "sim-model"
 def sim() -> Iterator[SimulatorProcess]:
     with run_simulator("--zero-latency", "--model", MODEL, "--poison", "POISON") as server:
         yield server
-
-
-def llmbatch_run(*argv: str) -> int:
-    # The jobs subcommand alone: `llmbatch` itself also loads the bench subcommand.
-    parser = argparse.ArgumentParser(prog="llmbatch")
-    cli.add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["run", *argv])
-    code: int = args.handler(args)
-    return code
 
 
 def lines(n: int, model: str = MODEL) -> list[dict[str, object] | str]:

@@ -5,7 +5,6 @@ tests/integrations/test_ray_run.py (marked ``ray``)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import pickle
 import subprocess
@@ -14,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from jobfiles import chat_line, completion_line, read_output, write_jsonl
+from jobfiles import chat_line, completion_line, llmbatch_run, read_output, write_jsonl
 
 from llmbatch._config import Limits
 from llmbatch._jobs import cli
@@ -194,14 +193,6 @@ def test_ray_options_need_ray(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "--ray-address needs --ray" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         llmbatch_run(str(src), "-o", out, "--ray", "--concurrency", "0")
-
-
-def llmbatch_run(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="llmbatch")
-    cli.add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["run", *argv])
-    code: int = args.handler(args)
-    return code
 
 
 def shape(value: object) -> object:
