@@ -24,6 +24,7 @@ pytest.importorskip("llmbatch_server.testing")
 SIM = ("--speed", "20")
 
 
+@pytest.mark.slow  # ~10 s; CI's slow stage (and its closed-loop smoke) run it
 @pytest.mark.timeout(120)
 def test_slo_and_saturate_run_side_by_side_through_the_harness() -> None:
     config = BenchConfig(
@@ -98,6 +99,7 @@ async def test_a_map_through_an_outage_loses_nothing_and_is_recorded(mode: str) 
     assert ("503" if mode == "503" else "ConnectError") in outcomes
 
 
+@pytest.mark.slow  # ~8 s; CI's slow stage (and its closed-loop smoke) run it
 @pytest.mark.timeout(90)
 @pytest.mark.anyio
 @pytest.mark.asyncio_only("the benchmark's runners are asyncio code")

@@ -30,6 +30,7 @@ def bench(tmp_path: Path, *argv: str) -> tuple[dict[str, Any], str]:
     return report, done.stdout
 
 
+@pytest.mark.slow  # ~15 s; CI's slow stage runs it
 def test_overhead_chat_single_burst_in_worker_processes(tmp_path: Path) -> None:
     report, text = bench(
         tmp_path,

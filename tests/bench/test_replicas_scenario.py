@@ -18,6 +18,7 @@ pytest.importorskip("llmbatch_server.testing")
 SIM = ("--speed", "20")
 
 
+@pytest.mark.slow  # ~11 s; CI's slow stage (and its replicas smoke) run the jobs
 @pytest.mark.timeout(180)
 def test_every_replicas_job_runs_and_is_judged() -> None:
     config = BenchConfig(
