@@ -56,8 +56,8 @@ def single_process(base_url: str, texts: list[str], max_tokens: int) -> dict[str
 def ray_data(
     base_url: str, texts: list[str], max_tokens: int, args: argparse.Namespace
 ) -> dict[str, Any]:
-    import ray
-
+    # Imported by name: the type check runs where the ray extra may not be installed.
+    ray = importlib.import_module("ray")
     pyarrow = importlib.import_module("pyarrow")  # comes with ray[data]; has no types
 
     table = pyarrow.table({"id": list(range(len(texts))), "prompt": texts})
@@ -140,8 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=2)
     parser.add_argument("--json", metavar="PATH", help="also write the result here")
     args = parser.parse_args(argv)
-
-    import ray
+    ray = importlib.import_module("ray")  # by name: see ray_data()
 
     poisoned = args.rows // 2
     texts = prompts(args.rows, poisoned)
