@@ -271,9 +271,12 @@ class RateLimit:
     With ``redis_url`` and ``key``, every process (and every client) that names the
     same key shares one budget, kept in Redis (``pip install 'llmbatch[redis]'``):
     four processes with ``requests_per_minute=1200`` send 1,200 a minute between
-    them, not 4,800. Each process leases small blocks of the budget (a quarter of a
-    second's worth); a quarter of a second's worth is kept for realtime, which goes
-    ahead of every bulk lease not yet granted.
+    them, not 4,800. Each process leases blocks of the budget (about three batches'
+    worth, a quarter to half a second of it), granted up to two seconds before they
+    are usable so that a process waiting for its turn asks once; a quarter of a
+    second's worth is kept for realtime, which goes ahead of every bulk lease, even
+    one already granted (it borrows from later budget: while bulk leases are queued,
+    realtime alone can exceed the rate by at most two seconds' worth).
     ``on_redis_error`` says what a process does while Redis cannot be reached
     (a WARNING is logged either way): ``"local"`` (the default) goes on alone at
     its share of the budget (the budget divided by the processes seen sharing it),

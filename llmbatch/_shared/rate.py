@@ -27,7 +27,8 @@ __all__ = ["RateLeaser"]
 
 logger = logging.getLogger("llmbatch")
 
-#: Seconds of the whole budget in the smallest bulk lease.
+#: Seconds of the whole budget in the smallest bulk lease (less only when so many
+#: processes share the budget that their leases would not fit in the bulk horizon).
 BLOCK = 0.25
 #: Seconds of the whole budget in the largest bulk lease (a larger one would only be
 #: usable once the shared bucket is nearly full, and refill beyond full is lost).
