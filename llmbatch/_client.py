@@ -502,7 +502,7 @@ class Client:
             priority, model, timeout, max_retries, extra_headers = defaults.fill(
                 priority, model, timeout, max_retries, extra_headers
             )
-        spec = submitter.spec(
+        spec = submitter.specs.get(
             "completion",
             "normal" if priority is None else priority,
             max_tokens,
@@ -546,7 +546,7 @@ class Client:
             priority, model, timeout, max_retries, extra_headers = defaults.fill(
                 priority, model, timeout, max_retries, extra_headers
             )
-        spec = submitter.spec(
+        spec = submitter.specs.get(
             "chat",
             "normal" if priority is None else priority,
             max_tokens,
@@ -623,7 +623,7 @@ class Client:
             priority, model, timeout, max_retries, extra_headers = defaults.fill(
                 priority, model, timeout, max_retries, extra_headers
             )
-        spec = submitter.spec(
+        spec = submitter.specs.get(
             "embedding",
             "normal" if priority is None else priority,
             None,
@@ -805,7 +805,7 @@ class Client:
             priority, model, timeout, max_retries, extra_headers = defaults.fill(
                 priority, model, timeout, max_retries, extra_headers
             )
-        spec = submitter.spec(
+        spec = submitter.specs.get(
             kind,
             "realtime" if priority is None else priority,
             max_tokens,

@@ -318,7 +318,7 @@ class MapRunner:
                 kind, payload, options, metadata = _parse_item(item)
                 merged = {**_options(params), **options}
                 extras = tuple(merged.pop(k, None) for k in _EXTRAS)
-                spec = submitter.spec(
+                spec = submitter.specs.get(
                     kind,
                     options.pop("priority", priority),
                     options.pop("max_tokens", params.get("max_tokens")),
@@ -350,7 +350,7 @@ class MapRunner:
         if spec is None:
             options = _options(params)
             extras = tuple(options.pop(k, None) for k in _EXTRAS)
-            spec = run.specs[kind] = self._submitter.spec(
+            spec = run.specs[kind] = self._submitter.specs.get(
                 kind,
                 priority,
                 params.get("max_tokens"),

@@ -8,13 +8,12 @@ keeps its window and results; both build requests and hand them to the engine he
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from typing import Any
 
 from llmbatch._clock import Clock
 from llmbatch._engine import Engine
 from llmbatch._prefix import HotPrefixes, prefix_keys
-from llmbatch._request import CallSpec, Kind, Request
+from llmbatch._request import CallSpec, Request
 from llmbatch._tracing import Tracer
 from llmbatch._validate import (
     TOKEN_OVERHEAD,
@@ -49,34 +48,6 @@ class Submitter:
         self.tracer: Tracer | None = None
         """Starts each request's span, when tracing is on."""
         self._hot = HotPrefixes()
-
-    def spec(
-        self,
-        kind: Kind,
-        priority: object,
-        max_tokens: object,
-        timeout: object,
-        params: Mapping[str, Any],
-        *,
-        stream: bool = False,
-        model: object = None,
-        method: str = "complete",
-        extras: tuple[object, object, object] | None = None,
-        max_retries: object = None,
-    ) -> CallSpec:
-        """The validated options of a call (raises :class:`InvalidRequestError`)."""
-        return self.specs.get(
-            kind,
-            priority,
-            max_tokens,
-            timeout,
-            params,
-            stream,
-            model=model,
-            method=method,
-            extras=extras,
-            max_retries=max_retries,
-        )
 
     def request(self, spec: CallSpec, payload: object, parent: object = None) -> Request:
         """One request for a prompt (``spec.kind == "completion"``) or a conversation;

@@ -139,8 +139,10 @@ async def test_prompts_sharing_a_prefix_go_to_one_replica(sims: list[SimulatorPr
         at_home += count
         # Prefix-blind routing would send each replica about a third of them. Some
         # leave home: a replica that is home to more prefixes than others is helped
-        # by the others when they have none of their own queued.
-        assert count >= 50, (k, where)
+        # by the others when they have none of their own queued, so how many stay
+        # varies from run to run (49 to 90 of 100 seen); the total below is the
+        # tight bound (prefix-blind: ~240 of 600).
+        assert count >= 40, (k, where)
     print(f"\nprompts sent to their prefix's home: {at_home} of 600")
     assert at_home >= 0.7 * 600
     assert len(homes) >= 2, "every prefix was homed on one replica"
