@@ -14,10 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
+from vllm_recorder import Recorder
 
 import llmbatch
-from llmbatch._transports.aiohttp import AiohttpTransport
-from llmbatch.transports import HTTPRequest, HTTPResponse
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -29,34 +28,18 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.vllm, pytest.mark.anyio, pytest.mark.asyncio_only("aiohttp recorder")]
 
 
-class Paths:
-    """The real aiohttp transport, noting the path of every request."""
-
-    def __init__(self) -> None:
-        self.inner = AiohttpTransport(
-            limits=llmbatch.DEFAULT_LIMITS, timeout=llmbatch.DEFAULT_TIMEOUT
-        )
-        self.paths: list[str] = []
-
-    async def send(self, request: HTTPRequest) -> HTTPResponse:
-        self.paths.append(request.url.split("/v1", 1)[-1])
-        return await self.inner.send(request)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
 async def test_chat_batches_go_to_the_batch_route(vllm_server: RunningServer) -> None:
-    wire = Paths()
+    wire = Recorder()
     conversations = [[{"role": "user", "content": f"Say {i}"}] for i in range(24)]
     async with llmbatch.Client(vllm_server.base_url, transport=wire) as client:
         results = await client.map(conversations, max_tokens=4)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
     assert all(isinstance(r.unwrap().text, str) for r in results)
-    batched = wire.paths.count("/chat/completions/batch")
-    single = wire.paths.count("/chat/completions")
+    paths = wire.paths()
+    batched = paths.count("/chat/completions/batch")
+    single = paths.count("/chat/completions")
     print(f"\nchat map of 24: {batched} batch requests, {single} single requests")
-    assert batched >= 1, wire.paths  # vLLM 0.19+ serves the route
+    assert batched >= 1, paths  # vLLM 0.19+ serves the route
     assert single == 0
 
 

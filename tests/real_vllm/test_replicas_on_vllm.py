@@ -7,15 +7,13 @@ The session's vLLM is one replica; each test here starts a second one (~45 s and
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import TYPE_CHECKING
 
 import anyio
 import pytest
+from vllm_recorder import Recorder
 
 import llmbatch
-from llmbatch._transports.aiohttp import AiohttpTransport
-from llmbatch.transports import HTTPRequest, HTTPResponse
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -27,24 +25,6 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.vllm, pytest.mark.anyio, pytest.mark.asyncio_only("aiohttp recorder")]
 
 
-class Hosts:
-    """The real aiohttp transport, counting the POSTs each server was sent."""
-
-    def __init__(self) -> None:
-        self.inner = AiohttpTransport(
-            limits=llmbatch.DEFAULT_LIMITS, timeout=llmbatch.DEFAULT_TIMEOUT
-        )
-        self.posts: Counter[str] = Counter()
-
-    async def send(self, request: HTTPRequest) -> HTTPResponse:
-        if request.method == "POST":
-            self.posts[request.url.split("/v1", 1)[0]] += 1
-        return await self.inner.send(request)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
 async def test_two_vllm_replicas_share_a_map_and_each_reports_its_load(
     vllm_server: RunningServer, make_server: Callable[..., VLLMServer]
 ) -> None:
@@ -52,15 +32,15 @@ async def test_two_vllm_replicas_share_a_map_and_each_reports_its_load(
 
     second = make_server()
     with ServerThread(second):
-        wire = Hosts()
+        wire = Recorder()
         urls = [vllm_server.base_url, second.base_url]
         async with llmbatch.Client(urls, transport=wire) as client:
             results = await client.map([f"Count to {i}:" for i in range(96)], max_tokens=16)
             stats = client.stats()
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
     origins = [url.split("/v1", 1)[0] for url in urls]
-    print(f"\ntwo replicas: POSTs {dict(wire.posts)}")
-    assert all(wire.posts[origin] > 0 for origin in origins), wire.posts
+    print(f"\ntwo replicas: POSTs {dict(wire.posts())}")
+    assert all(wire.posts()[origin] > 0 for origin in origins), wire.posts()
     assert [s.base_url for s in stats.servers] == urls
     for server in stats.servers:
         # The endpoint-load-metrics header (or /metrics) was read from each replica.
