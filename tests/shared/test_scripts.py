@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import socket
+from collections.abc import AsyncIterator
 
 import anyio
 import pytest
@@ -14,6 +15,14 @@ from llmbatch_server.redis_process import RedisProcess
 
 pytestmark = pytest.mark.anyio
 _keys = (f"test-{n}" for n in itertools.count())
+
+
+@pytest.fixture
+async def link(redis_server: RedisProcess) -> AsyncIterator[RedisLink]:
+    """A connection to the module's Redis, closed after the test."""
+    link = RedisLink(redis_server.url)
+    yield link
+    await link.aclose()
 
 
 class Rate:
@@ -38,10 +47,7 @@ class Rate:
         return int(reply[0]), float(reply[1]), float(reply[2])
 
 
-async def test_a_full_bucket_grants_at_once_then_spaces_leases_at_the_rate(
-    redis_server: RedisProcess,
-) -> None:
-    link = RedisLink(redis_server.url)
+async def test_a_full_bucket_grants_at_once_then_spaces_leases_at_the_rate(link: RedisLink) -> None:
     rate = Rate(link)
     granted = [await rate.lease(2.5) for _ in range(3)]  # 7.5 of 10, above the reserve
     assert [g[1] for g in granted] == [2.5, 2.5, 2.5]
@@ -55,11 +61,9 @@ async def test_a_full_bucket_grants_at_once_then_spaces_leases_at_the_rate(
     _, got, back_in = await rate.lease(2.5, member="b")
     assert got == 0
     assert 0.1 < back_in < 0.6
-    await link.aclose()
 
 
-async def test_realtime_takes_the_reserve_that_bulk_leaves(redis_server: RedisProcess) -> None:
-    link = RedisLink(redis_server.url)
+async def test_realtime_takes_the_reserve_that_bulk_leaves(link: RedisLink) -> None:
     rate = Rate(link)
     for _ in range(4):
         await rate.lease(2.5)  # bulk has queued as far as it may
@@ -68,13 +72,9 @@ async def test_realtime_takes_the_reserve_that_bulk_leaves(redis_server: RedisPr
     _, got, usable_in = await rate.lease(1, member="rt", realtime=True)
     assert got == 1
     assert usable_in <= 0.11
-    await link.aclose()
 
 
-async def test_realtime_goes_ahead_of_bulk_leases_granted_for_later(
-    redis_server: RedisProcess,
-) -> None:
-    link = RedisLink(redis_server.url)
+async def test_realtime_goes_ahead_of_bulk_leases_granted_for_later(link: RedisLink) -> None:
     rate = Rate(link, horizon=2.0)
     grants: list[tuple[float, float]] = []  # (usable in, amount)
     while True:  # bulk queues leases as far ahead as the horizon lets it
@@ -98,23 +98,19 @@ async def test_realtime_goes_ahead_of_bulk_leases_granted_for_later(
         assert usable_by_t <= 10 + 10 * t + 10 * 2.0 + 1e-6
     _, got, _ = await rate.lease(2.5, member="b")
     assert got == 0  # the queue of bulk leases is two seconds (and realtime's) ahead
-    await link.aclose()
 
 
-async def test_realtime_alone_gets_one_bucket_at_once(redis_server: RedisProcess) -> None:
-    link = RedisLink(redis_server.url)
+async def test_realtime_alone_gets_one_bucket_at_once(link: RedisLink) -> None:
     rate = Rate(link, horizon=2.0)
     usable = [(await rate.lease(2.5, member="rt", realtime=True))[2] for _ in range(5)]
     # Nothing to borrow from without bulk leases queued: a burst is one bucket (10).
     assert usable[:4] == [0.0] * 4
     assert usable[4] == pytest.approx(0.25, abs=0.02)
-    await link.aclose()
 
 
 async def test_refused_bulk_comes_back_in_order_and_a_ticket_is_served_first(
-    redis_server: RedisProcess,
+    link: RedisLink,
 ) -> None:
-    link = RedisLink(redis_server.url)
     rate = Rate(link)
     for _ in range(4):
         await rate.lease(2.5)
@@ -125,11 +121,9 @@ async def test_refused_bulk_comes_back_in_order_and_a_ticket_is_served_first(
     _, got, back = await rate.lease(2.5, member="e")
     assert got == 0
     assert back > backs[2]
-    await link.aclose()
 
 
-async def test_giving_back_makes_the_budget_usable_again(redis_server: RedisProcess) -> None:
-    link = RedisLink(redis_server.url)
+async def test_giving_back_makes_the_budget_usable_again(link: RedisLink) -> None:
     rate = Rate(link)
     for _ in range(4):
         await rate.lease(2.5)
@@ -137,16 +131,13 @@ async def test_giving_back_makes_the_budget_usable_again(redis_server: RedisProc
     _, got, usable_in = await rate.lease(2.5, member="b")
     assert got == 2.5
     assert usable_in <= 0.01
-    await link.aclose()
 
 
-async def test_sharers_are_counted(redis_server: RedisProcess) -> None:
-    link = RedisLink(redis_server.url)
+async def test_sharers_are_counted(link: RedisLink) -> None:
     rate = Rate(link)
     for member in ("a", "b", "c"):
         sharers, _, _ = await rate.lease(0, member=member)
     assert sharers == 3
-    await link.aclose()
 
 
 class Seats:
@@ -162,10 +153,7 @@ class Seats:
         return int(reply[0]), int(reply[1]), reply[4] == "1", int(reply[5])
 
 
-async def test_seats_are_split_fairly_and_never_over_the_budget(
-    redis_server: RedisProcess,
-) -> None:
-    link = RedisLink(redis_server.url)
+async def test_seats_are_split_fairly_and_never_over_the_budget(link: RedisLink) -> None:
     seats = Seats(link)
     held, allowed, contended, _ = await seats.renew("a", 100)
     assert (held, allowed, contended) == (64, 64, False)
@@ -181,40 +169,31 @@ async def test_seats_are_split_fairly_and_never_over_the_budget(
     held, allowed, _, _ = await seats.renew("a", 100, in_flight=30)
     held_b, allowed_b, contended, _ = await seats.renew("b", 100, in_flight=24)
     assert (held, allowed, held_b, allowed_b, contended) == (32, 32, 32, 32, False)
-    await link.aclose()
 
 
-async def test_small_wants_are_met_whole_and_the_rest_is_shared(
-    redis_server: RedisProcess,
-) -> None:
-    link = RedisLink(redis_server.url)
+async def test_small_wants_are_met_whole_and_the_rest_is_shared(link: RedisLink) -> None:
     seats = Seats(link, cap=10)
     await seats.renew("small", 2)
     await seats.renew("x", 100)
     await seats.renew("y", 100)
     allowed = [(await seats.renew(m, w))[1] for m, w in (("small", 2), ("x", 100), ("y", 100))]
     assert allowed == [2, 4, 4]
-    await link.aclose()
 
 
-async def test_a_lease_not_renewed_frees_its_seats(redis_server: RedisProcess) -> None:
-    link = RedisLink(redis_server.url)
+async def test_a_lease_not_renewed_frees_its_seats(link: RedisLink) -> None:
     seats = Seats(link, cap=8, lease=0.5)
     await seats.renew("dead", 8, in_flight=8)
     assert (await seats.renew("live", 8))[1] == 0
     await anyio.sleep(0.6)  # past the dead one's lease (Redis's clock decides)
     held, allowed, _, members = await seats.renew("live", 8)
     assert (held, allowed, members) == (8, 8, 1)
-    await link.aclose()
 
 
-async def test_leaving_gives_every_seat_back(redis_server: RedisProcess) -> None:
-    link = RedisLink(redis_server.url)
+async def test_leaving_gives_every_seat_back(link: RedisLink) -> None:
     seats = Seats(link, cap=8)
     await seats.renew("a", 8)
     await seats.renew("a", 0)  # nothing wanted, nothing in flight: gone
     assert (await seats.renew("b", 8))[:2] == (8, 8)
-    await link.aclose()
 
 
 async def test_an_unreachable_redis_is_one_typed_error() -> None:
