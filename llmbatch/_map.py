@@ -16,7 +16,14 @@ kept by the scheduler like any other.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from typing import Any
 
 import anyio
@@ -28,8 +35,9 @@ from llmbatch._models import Result, make_result
 from llmbatch._progress import PROGRESS_INTERVAL, ProgressTracker
 from llmbatch._request import CallSpec, Kind, Request
 from llmbatch._submit import Submitter
+from llmbatch._validate import SpecCache
 
-__all__ = ["MapInput", "MapRunner"]
+__all__ = ["MapInput", "MapRunner", "check_map_options", "first_kind", "map_spec"]
 
 MapInput = str | list[Mapping[str, Any]] | Mapping[str, Any]
 """A prompt, a chat conversation, or a dict with ``prompt``, ``messages`` or (for an
@@ -299,37 +307,46 @@ class MapRunner:
     def _start(
         self, run: _Run, index: int, item: object, priority: Priority, params: Mapping[str, Any]
     ) -> None:
+        metadata: object = None
+        submitter = self._submitter
+        error: LLMBatchError | None = None
+        # Plain prompts and conversations take the fast path: no dict to parse.
+        options: dict[str, Any] | None = None
+        if isinstance(item, str):
+            kind: Kind = "completion"
+            payload: object = item
+        elif isinstance(item, list):
+            kind, payload = "chat", item
+        else:
+            try:
+                kind, payload, options, metadata = _parse_item(item)
+            except LLMBatchError as exc:
+                error = exc
+        spec: CallSpec | None = None
+        if error is None:
+            try:
+                spec = self._spec(run, kind, priority, params)
+            except LLMBatchError as exc:
+                if not run.specs:
+                    # The map's own options suit no item seen so far, so nothing has
+                    # been sent: the whole call fails, rather than every item alone.
+                    raise
+                error = exc  # wrong only for this kind of item, in a mixed map
         run.free -= 1
         if run.collect:
             run.collected.append(None)
             run.pending += 1
         if run.tracker is not None:
             run.tracker.submitted()
-        metadata: object = None
-        submitter = self._submitter
         try:
-            if isinstance(item, str):
-                spec = self._spec(run, "completion", priority, params)
-                request = submitter.request(spec, item, run.trace_parent)
-            elif isinstance(item, list):
-                spec = self._spec(run, "chat", priority, params)
-                request = submitter.request(spec, item, run.trace_parent)
-            else:
-                kind, payload, options, metadata = _parse_item(item)
-                merged = {**_options(params), **options}
-                extras = tuple(merged.pop(k, None) for k in _EXTRAS)
-                spec = submitter.specs.get(
-                    kind,
-                    options.pop("priority", priority),
-                    options.pop("max_tokens", params.get("max_tokens")),
-                    options.pop("timeout", params.get("timeout")),
-                    {k: v for k, v in merged.items() if k not in _OWN},
-                    model=merged.get("model"),
-                    method="map",
-                    extras=None if all(e is None for e in extras) else extras,
-                    max_retries=merged.get("max_retries"),
+            if error is not None:
+                raise error
+            assert spec is not None
+            if options:
+                spec = map_spec(
+                    submitter.specs, kind, options.pop("priority", priority), {**params, **options}
                 )
-                request = submitter.request(spec, payload, run.trace_parent)
+            request = submitter.request(spec, payload, run.trace_parent)
         except LLMBatchError as exc:
             run.emit(index, make_result(index, None, exc, metadata))
             return
@@ -345,32 +362,72 @@ class MapRunner:
     def _spec(
         self, run: _Run, kind: Kind, priority: Priority, params: Mapping[str, Any]
     ) -> CallSpec:
-        """The map's shared spec for plain prompts or conversations (validated once)."""
+        """The map's shared spec for this kind of item (validated once per map)."""
         spec = run.specs.get(kind)
         if spec is None:
-            options = _options(params)
-            extras = tuple(options.pop(k, None) for k in _EXTRAS)
-            spec = run.specs[kind] = self._submitter.specs.get(
-                kind,
-                priority,
-                params.get("max_tokens"),
-                params.get("timeout"),
-                {k: v for k, v in options.items() if k not in _OWN},
-                model=options.get("model"),
-                method="map",
-                extras=None if all(e is None for e in extras) else extras,
-                max_retries=options.get("max_retries"),
-            )
+            spec = run.specs[kind] = map_spec(self._submitter.specs, kind, priority, params)
         return spec
 
 
+def map_spec(specs: SpecCache, kind: Kind, priority: object, params: Mapping[str, Any]) -> CallSpec:
+    """The spec for a map's options (or one dict item's, merged over them): llmbatch's
+    own keys taken out, the rest sampling parameters. Raises if they are invalid."""
+    sampling = {k: v for k, v in params.items() if k not in _OWN}
+    extras = tuple(sampling.pop(k, None) for k in _EXTRAS)
+    return specs.get(
+        kind,
+        priority,
+        params.get("max_tokens"),
+        params.get("timeout"),
+        sampling,
+        model=params.get("model"),
+        method="map",
+        extras=None if all(e is None for e in extras) else extras,
+        max_retries=params.get("max_retries"),
+    )
+
+
+def check_map_options(
+    specs: SpecCache,
+    priority: object,
+    params: Mapping[str, Any],
+    kinds: Sequence[Kind],
+) -> None:
+    """Raise, at the call, what is wrong with a map's own options for every kind of
+    item it may hold (a misspelt keyword, a bad ``max_tokens``): such a mistake would
+    otherwise fail each item alone, a million failures for one typo. Options that
+    suit some kind pass here; the feeder raises if they do not suit the first item."""
+    first: LLMBatchError | None = None
+    for kind in kinds:
+        try:
+            map_spec(specs, kind, priority, params)
+        except LLMBatchError as exc:
+            first = first or exc
+        else:
+            return
+    assert first is not None
+    raise first
+
+
+def first_kind(inputs: object) -> Kind | None:
+    """The kind of a sequence's first item, when it can be seen without pulling."""
+    if not isinstance(inputs, Sequence) or isinstance(inputs, str) or not inputs:
+        return None
+    item = inputs[0]
+    if isinstance(item, str):
+        return "completion"
+    if isinstance(item, list):
+        return "chat"
+    if isinstance(item, Mapping):
+        for key, kind in _KINDS.items():
+            if key in item:
+                return kind
+    return None
+
+
 _EXTRAS = ("extra_body", "extra_headers", "extra_query")
-#: Per-item keys that are llmbatch's own, not sampling parameters.
+#: Keys that are llmbatch's own, not sampling parameters.
 _OWN = frozenset({"priority", "max_tokens", "timeout", "model", "max_retries"})
-
-
-def _options(params: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in params.items() if k not in ("max_tokens", "timeout")}
 
 
 _KINDS: dict[str, Kind] = {"prompt": "completion", "messages": "chat", "input": "embedding"}

@@ -15,19 +15,33 @@ import functools
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from llmbatch._chunks import ChatCompletionChunk, CompletionChunk
-from llmbatch._client import Client
-from llmbatch._config import PriorityLike
+from llmbatch._client import DEFAULT_DRAIN_TIMEOUT, Client
+from llmbatch._config import (
+    DEFAULT_LIMITS,
+    DEFAULT_RETRY_POLICY,
+    DEFAULT_TIMEOUT,
+    SLO,
+    BatchPolicy,
+    Limits,
+    PriorityLike,
+    RateLimit,
+    RetryPolicy,
+    SharedInFlight,
+    Timeout,
+)
 from llmbatch._exceptions import ClientClosedError
 from llmbatch._map import MapInput
 from llmbatch._models import ChatCompletion, Completion, Embedding, Result
 from llmbatch._options import NOT_GIVEN, NotGiven
+from llmbatch._progress import ProgressLike
 from llmbatch._replicas import Replica
 from llmbatch._stats import Stats
+from llmbatch._transports.base import Transport
 
 __all__ = ["SyncClient"]
 
@@ -35,7 +49,7 @@ T = TypeVar("T")
 
 
 class SyncClient:
-    """:class:`Client`'s methods, blocking. Takes the same arguments::
+    """:class:`Client`'s methods, blocking, with the same arguments::
 
         with llmbatch.SyncClient(base_url="http://127.0.0.1:8000/v1") as client:
             print(client.complete("Hello", max_tokens=16).text)
@@ -45,8 +59,28 @@ class SyncClient:
     ``client.close()`` in another work too.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._client = Client(*args, **kwargs)
+    def __init__(
+        self,
+        base_url: str | Replica | Sequence[str | Replica] | None = None,
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        batching: Mapping[PriorityLike, BatchPolicy] | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+        retry: RetryPolicy = DEFAULT_RETRY_POLICY,
+        rate_limit: RateLimit | None = None,
+        shared_in_flight: SharedInFlight | None = None,
+        timeout: Timeout | float = DEFAULT_TIMEOUT,
+        max_retries: int | None = None,
+        default_headers: Mapping[str, str] | None = None,
+        slo: SLO | None = None,
+        transport: Literal["aiohttp", "httpx"] | Transport | None = None,
+        priority_scheduling: bool | None = None,
+        verify: bool = True,
+        on_close: Literal["drain", "cancel"] = "drain",
+        drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+    ) -> None:
+        self._client = Client(**_arguments(locals()))
         self._portal_context: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
         self._root = self
@@ -165,59 +199,215 @@ class SyncClient:
 
     # -- calls -----------------------------------------------------------------------
 
-    def complete(self, prompt: str, **kwargs: Any) -> Completion:
+    def complete(
+        self,
+        prompt: str,
+        *,
+        priority: PriorityLike | None = None,
+        max_tokens: int | None = None,
+        timeout: float | None = None,
+        nowait: bool = False,
+        model: str | None = None,
+        max_retries: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str] | None = None,
+        **params: Any,
+    ) -> Completion:
         """:meth:`Client.complete`, blocking."""
-        value: Completion = self._call(self._client.complete, prompt, **kwargs)
+        value: Completion = self._call(self._client.complete, **_arguments(locals()))
         return value
 
-    def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> ChatCompletion:
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        priority: PriorityLike | None = None,
+        max_tokens: int | None = None,
+        timeout: float | None = None,
+        nowait: bool = False,
+        model: str | None = None,
+        max_retries: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str] | None = None,
+        **params: Any,
+    ) -> ChatCompletion:
         """:meth:`Client.chat`, blocking."""
-        value: ChatCompletion = self._call(self._client.chat, messages, **kwargs)
+        value: ChatCompletion = self._call(self._client.chat, **_arguments(locals()))
         return value
-
-    def embed(self, input: str | Sequence[str], **kwargs: Any) -> Embedding | list[Embedding]:
-        """:meth:`Client.embed`, blocking."""
-        value: Embedding | list[Embedding] = self._call(self._client.embed, input, **kwargs)
-        return value
-
-    def stream(self, prompt: str | Sequence[Mapping[str, Any]], **kwargs: Any) -> Iterator[str]:
-        """:meth:`Client.stream`: text deltas as they arrive."""
-        return self._iterate(self._client.stream(prompt, **kwargs))
 
     @overload
-    def stream_chunks(self, prompt: str, **kwargs: Any) -> Iterator[CompletionChunk]: ...
+    def embed(
+        self,
+        input: str,
+        *,
+        priority: PriorityLike | None = ...,
+        timeout: float | None = ...,
+        nowait: bool = ...,
+        model: str | None = ...,
+        max_retries: int | None = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
+        extra_query: Mapping[str, str] | None = ...,
+        **params: Any,
+    ) -> Embedding: ...
+
+    @overload
+    def embed(
+        self,
+        input: Sequence[str],
+        *,
+        priority: PriorityLike | None = ...,
+        timeout: float | None = ...,
+        nowait: bool = ...,
+        model: str | None = ...,
+        max_retries: int | None = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
+        extra_query: Mapping[str, str] | None = ...,
+        **params: Any,
+    ) -> list[Embedding]: ...
+
+    def embed(
+        self,
+        input: str | Sequence[str],
+        *,
+        priority: PriorityLike | None = None,
+        timeout: float | None = None,
+        nowait: bool = False,
+        model: str | None = None,
+        max_retries: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str] | None = None,
+        **params: Any,
+    ) -> Embedding | list[Embedding]:
+        """:meth:`Client.embed`, blocking."""
+        value: Embedding | list[Embedding] = self._call(self._client.embed, **_arguments(locals()))
+        return value
+
+    def stream(
+        self,
+        prompt: str | Sequence[Mapping[str, Any]],
+        *,
+        priority: PriorityLike | None = None,
+        max_tokens: int | None = None,
+        timeout: float | None = None,
+        model: str | None = None,
+        max_retries: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str] | None = None,
+        stream_options: Mapping[str, Any] | None = None,
+        **params: Any,
+    ) -> Iterator[str]:
+        """:meth:`Client.stream`: text deltas as they arrive."""
+        return self._iterate(self._client.stream(**_arguments(locals())))
 
     @overload
     def stream_chunks(
-        self, prompt: Sequence[Mapping[str, Any]], **kwargs: Any
+        self,
+        prompt: str,
+        *,
+        priority: PriorityLike | None = ...,
+        max_tokens: int | None = ...,
+        timeout: float | None = ...,
+        model: str | None = ...,
+        max_retries: int | None = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
+        extra_query: Mapping[str, str] | None = ...,
+        stream_options: Mapping[str, Any] | None = ...,
+        **params: Any,
+    ) -> Iterator[CompletionChunk]: ...
+
+    @overload
+    def stream_chunks(
+        self,
+        prompt: Sequence[Mapping[str, Any]],
+        *,
+        priority: PriorityLike | None = ...,
+        max_tokens: int | None = ...,
+        timeout: float | None = ...,
+        model: str | None = ...,
+        max_retries: int | None = ...,
+        extra_body: Mapping[str, Any] | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
+        extra_query: Mapping[str, str] | None = ...,
+        stream_options: Mapping[str, Any] | None = ...,
+        **params: Any,
     ) -> Iterator[ChatCompletionChunk]: ...
 
     def stream_chunks(
-        self, prompt: str | Sequence[Mapping[str, Any]], **kwargs: Any
+        self,
+        prompt: str | Sequence[Mapping[str, Any]],
+        *,
+        priority: PriorityLike | None = None,
+        max_tokens: int | None = None,
+        timeout: float | None = None,
+        model: str | None = None,
+        max_retries: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, str] | None = None,
+        stream_options: Mapping[str, Any] | None = None,
+        **params: Any,
     ) -> Iterator[CompletionChunk] | Iterator[ChatCompletionChunk]:
         """:meth:`Client.stream_chunks`: every event's chunk as it arrives."""
-        chunks: Iterator[Any] = self._iterate(self._client.stream_chunks(prompt, **kwargs))
+        chunks: Iterator[Any] = self._iterate(self._client.stream_chunks(**_arguments(locals())))
         return chunks
 
-    def map(self, inputs: Iterable[MapInput], **kwargs: Any) -> list[Result[Any]]:
+    def map(
+        self,
+        inputs: Iterable[MapInput],
+        *,
+        priority: PriorityLike | None = None,
+        window: int | None = None,
+        progress: ProgressLike = None,
+        **params: Any,
+    ) -> list[Result[Any]]:
         """:meth:`Client.map`, blocking: one :class:`Result` per input, in order."""
-        results: list[Result[Any]] = self._call(self._client.map, inputs, **kwargs)
+        results: list[Result[Any]] = self._call(self._client.map, **_arguments(locals()))
         return results
 
     def map_unordered(
-        self, inputs: Iterable[MapInput], **kwargs: Any
+        self,
+        inputs: Iterable[MapInput],
+        *,
+        priority: PriorityLike | None = None,
+        window: int | None = None,
+        progress: ProgressLike = None,
+        **params: Any,
     ) -> Iterator[tuple[int, Result[Any]]]:
         """:meth:`Client.map_unordered`: ``(index, Result)`` as items finish."""
-        return self._iterate(self._client.map_unordered(inputs, **kwargs))
+        return self._iterate(self._client.map_unordered(**_arguments(locals())))
 
-    def imap(self, inputs: Iterable[MapInput], **kwargs: Any) -> Iterator[Result[Any]]:
+    def imap(
+        self,
+        inputs: Iterable[MapInput],
+        *,
+        priority: PriorityLike | None = None,
+        window: int | None = None,
+        progress: ProgressLike = None,
+        **params: Any,
+    ) -> Iterator[Result[Any]]:
         """:meth:`Client.imap`: one :class:`Result` per input, in order, bounded memory."""
-        return self._iterate(self._client.imap(inputs, **kwargs))
+        return self._iterate(self._client.imap(**_arguments(locals())))
 
     def stats(self) -> Stats:
         """:meth:`Client.stats`."""
         stats: Stats = self._call(self._client.stats)
         return stats
+
+
+def _arguments(values: dict[str, Any]) -> dict[str, Any]:
+    """A method's arguments, from ``locals()`` taken first thing in its body, as
+    keywords for the :class:`Client` method of the same signature (``**params``
+    spread). The signatures are kept equal by tests/client/test_sync_client.py."""
+    arguments = {name: value for name, value in values.items() if name != "self"}
+    params = arguments.pop("params", {})
+    return {**arguments, **params}
 
 
 class SyncEndpoints:

@@ -37,8 +37,10 @@ from typing import Any
 
 from llmbatch._config import Limits, PriorityLike, parse_priority
 from llmbatch._exceptions import ConfigError, ConfigTypeError, InvalidTypeError, LLMBatchError
-from llmbatch._map import MapInput
+from llmbatch._map import MapInput, check_map_options
+from llmbatch._request import Kind
 from llmbatch._sync import SyncClient
+from llmbatch._validate import SpecCache
 
 __all__ = ["Chat", "Completions", "actor_options"]
 
@@ -88,6 +90,8 @@ class _Rows:
     batch, and writing the two result columns in the batch's own format."""
 
     _column: str
+    _kind: Kind
+    """What each row is sent as: its map options are checked for it up front."""
 
     def __init__(
         self,
@@ -113,6 +117,9 @@ class _Rows:
         self._open = False
         self._opening = threading.Lock()
         self._priority = parse_priority(priority)
+        # Options wrong for every row (a misspelt keyword, a bad max_tokens) fail
+        # here, at the actor's start, not as an error on each row.
+        check_map_options(SpecCache("model", None), self._priority, params, (self._kind,))
         self._params = params
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -180,8 +187,11 @@ class Completions(_Rows):
     ``priority``, ``limits`` (this actor's own :class:`~llmbatch.Limits`),
     ``client_options`` (any other :class:`~llmbatch.SyncClient` argument), and
     sampling parameters such as ``max_tokens`` or ``temperature``, passed to every
-    request. A row whose prompt is not a string gets an ``error`` and is not sent.
+    request. A row whose prompt is not a string gets an ``error`` and is not sent;
+    options wrong for every row (a misspelt keyword) raise here.
     """
+
+    _kind = "completion"
 
     def __init__(
         self,
@@ -223,6 +233,8 @@ class Chat(_Rows):
     mappings; Ray may hand them over as a numpy array of dicts, with None for the
     keys only some messages have, and both are accepted.
     """
+
+    _kind = "chat"
 
     def __init__(
         self,

@@ -6,6 +6,7 @@ blocked), so nothing here sleeps for real."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anyio
@@ -27,7 +28,11 @@ def virtual_trio() -> Any:
 
 
 class SlowServer(FakeServer):
-    """Answers after ``delay`` seconds of (virtual) time; records prompts in order."""
+    """Answers after ``delay`` seconds of (virtual) time; records prompts in order.
+
+    Only a completions POST carries prompts, and each is read from that request's own
+    body: the client also sends ``GET /metrics`` once work has run a while, and reading
+    "the last body" for it recorded the previous prompt twice."""
 
     def __init__(self, delay: float) -> None:
         super().__init__()
@@ -37,11 +42,10 @@ class SlowServer(FakeServer):
     async def handle(self, request: HTTPRequest) -> MockResponse:
         if not request.url.endswith("/models"):
             await anyio.sleep(self.delay)
-        response = self(request)
-        if not request.url.endswith("/models"):
-            prompt = self.bodies[-1]["prompt"]
+        if request.method == "POST" and request.url.endswith("/completions"):
+            prompt = json.loads(request.body or b"{}")["prompt"]
             self.order += prompt if isinstance(prompt, list) else [prompt]
-        return response
+        return self(request)
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", virtual_trio()])

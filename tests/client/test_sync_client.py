@@ -6,6 +6,7 @@ simulator process."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 from collections.abc import Iterator
 
@@ -96,3 +97,41 @@ def test_with_options_view_shares_the_loop(sim: SimulatorProcess) -> None:
         assert client.stats().tiers[llmbatch.Priority.REALTIME].done == 1
     with pytest.raises(llmbatch.ClientClosedError):
         urgent.complete("after close")
+
+
+SAME_SIGNATURE = [
+    "__init__",
+    "with_options",
+    "complete",
+    "chat",
+    "embed",
+    "stream",
+    "stream_chunks",
+    "map",
+    "map_unordered",
+    "imap",
+    "stats",
+]
+
+
+@pytest.mark.parametrize("name", SAME_SIGNATURE)
+def test_sync_methods_take_the_async_ones_parameters(name: str) -> None:
+    # Editors and help() show the parameters, and a keyword that works on one works
+    # on the other: names, kinds and defaults agree (annotations may differ: a
+    # SyncClient's map takes no async iterable).
+    def shape(function: object) -> list[tuple[str, object, object]]:
+        parameters = inspect.signature(function).parameters.values()  # type: ignore[arg-type]
+        return [(p.name, p.kind, p.default) for p in parameters]
+
+    assert shape(getattr(llmbatch.SyncClient, name)) == shape(getattr(llmbatch.Client, name))
+
+
+def test_a_map_option_wrong_for_every_item_raises_at_the_call(sim: SimulatorProcess) -> None:
+    with llmbatch.SyncClient(sim.base_url) as client:
+        with pytest.raises(llmbatch.InvalidTypeError, match="did you mean 'max_tokens'"):
+            client.map(["a", "b"], max_tokenz=4)
+        with pytest.raises(llmbatch.InvalidTypeError, match="did you mean 'max_tokens'"):
+            next(client.imap(["a", "b"], max_tokenz=4))
+        assert client.stats().tiers[llmbatch.Priority.BATCH].done == 0
+        # Keywords reach the client as given.
+        assert [r.ok for r in client.map(["a", "b"], max_tokens=2, temperature=0)] == [True] * 2

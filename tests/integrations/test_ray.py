@@ -150,6 +150,17 @@ def test_bad_client_option_fails_in_the_constructor() -> None:
         llmbatch.ray.Chat("http://127.0.0.1:1/v1", priority="urgent")  # type: ignore[arg-type]
 
 
+def test_options_wrong_for_every_row_fail_in_the_constructor() -> None:
+    with pytest.raises(llmbatch.InvalidTypeError, match="did you mean 'max_tokens'"):
+        llmbatch.ray.Completions("http://127.0.0.1:1/v1", max_tokenz=4)
+    with pytest.raises(llmbatch.InvalidTypeError, match="max_tokens must be a positive int"):
+        llmbatch.ray.Chat("http://127.0.0.1:1/v1", max_tokens="4")
+    # A chat-only option is wrong for prompts, right for conversations.
+    with pytest.raises(llmbatch.InvalidTypeError, match="'tool_choice'"):
+        llmbatch.ray.Completions("http://127.0.0.1:1/v1", tool_choice="auto")
+    llmbatch.ray.Chat("http://127.0.0.1:1/v1", tool_choice="auto").close()
+
+
 def test_importing_llmbatch_does_not_import_ray_or_pandas() -> None:
     code = (
         "import sys, llmbatch; "

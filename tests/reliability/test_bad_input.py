@@ -863,6 +863,44 @@ SECTIONS: dict[str, list[Case]] = {
             "progress must be True, False, None or a callable taking a MapProgress, got str",
         ),
         Case(
+            "map-misspelt-keyword",
+            "a misspelt keyword: wrong for every item, so the call raises",
+            'await client.map(["Hello", "Hi"], max_tokenz=4)',
+            InvalidTypeError,
+            "map() got an unexpected keyword argument 'max_tokenz'; did you mean "
+            "'max_tokens'? (a server-specific field goes in extra_body={...})",
+        ),
+        Case(
+            "map-call-bad-option",
+            "a bad option for the whole call",
+            'await client.map(["Hello", "Hi"], temperature=-1)',
+            InvalidRequestError,
+            "temperature must be a finite number between 0.0 and 100.0, got -1",
+        ),
+        Case(
+            "map-bad-max-tokens-type",
+            "`max_tokens` of the wrong type for the whole call",
+            'await client.map(["Hello", "Hi"], max_tokens="64")',
+            InvalidTypeError,
+            "max_tokens must be a positive int, got str '64'",
+        ),
+        Case(
+            "map-chat-option-on-prompts",
+            "an option of another endpoint (`tools` on prompts; raised on the first item)",
+            'await client.map(["Hello", "Hi"], tools=[])',
+            InvalidTypeError,
+            "map() got an unexpected keyword argument 'tools' (a server-specific field "
+            "goes in extra_body={...})",
+        ),
+        Case(
+            "imap-misspelt-keyword",
+            "a misspelt keyword to `imap` (raised when iteration starts)",
+            '[r async for r in client.imap(["Hello"], temprature=0.5)]',
+            InvalidTypeError,
+            "map() got an unexpected keyword argument 'temprature'; did you mean "
+            "'temperature'? (a server-specific field goes in extra_body={...})",
+        ),
+        Case(
             "map-unordered-single-str",
             "a single str to `map_unordered` (raised when iteration starts)",
             '[r async for r in client.map_unordered("Hello")]',
@@ -951,14 +989,6 @@ SECTIONS: dict[str, list[Case]] = {
             "messages[0] has unknown role 'wizard'",
             item=1,
             sends=("Hello", "Hi"),
-        ),
-        Case(
-            "map-call-bad-option",
-            "bad option for the whole call (every item fails alike)",
-            'await client.map(["Hello", "Hi"], temperature=-1)',
-            InvalidRequestError,
-            "temperature must be a finite number between 0.0 and 100.0, got -1",
-            item=0,
         ),
     ],
     "`llmbatch run`: one line of the input file": [
