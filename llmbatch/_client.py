@@ -26,6 +26,7 @@ import anyio
 import sniffio
 from anyio.abc import TaskGroup
 
+from llmbatch._arguments import checked_arguments
 from llmbatch._chunks import ChatCompletionChunk, CompletionChunk
 from llmbatch._clock import loop_clock
 from llmbatch._config import (
@@ -126,6 +127,7 @@ class Client:
     ``TypeError``, for a value of the wrong type).
     """
 
+    @checked_arguments
     def __init__(
         self,
         base_url: str | Replica | Sequence[str | Replica] | None = None,

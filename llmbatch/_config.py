@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
+from llmbatch._arguments import config_class
 from llmbatch._exceptions import (
     ConfigError,
     ConfigTypeError,
@@ -116,6 +117,7 @@ def _check_number(
         )
 
 
+@config_class
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BatchPolicy:
     """When a tier's batch closes: whichever trigger fires first.
@@ -162,6 +164,7 @@ DEFAULT_BATCH_POLICIES: Mapping[Priority, BatchPolicy] = MappingProxyType(
 """
 
 
+@config_class
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Limits:
     """Admission and in-flight limits.
@@ -216,6 +219,7 @@ DEFAULT_LIMITS = Limits()
 """``Limits()``: sized for vLLM's default ``--max-num-seqs 256``."""
 
 
+@config_class
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RetryPolicy:
     """Retries for 429, 5xx, 503, connection errors and read timeouts.
@@ -251,6 +255,7 @@ DEFAULT_RETRY_POLICY = RetryPolicy()
 waited out."""
 
 
+@config_class
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RateLimit:
     """Optional client-side rate limits, as hosted APIs count them.
@@ -310,6 +315,7 @@ class RateLimit:
         )
 
 
+@config_class
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SharedInFlight:
     """An in-flight budget shared through Redis by every process (and client) that
@@ -413,6 +419,7 @@ def _shared_repr(url: str | None, key: str | None, on_error: str) -> str:
     return f", redis_url={redact_url(url)!r}, key={key!r}, on_redis_error={on_error!r}"
 
 
+@config_class
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Timeout:
     """HTTP timeouts in seconds (``None`` = no limit for that phase).
@@ -435,6 +442,7 @@ DEFAULT_TIMEOUT = Timeout()
 """``Timeout()``: connect 10 s, read 600 s, write 60 s, pool 600 s."""
 
 
+@config_class
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SLO:
     """The latency the realtime tier must keep, in seconds (None: no target).

@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
+from llmbatch._arguments import checked_arguments
 from llmbatch._exceptions import ConfigError, ConfigTypeError
 
 __all__ = [
@@ -38,6 +39,7 @@ class Replica:
 
     __slots__ = ("_api_key", "base_url")
 
+    @checked_arguments
     def __init__(self, base_url: str, *, api_key: str | None = None) -> None:
         self.base_url = check_base_url(base_url)
         """The replica's OpenAI-style base URL (``http://host:port/v1``), no trailing slash."""

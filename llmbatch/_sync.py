@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from llmbatch._arguments import checked_arguments
 from llmbatch._chunks import ChatCompletionChunk, CompletionChunk
 from llmbatch._client import DEFAULT_DRAIN_TIMEOUT, Client
 from llmbatch._config import (
@@ -59,6 +60,7 @@ class SyncClient:
     ``client.close()`` in another work too.
     """
 
+    @checked_arguments
     def __init__(
         self,
         base_url: str | Replica | Sequence[str | Replica] | None = None,

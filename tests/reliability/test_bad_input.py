@@ -114,6 +114,28 @@ UNKNOWN_URGENT = "unknown priority 'urgent'; expected one of 'realtime', 'normal
 SECTIONS: dict[str, list[Case]] = {
     "Creating a `Client` or a configuration object": [
         Case(
+            "config-misspelt-client-keyword",
+            "a misspelt keyword to `Client` (or `SyncClient`)",
+            'Client("http://127.0.0.1:8000/v1", max_retry=3)',
+            ConfigTypeError,
+            "Client() got an unexpected keyword argument 'max_retry'; did you mean 'max_retries'?",
+        ),
+        Case(
+            "config-misspelt-limits-keyword",
+            "a misspelt keyword to a configuration class",
+            "Limits(max_inflight=64)",
+            ConfigTypeError,
+            "Limits() got an unexpected keyword argument 'max_inflight'; did you mean "
+            "'max_in_flight'?",
+        ),
+        Case(
+            "config-positional-option",
+            "a configuration option given by position",
+            "RetryPolicy(3)",
+            ConfigTypeError,
+            "RetryPolicy() takes its options as keywords, as in RetryPolicy(attempts=...)",
+        ),
+        Case(
             "config-url-without-scheme",
             "`base_url` is not an http(s) URL",
             'Client("localhost:8000/v1")',
@@ -243,13 +265,6 @@ SECTIONS: dict[str, list[Case]] = {
             'Client(transport="requests")',
             ConfigError,
             "transport must be 'aiohttp', 'httpx' or a Transport, got 'requests'",
-        ),
-        Case(
-            "config-positional",
-            "positional configuration",
-            "BatchPolicy(16)",
-            TypeError,
-            "BatchPolicy.__init__() takes 1 positional argument but 2 were given",
         ),
         Case(
             "config-batch-over-1024",
