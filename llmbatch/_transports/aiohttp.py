@@ -13,13 +13,13 @@ import aiohttp
 
 from llmbatch._config import Limits, Timeout
 from llmbatch._exceptions import (
-    ConnectError,
     ConnectTimeout,
     PoolTimeout,
     ReadTimeout,
     RemoteProtocolError,
 )
 from llmbatch._transports.base import HTTPRequest, HTTPResponse
+from llmbatch._transports.reasons import cannot_connect
 
 __all__ = ["AiohttpTransport"]
 
@@ -42,7 +42,7 @@ def _mapped_errors(pool_full: bool = False) -> Iterator[None]:
             ) from exc
         raise ConnectTimeout(f"timed out connecting: {exc}") from exc
     except aiohttp.ClientConnectorError as exc:
-        raise ConnectError(f"cannot connect: {exc}") from exc
+        raise cannot_connect(f"{exc.host}:{exc.port}", exc, str(exc)) from exc
     except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise ReadTimeout("timed out waiting for the server (Timeout.read)") from exc
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:

@@ -9,7 +9,6 @@ import httpx
 
 from llmbatch._config import Limits, Timeout
 from llmbatch._exceptions import (
-    ConnectError,
     ConnectTimeout,
     PoolTimeout,
     ReadTimeout,
@@ -17,6 +16,7 @@ from llmbatch._exceptions import (
     WriteTimeout,
 )
 from llmbatch._transports.base import HTTPRequest, HTTPResponse
+from llmbatch._transports.reasons import cannot_connect
 
 __all__ = ["HttpxTransport"]
 
@@ -33,13 +33,22 @@ def _reason(exc: BaseException) -> str:
     return repr(exc)
 
 
+def _address(exc: httpx.RequestError) -> str:
+    """``host:port`` of the request's URL (the scheme's default port if it has none)."""
+    try:
+        url = exc.request.url
+    except RuntimeError:  # raised without its request: nothing to name
+        return "the server"
+    return f"{url.host}:{url.port or (443 if url.scheme == 'https' else 80)}"
+
+
 @contextmanager
 def _mapped_errors() -> Iterator[None]:
     """The one place httpx's exceptions become llmbatch's."""
     try:
         yield
     except httpx.ConnectError as exc:
-        raise ConnectError(f"cannot connect: {_reason(exc)}") from exc
+        raise cannot_connect(_address(exc), exc, _reason(exc)) from exc
     except httpx.ConnectTimeout as exc:
         raise ConnectTimeout(f"timed out connecting (Timeout.connect): {_reason(exc)}") from exc
     except httpx.PoolTimeout as exc:

@@ -116,14 +116,31 @@ async def test_an_exhausted_pool_is_a_pool_timeout(
 
 
 async def test_a_closed_port_is_a_connect_error(setup: tuple[str, str]) -> None:
+    port = closed_port()
     async with llmbatch.Client(
-        f"http://127.0.0.1:{closed_port()}/v1",
+        f"http://127.0.0.1:{port}/v1",
         model="m",
         transport=setup[0],  # type: ignore[arg-type]
         retry=ONCE,
     ) as client:
-        with pytest.raises(llmbatch.ConnectError):
+        with pytest.raises(llmbatch.ConnectError) as info:
             await client.complete("hi")
+    # In llmbatch's words, the same on every transport (not aiohttp's "ssl:default").
+    assert str(info.value).startswith(f"cannot connect to 127.0.0.1:{port}: connection refused")
+
+
+async def test_a_name_that_does_not_resolve_is_said_so(setup: tuple[str, str]) -> None:
+    async with llmbatch.Client(
+        "http://no-such-host.invalid:8000/v1",  # .invalid never resolves (RFC 2606)
+        model="m",
+        transport=setup[0],  # type: ignore[arg-type]
+        retry=ONCE,
+    ) as client:
+        with pytest.raises(llmbatch.ConnectError) as info:
+            await client.complete("hi")
+    assert "cannot connect to no-such-host.invalid:8000: the host name did not resolve" in str(
+        info.value
+    )
 
 
 def test_aiohttp_connect_timeouts_are_told_from_pool_waits() -> None:

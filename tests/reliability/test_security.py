@@ -240,6 +240,7 @@ async def test_tls_certificates_are_verified_by_default(
                 with pytest.raises(llmbatch.ConnectError) as info:
                     await c.complete("hi", max_tokens=2)
     assert "certificate" in str(info.value).lower()
+    assert "verify=False turns the check off" in str(info.value)
 
 
 # -- servers bind loopback, refuse exposure without a key ------------------------------
