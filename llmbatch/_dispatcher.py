@@ -47,6 +47,7 @@ from llmbatch._exceptions import (
 from llmbatch._logs import BISECTION, Bisection, Throttle, logger
 from llmbatch._models import ChatCompletion, Completion, Delivery, Embedding, make_answer
 from llmbatch._request import Flight, Request
+from llmbatch._serverinfo import read_models
 from llmbatch._stats import StatsRecorder
 from llmbatch._tracing import Tracer
 from llmbatch._transports.base import HTTPRequest, HTTPResponse
@@ -82,6 +83,8 @@ _INPUT_TOKENS = re.compile(r"(\d+) in the messages|has (\d+) input tokens")
 _PRIORITY_REFUSED = re.compile(r"priority scheduling is not enabled", re.IGNORECASE)
 #: A generation shorter than this says little about the server's step time.
 _MIN_TOKENS_FOR_STEP_SAMPLE = 4
+#: How long a 404's answer may wait for the model list that explains it.
+MODELS_REREAD_TIMEOUT = 5.0
 
 
 _ANSWER_TYPES: dict[str, type[Completion] | type[ChatCompletion] | type[Embedding]] = {
@@ -460,6 +463,8 @@ class Dispatcher:
                     request.retried = True
             try:
                 return await call()
+            except NotFoundError as error:
+                raise await self._unknown_model(error, requests[0].spec.model) from error
             except RequestError as error:
                 can_retry = retry_if is None or retry_if()
                 unavailable = _is_unavailable(error) and can_retry
@@ -479,6 +484,33 @@ class Dispatcher:
             self._log_retry(requests, attempt, attempts, delay, exc)
             await anyio.sleep(delay)
             attempt += 1
+
+    async def _unknown_model(self, error: NotFoundError, model: str) -> NotFoundError:
+        """A 404 that names no route (an OpenAI error object: vLLM's "The model `x`
+        does not exist") says which models the server has, read again from
+        ``/v1/models`` since adapters may have been loaded or unloaded since opening."""
+        if not (isinstance(error.body, Mapping) and isinstance(error.body.get("error"), Mapping)):
+            return error  # a route the server lacks
+        endpoint = self.endpoint
+        try:
+            with anyio.fail_after(MODELS_REREAD_TIMEOUT):
+                models, _, _ = await read_models(
+                    endpoint.transport, endpoint.base_url, endpoint.headers, None
+                )
+        except Exception:  # the 404 is the answer; the list would only have helped
+            return error
+        names = [str(m["id"]) for m in models]
+        if model in names:
+            said = f"its /v1/models lists {model!r} now (loaded since the request was sent?)"
+        else:
+            listed = ", ".join(repr(name) for name in names) or "no models"
+            said = f"{endpoint.base_url} serves {listed}"
+        return NotFoundError(
+            f"{error.message} ({said})",
+            status_code=error.status_code,
+            body=error.body,
+            retry_after=error.retry_after,
+        )
 
     def _may_fail_over(self, requests: Sequence[Request], attempts: int) -> bool:
         """Send the batch to another replica rather than retry this one: one is up,

@@ -169,3 +169,15 @@ async def test_too_long_prompt_fails_at_the_call(sim: Any, transport: str) -> No
         with pytest.raises(llmbatch.InvalidRequestError):
             await client.complete("x " * (client.max_model_len * 16), max_tokens=1)
         assert (await client.complete("fine", max_tokens=1)).text is not None
+
+
+async def test_an_unknown_model_says_which_the_server_has(sim: Any, transport: str) -> None:
+    async with Client(sim.base_url, transport=transport, retry=FAST_RETRY) as client:  # type: ignore[arg-type]
+        with pytest.raises(llmbatch.NotFoundError) as info:
+            await client.complete("Hello", model="gpt-4", max_tokens=2)
+        with pytest.raises(llmbatch.NotFoundError) as streamed:
+            async for _ in client.stream("Hello", model="gpt-4", max_tokens=2):
+                pass
+    for error in (info.value, streamed.value):
+        assert f"({sim.base_url} serves 'llmbatch-sim')" in str(error)
+        assert error.attempts == 1  # a 404 is not retried

@@ -487,3 +487,23 @@ async def test_a_client_opened_in_one_task_closes_in_another() -> None:
     assert all(r.ok for r in results)
     with pytest.raises(ClientClosedError):
         await c.complete("after")
+
+
+async def test_a_404_for_a_model_loaded_since_says_so() -> None:
+    # The model list is read again on the 404: an adapter loaded between the request
+    # and the answer is named, not reported missing.
+    fake = FakeServer()
+
+    def missing(body: dict[str, Any]) -> MockResponse | None:
+        fake.model = "adapter-1"  # /v1/models lists it from now on
+        error = {"message": "The model `adapter-1` does not exist.", "code": 404}
+        return MockResponse(status=404, json={"error": error})
+
+    fake.intercept = missing
+    async with Client("http://127.0.0.1:1/v1", transport=MockTransport(fake)) as client:
+        with pytest.raises(llmbatch.NotFoundError) as info:
+            await client.complete("hi", model="adapter-1")
+    assert str(info.value).startswith(
+        "The model `adapter-1` does not exist. (its /v1/models lists 'adapter-1' now "
+        "(loaded since the request was sent?))"
+    )
