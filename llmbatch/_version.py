@@ -1,2 +1,2 @@
-__version__ = "0.1.0"
-"""The installed llmbatch version (PEP 440)."""
+__version__ = "0.2.0"
+"""The installed llmbatch version (PEP 440); the build reads it from here too."""

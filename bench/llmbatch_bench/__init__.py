@@ -13,3 +13,6 @@ client CPU and peak RSS belong to that client alone. The report
 the measured value and whether it was met: the thresholds live here, never in the
 library.
 """
+
+__version__ = "0.2.0"
+"""The installed llmbatch-bench version (PEP 440); the build reads it from here too."""

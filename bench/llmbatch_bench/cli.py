@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from llmbatch_bench import __version__
 from llmbatch_bench.config import (
     CLOSED_SIM_ARGS,
     DEFAULT_SIM_ARGS,
@@ -56,6 +57,9 @@ def build_parser(prog: str = "llmbatch-bench") -> argparse.ArgumentParser:
             "simulator) with llmbatch and the common baselines side by side. Each "
             "measurement runs in its own process; see docs/benchmarks.md."
         ),
+    )
+    p.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="show the version"
     )
     _configure(p)
     # Error messages name the command the user typed.
