@@ -6,12 +6,13 @@ it happen in one call, so no outcome goes uncounted or is counted twice.
 
 from __future__ import annotations
 
+import enum
+import json
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
-
-from pydantic import BaseModel, ConfigDict
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Literal
 
 from llmbatch._config import Priority
 from llmbatch._exceptions import DeadlineExceeded, LLMBatchError, RequestCancelled
@@ -75,11 +76,45 @@ QUEUE_WAIT_BOUNDS = (
 BATCH_SIZE_BOUNDS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True)
+class _Snapshot:
+    """What every part of a :class:`Stats` snapshot offers besides its fields: plain
+    data for logs and exporters. ``model_dump()`` and ``model_dump_json()`` keep
+    0.1's names (its snapshots were pydantic models; pydantic cost ~40 ms of
+    ``import llmbatch`` and validated nothing here)."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as plain dicts, lists of values and numbers (tiers keyed by
+        :class:`Priority`)."""
+        return self.model_dump()
+
+    def model_dump(self, *, mode: Literal["python", "json"] = "python") -> dict[str, Any]:
+        """:meth:`to_dict`; ``mode="json"`` gives only JSON types (tier names as keys)."""
+        plain: dict[str, Any] = _plain(self, mode == "json")
+        return plain
+
+    def model_dump_json(self, *, indent: int | None = None) -> str:
+        """The snapshot as a JSON document."""
+        return json.dumps(_plain(self, True), indent=indent)
 
 
-class Percentiles(_Frozen):
+def _plain(value: object, for_json: bool) -> Any:
+    if isinstance(value, _Snapshot):
+        return {f.name: _plain(getattr(value, f.name), for_json) for f in fields(value)}  # type: ignore[arg-type]
+    if isinstance(value, Mapping):
+        return {
+            (key.value if for_json and isinstance(key, enum.Enum) else key): _plain(item, for_json)
+            for key, item in value.items()
+        }
+    if isinstance(value, tuple):
+        items = [_plain(item, for_json) for item in value]
+        return items if for_json else tuple(items)
+    return value
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Percentiles(_Snapshot):
     """p50/p95/p99 in seconds over the most recent samples (0.0 when none)."""
 
     p50: float = 0.0
@@ -87,7 +122,8 @@ class Percentiles(_Frozen):
     p99: float = 0.0
 
 
-class Histogram(_Frozen):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Histogram(_Snapshot):
     """Observations counted by bucket, as Prometheus histograms keep them.
 
     ``counts[i]`` is how many observations were ``<= bounds[i]`` and above the bound
@@ -110,7 +146,8 @@ class Histogram(_Frozen):
         return pairs
 
 
-class TierStats(_Frozen):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TierStats(_Snapshot):
     """One tier's counters."""
 
     queued: int
@@ -138,7 +175,8 @@ class TierStats(_Frozen):
     """Every successful request's latency since the client opened."""
 
 
-class ServerStats(_Frozen):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServerStats(_Snapshot):
     """What the client knows and decides about one server (closed-loop admission)."""
 
     base_url: str
@@ -174,7 +212,8 @@ class ServerStats(_Frozen):
     and a trial batch re-admit it."""
 
 
-class SharedStats(_Frozen):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SharedStats(_Snapshot):
     """The budgets a client shares through Redis (``RateLimit(redis_url=...)``,
     ``SharedInFlight``)."""
 
@@ -200,7 +239,8 @@ class SharedStats(_Frozen):
     """Processes (clients) holding a share of the in-flight budget."""
 
 
-class Stats(_Frozen):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Stats(_Snapshot):
     """An immutable snapshot of a client's activity (``client.stats()``)."""
 
     tiers: Mapping[Priority, TierStats]

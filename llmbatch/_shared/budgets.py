@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import uuid
 from collections.abc import Callable
 
 import anyio
@@ -33,7 +32,7 @@ class SharedBudgets:
         self.rate: RateLeaser | None = None
         self.seats: SeatLeaser | None = None
         # Unique per client, readable in Redis (which host and process holds what).
-        self._member = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._member = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
 
     def __bool__(self) -> bool:
         return self._rate_limit is not None or self._in_flight is not None
