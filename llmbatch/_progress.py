@@ -8,6 +8,7 @@ it raises surfaces from the ``async for`` like any other.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Callable, Sized
 from dataclasses import dataclass
@@ -176,10 +177,12 @@ class ProgressBar:
     """Progress on stderr; ``progress=True`` means ``ProgressBar()``.
 
     Shows done / failed / in flight, prompts/s, tokens/s and, when the input has a
-    length, an ETA: as a rich bar in a terminal and in a Jupyter notebook, and as a
-    plain line every ``line_interval`` seconds (and at the end) elsewhere (logs, CI,
-    a script piped to a file). ``force=True`` draws the bar even without a terminal.
-    The bar needs the optional ``rich`` package (``pip install 'llmbatch[progress]'``)::
+    length, an ETA. In a terminal: one line redrawn in place, fitted to the terminal's
+    width (the count always shows; the bar and the other figures as room allows,
+    down to 40 columns). In a Jupyter notebook: a rich bar (``pip install
+    'llmbatch[progress]'``). Elsewhere (logs, CI, a script piped to a file): a plain
+    line every ``line_interval`` seconds and one at the end. ``force=True`` draws the
+    terminal line even without a terminal::
 
         await client.map(prompts, progress=llmbatch.ProgressBar(description="labels"))
     """
@@ -196,12 +199,13 @@ class ProgressBar:
         self.line_interval = line_interval
         self.mode = _mode(force)
         """``"terminal"``, ``"notebook"`` or ``"lines"``: how progress is shown here."""
-        if self.mode != "lines":
+        if self.mode == "notebook":
             try:
                 import rich.progress  # noqa: F401  (fail here, at the call, not mid-run)
             except ImportError as exc:
                 raise ImportError(
-                    "progress=True needs the 'rich' package: pip install 'llmbatch[progress]'"
+                    "a progress bar in a notebook needs the 'rich' package: "
+                    "pip install 'llmbatch[progress]'"
                 ) from exc
         self._bar: Any = None
         self._task: Any = None
@@ -210,18 +214,14 @@ class ProgressBar:
     def __call__(self, snapshot: MapProgress) -> None:
         if self.mode == "lines":
             self._line(snapshot)
-            return
-        if self._bar is None:
-            self._open()
-        self._bar.update(
-            self._task,
-            completed=snapshot.completed,
-            total=snapshot.total,
-            detail=describe(snapshot),
-        )
-        if snapshot.finished:
-            self._bar.stop()
-            self._bar = self._task = None
+        elif self.mode == "terminal":
+            width = shutil.get_terminal_size((80, 24)).columns  # read anew: windows resize
+            end = "\n" if snapshot.finished else ""
+            # Redraw in place, and clear what a longer previous line left behind.
+            sys.stderr.write(f"\r{progress_line(snapshot, self.description, width)}\x1b[K{end}")
+            sys.stderr.flush()
+        else:
+            self._notebook(snapshot)
 
     def _line(self, snapshot: MapProgress) -> None:
         due = self._last_line is None or snapshot.elapsed - self._last_line >= self.line_interval
@@ -236,25 +236,30 @@ class ProgressBar:
             flush=True,
         )
 
-    def _open(self) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    def _notebook(self, snapshot: MapProgress) -> None:
+        if self._bar is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-        console = (
-            Console(force_jupyter=True)
-            if self.mode == "notebook"
-            else Console(stderr=True, force_terminal=True if self.force else None)
+            self._bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(bar_width=24),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[detail]}"),
+                console=Console(force_jupyter=True),
+                refresh_per_second=5,
+            )
+            self._task = self._bar.add_task(self.description, total=None, detail="")
+            self._bar.start()
+        self._bar.update(
+            self._task,
+            completed=snapshot.completed,
+            total=snapshot.total,
+            detail=describe(snapshot),
         )
-        self._bar = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(bar_width=24),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"),
-            console=console,
-            refresh_per_second=5,
-        )
-        self._task = self._bar.add_task(self.description, total=None, detail="")
-        self._bar.start()
+        if snapshot.finished:
+            self._bar.stop()
+            self._bar = self._task = None
 
 
 def _mode(force: bool) -> str:
@@ -263,6 +268,56 @@ def _mode(force: bool) -> str:
     if "ipykernel" in sys.modules:  # a Jupyter kernel: rich renders in the notebook
         return "notebook"
     return "lines"
+
+
+#: The narrowest and widest bar drawn, brackets included.
+_BAR_WIDTH = (12, 32)
+#: What a progress line may show besides the count, most useful first: each is
+#: shown only if it fits with those before it. The bar takes what room is left.
+_PRIORITY = ("eta", "rate", "failed", "percent", "bar", "in_flight", "tokens", "name")
+#: Where each goes in the line.
+_ORDER = ("name", "bar", "count", "percent", "failed", "rate", "tokens", "in_flight", "eta")
+
+
+def progress_line(snapshot: MapProgress, description: str, width: int) -> str:
+    """One line of at most ``width - 1`` characters (the last column stays free, so
+    the terminal never wraps it): the count always, then what fits in the order of
+    ``_PRIORITY``. ASCII only, for any terminal encoding."""
+    room = max(1, width - 1)
+    total = snapshot.total
+    parts: dict[str, str | None] = {
+        "count": f"{snapshot.completed:,}" + ("" if total is None else f"/{total:,}"),
+        "eta": (
+            _duration(snapshot.elapsed)
+            if snapshot.finished
+            else None
+            if snapshot.eta is None
+            else f"ETA {_duration(snapshot.eta)}"
+        ),
+        "rate": f"{snapshot.prompts_per_s:,.0f}/s",
+        "failed": f"{snapshot.failed:,} failed" if snapshot.failed else None,
+        "percent": f"{100 * snapshot.completed // total}%" if total else None,
+        "bar": "[" + "-" * (_BAR_WIDTH[0] - 2) + "]" if total else None,
+        "in_flight": None if snapshot.finished else f"{snapshot.in_flight:,} in flight",
+        "tokens": f"{snapshot.tokens_per_s:,.0f} tok/s",
+        "name": description[:24] or None,
+    }
+    shown = {"count"}
+    for key in _PRIORITY:
+        if parts[key] is not None and len(_join(parts, shown | {key})) <= room:
+            shown.add(key)
+    if "bar" in shown and total:
+        inner = min(_BAR_WIDTH[1], _BAR_WIDTH[0] + room - len(_join(parts, shown))) - 2
+        filled = min(inner, inner * snapshot.completed // total)
+        parts["bar"] = "[" + "#" * filled + "-" * (inner - filled) + "]"
+    return _join(parts, shown)[:room]
+
+
+def _join(parts: dict[str, str | None], shown: set[str]) -> str:
+    """``name [bar] count percent | figure | figure``: the keys in ``shown``, placed."""
+    head = [parts[k] for k in ("name", "bar", "count", "percent") if k in shown]
+    tail = [parts[k] for k in _ORDER[4:] if k in shown]
+    return " ".join(p for p in head if p) + "".join(f" | {p}" for p in tail if p)
 
 
 def describe(snapshot: MapProgress) -> str:

@@ -90,8 +90,8 @@ class _Rows:
     batch, and writing the two result columns in the batch's own format."""
 
     _column: str
-    _kind: Kind
-    """What each row is sent as: its map options are checked for it up front."""
+    _kinds: tuple[Kind, ...]
+    """What rows are sent as: the map options are checked against these up front."""
 
     def __init__(
         self,
@@ -119,7 +119,7 @@ class _Rows:
         self._priority = parse_priority(priority)
         # Options wrong for every row (a misspelt keyword, a bad max_tokens) fail
         # here, at the actor's start, not as an error on each row.
-        check_map_options(SpecCache("model", None), self._priority, params, (self._kind,))
+        check_map_options(SpecCache("model", None), self._priority, params, self._kinds)
         self._params = params
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -191,7 +191,7 @@ class Completions(_Rows):
     options wrong for every row (a misspelt keyword) raise here.
     """
 
-    _kind = "completion"
+    _kinds = ("completion",)
 
     def __init__(
         self,
@@ -234,7 +234,7 @@ class Chat(_Rows):
     keys only some messages have, and both are accepted.
     """
 
-    _kind = "chat"
+    _kinds = ("chat",)
 
     def __init__(
         self,

@@ -5,7 +5,7 @@ Exit codes:
 - 0: every input line has a successful output line.
 - 1: the job ran to the end, but some requests failed (their error lines are in
   the output) or malformed lines were skipped.
-- 2: usage error: bad arguments, unreadable input, ``--progress`` without rich.
+- 2: usage error: bad arguments, unreadable input.
 - 3: the input was rejected before anything was sent: duplicate custom_ids, or
   malformed lines under ``--on-malformed fail`` (the default).
 - 4: the job stopped early: server unreachable, authentication or unknown model,
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from llmbatch._exceptions import InvalidRequestError
 from llmbatch._jobs.output import OutputError
 from llmbatch._jobs.runner import JobConfig, JobRejected, JobSummary, run_job
 from llmbatch._jobs.shards import InputError
-from llmbatch._progress import MapProgress, ProgressBar, ProgressLike, describe
+from llmbatch._progress import ProgressBar, ProgressLike
 from llmbatch._replicas import DEFAULT_BASE_URL
 from llmbatch.ray import DEFAULT_BATCH_SIZE
 
@@ -44,7 +43,7 @@ EXIT_REJECTED = 3
 EXIT_STOPPED = 4
 EXIT_INTERRUPTED = 130
 #: Seconds between progress lines when stderr is not a terminal.
-LOG_PROGRESS_EVERY = 10.0
+LOG_PROGRESS_EVERY = 5.0
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -149,9 +148,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     job.add_argument(
         "--progress",
-        action="store_true",
-        help="show progress on stderr: a bar on a terminal, a line every "
-        f"{LOG_PROGRESS_EVERY:.0f} s in a log (default: off)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="progress on stderr: a line redrawn in place on a terminal, a line every "
+        f"{LOG_PROGRESS_EVERY:.0f} s in a log (default: on; --no-progress: only the summary)",
     )
     job.add_argument(
         "--summary-json",
@@ -201,11 +201,8 @@ def handle(args: argparse.Namespace) -> int:
         return _fail(EXIT_USAGE, "INPUT and OUTPUT must be different files")
     if not args.input.is_file():
         return _fail(EXIT_USAGE, f"{args.input}: no such file")
-    try:
-        progress = _progress(args.progress, args.input.name)
-    except ImportError as exc:
-        return _fail(EXIT_USAGE, str(exc))
-    config = _config(args, progress)
+    progress = ProgressBar(description=args.input.name, line_interval=LOG_PROGRESS_EVERY)
+    config = _config(args, progress if args.progress else None)
     summary = JobSummary()  # filled in as the job runs: still readable after Ctrl-C
     try:
         anyio.run(lambda: run_job(config, report=_say, summary=summary))
@@ -268,7 +265,8 @@ def handle_ray(args: argparse.Namespace) -> int:
         address=args.ray_address,
         actors=args.concurrency,
         batch_size=args.batch_size,
-        show_progress=args.progress,
+        # Ray Data's own bars: on a terminal only (in a log they are noise).
+        show_progress=args.progress and sys.stderr.isatty(),
     )
     summary = JobSummary()
     try:
@@ -323,28 +321,6 @@ def format_interrupted(s: JobSummary, output: Path) -> str:
         f"({s.done + s.failed:,} in this run{failed}), {s.remaining:,} remain; "
         "rerun the same command to resume"
     )
-
-
-def _progress(wanted: bool, name: str) -> ProgressLike:
-    if not wanted:
-        return None
-    if sys.stderr.isatty():
-        return ProgressBar(description=name)
-    return _LogProgress()
-
-
-class _LogProgress:
-    """Progress as an occasional plain line, for logs where a bar would be noise."""
-
-    def __init__(self) -> None:
-        self._last = -LOG_PROGRESS_EVERY
-
-    def __call__(self, snapshot: MapProgress) -> None:
-        now = time.monotonic()
-        if not snapshot.finished and now - self._last >= LOG_PROGRESS_EVERY:
-            self._last = now
-            total = "?" if snapshot.total is None else f"{snapshot.total:,}"
-            _say(f"progress: {snapshot.completed:,}/{total} · {describe(snapshot)}")
 
 
 def _say(message: str) -> None:

@@ -101,6 +101,8 @@ class JobLines(_Rows):
     is the job's model; with ``check_model`` a line naming another is malformed.
     """
 
+    _kinds = ("completion", "chat")
+
     def __init__(
         self,
         output_dir: str,

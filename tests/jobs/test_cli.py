@@ -110,8 +110,16 @@ def test_progress_in_a_log_prints_plain_lines(
 ) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", lines(20))
     out = tmp_path / "out.jsonl"
-    assert llmbatch_run(str(src), "-o", str(out), "--base-url", sim.base_url, "--progress") == 0
-    assert "progress: 0/20" in capsys.readouterr().err
+    # Progress is on by default; off a terminal it is a line every few seconds and
+    # one at the end, then the summary. --no-progress leaves only the summary.
+    assert llmbatch_run(str(src), "-o", str(out), "--base-url", sim.base_url) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("in.jsonl: 0/20 running")
+    assert err[-2].startswith("in.jsonl: 20/20 done")
+    assert err[-1].startswith("llmbatch run: 20 done")
+    out.unlink()
+    assert llmbatch_run(str(src), "-o", str(out), "--base-url", sim.base_url, "--no-progress") == 0
+    assert [line.split(":")[0] for line in capsys.readouterr().err.splitlines()] == ["llmbatch run"]
 
 
 def test_options_reach_the_server(sim: SimulatorProcess, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from fake_server import POISON, FakeServer
 
 import llmbatch
 from llmbatch import BatchPolicy, Client, InvalidRequestError, MapProgress, Result, RetryPolicy
-from llmbatch._progress import ProgressTracker, describe
+from llmbatch._progress import ProgressTracker, describe, progress_line
 from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
 
 pytestmark = pytest.mark.anyio
@@ -151,24 +151,71 @@ async def test_without_a_terminal_progress_is_a_periodic_line(
     assert len(lines) == 2  # the map took less than line_interval (10 s)
 
 
-async def test_forced_progress_bar_draws_counts_on_stderr(
+async def test_forced_progress_bar_redraws_one_line_on_stderr(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     buffer = io.StringIO()
     monkeypatch.setattr("sys.stderr", buffer)
-    monkeypatch.setenv("COLUMNS", "160")
+    monkeypatch.setenv("COLUMNS", "100")
     async with client(FakeServer()) as c:
         await c.map([f"p{i}" for i in range(7)], progress=llmbatch.ProgressBar(force=True))
     text = buffer.getvalue()
-    assert "7/7" in text
-    assert "prompts/s" in text
+    assert text.startswith("\r")  # redrawn in place...
+    assert text.endswith("\n")  # ...and ended with the last snapshot
+    last = text.rsplit("\r", 1)[-1]
+    assert "7/7 100%" in last
+    assert "/s" in last
+    assert max(len(line.split("\x1b")[0]) for line in text.split("\r")) < 100
 
 
-def test_progress_bar_without_rich_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_terminal_line_needs_no_rich(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(__import__("sys").modules, "rich.progress", None)
+    assert llmbatch.ProgressBar(force=True).mode == "terminal"
+    assert llmbatch.ProgressBar().mode == "lines"  # no terminal here
+    # A notebook's bar is rich's: without it, the call says how to install it.
+    monkeypatch.setitem(__import__("sys").modules, "ipykernel", object())
     with pytest.raises(ImportError, match=r"llmbatch\[progress\]"):
-        llmbatch.ProgressBar(force=True)  # a bar needs rich
-    assert llmbatch.ProgressBar().mode == "lines"  # lines do not (no terminal here)
+        llmbatch.ProgressBar()
+
+
+SNAPSHOT = MapProgress(
+    done=12_345,
+    failed=3,
+    in_flight=256,
+    total=100_000,
+    elapsed=15.2,
+    prompts_per_s=812.4,
+    tokens=200_000,
+    tokens_per_s=25_987,
+    eta=107,
+)
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 100, 140, 200])
+def test_a_progress_line_fits_its_terminal_and_keeps_the_count(width: int) -> None:
+    line = progress_line(SNAPSHOT, "requests.jsonl", width)
+    assert len(line) < width  # the last column stays free: the terminal never wraps
+    assert "12,348/100,000" in line  # never cut, however narrow
+    assert line.isascii()
+    if width >= 60:
+        assert "ETA 1:47" in line
+        assert "3 failed" in line
+        assert "812/s" in line
+    if width >= 80:
+        assert "[#" in line  # a bar
+
+
+def test_a_progress_line_drops_the_least_useful_figures_first() -> None:
+    assert progress_line(SNAPSHOT, "requests.jsonl", 30) == "12,348/100,000 12% | ETA 1:47"
+    wide = progress_line(SNAPSHOT, "requests.jsonl", 200)
+    assert wide.startswith("requests.jsonl [###")
+    assert wide.endswith(
+        "12,348/100,000 12% | 3 failed | 812/s | 25,987 tok/s | 256 in flight | ETA 1:47"
+    )
+    done = dataclasses.replace(SNAPSHOT, done=99_997, finished=True, eta=0.0)
+    assert progress_line(done, "x", 80).endswith(
+        "100,000/100,000 100% | 3 failed | 812/s | 25,987 tok/s | 0:15"
+    )
 
 
 def test_in_a_notebook_the_bar_renders_there(monkeypatch: pytest.MonkeyPatch) -> None:
