@@ -54,7 +54,7 @@ from llmbatch._exceptions import (
     LLMBatchError,
 )
 from llmbatch._fleet import Endpoints, Fleet, ServerConfig
-from llmbatch._map import MapInput, MapRunner, check_inputs, check_map_options, first_kind
+from llmbatch._map import MapInput, MapRunner, check_inputs, check_map_options, kinds_of
 from llmbatch._models import ChatCompletion, Completion, Embedding, Result
 from llmbatch._options import NOT_GIVEN, CallDefaults, NotGiven
 from llmbatch._progress import ProgressLike, make_tracker
@@ -77,8 +77,6 @@ DEFAULT_DRAIN_TIMEOUT = 60.0
 STATS_TIMEOUT = 5.0
 
 T = TypeVar("T")
-#: The kinds of item a map may hold, in the order their errors are preferred.
-_KINDS: tuple[Kind, ...] = ("completion", "chat", "embedding")
 
 
 class _State(enum.Enum):
@@ -933,9 +931,7 @@ class Client:
             priority = defaults.priority if priority is None else priority
             params = defaults.fill_map(params)
         tier = parse_priority("batch" if priority is None else priority)
-        kind = first_kind(inputs)
-        kinds = _KINDS if kind is None else (kind, *(k for k in _KINDS if k != kind))
-        check_map_options(submitter.specs, tier, params, kinds)
+        check_map_options(submitter.specs, tier, params, kinds_of(inputs))
         return runner, tier, size, make_tracker(progress, inputs, submitter.now), params
 
     def stats(self) -> Stats:

@@ -37,7 +37,7 @@ from llmbatch._request import CallSpec, Kind, Request
 from llmbatch._submit import Submitter
 from llmbatch._validate import SpecCache
 
-__all__ = ["MapInput", "MapRunner", "check_map_options", "first_kind", "map_spec"]
+__all__ = ["MapInput", "MapRunner", "check_map_options", "kinds_of", "map_spec"]
 
 MapInput = str | list[Mapping[str, Any]] | Mapping[str, Any]
 """A prompt, a chat conversation, or a dict with ``prompt``, ``messages`` or (for an
@@ -409,20 +409,20 @@ def check_map_options(
     raise first
 
 
-def first_kind(inputs: object) -> Kind | None:
-    """The kind of a sequence's first item, when it can be seen without pulling."""
-    if not isinstance(inputs, Sequence) or isinstance(inputs, str) or not inputs:
-        return None
-    item = inputs[0]
-    if isinstance(item, str):
-        return "completion"
-    if isinstance(item, list):
-        return "chat"
-    if isinstance(item, Mapping):
-        for key, kind in _KINDS.items():
-            if key in item:
-                return kind
-    return None
+def kinds_of(inputs: object) -> tuple[Kind, ...]:
+    """Every kind of item a map may hold, the first item's kind first when it can be
+    seen without pulling from ``inputs`` (its errors are the ones to report)."""
+    first: Kind | None = None
+    if isinstance(inputs, Sequence) and not isinstance(inputs, str) and inputs:
+        item = inputs[0]
+        if isinstance(item, str):
+            first = "completion"
+        elif isinstance(item, list):
+            first = "chat"
+        elif isinstance(item, Mapping):
+            first = next((kind for key, kind in _KINDS.items() if key in item), None)
+    kinds: tuple[Kind, ...] = tuple(_KINDS.values())
+    return kinds if first is None else (first, *(k for k in kinds if k != first))
 
 
 _EXTRAS = ("extra_body", "extra_headers", "extra_query")
