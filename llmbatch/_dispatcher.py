@@ -85,6 +85,9 @@ _PRIORITY_REFUSED = re.compile(r"priority scheduling is not enabled", re.IGNOREC
 _MIN_TOKENS_FOR_STEP_SAMPLE = 4
 #: How long a 404's answer may wait for the model list that explains it.
 MODELS_REREAD_TIMEOUT = 5.0
+#: A list read this recently explains later 404s too (a map naming a wrong model
+#: fails every batch: one read a second, not one a batch).
+MODELS_REREAD_INTERVAL = 1.0
 
 
 _ANSWER_TYPES: dict[str, type[Completion] | type[ChatCompletion] | type[Embedding]] = {
@@ -129,6 +132,8 @@ class Dispatcher:
         """Records each HTTP request as a span, when tracing is on."""
         self.fail_over: Callable[[], bool] | None = None
         """Whether another replica takes batches now (several servers only)."""
+        self._models_read: tuple[float, list[str]] | None = None
+        """When ``/v1/models`` was last read to explain a 404, and what it listed."""
 
     async def send(self, requests: Sequence[Request], flight: Flight) -> None:
         """Answer every request of a batch (or put it back in the queue if the server
@@ -464,7 +469,10 @@ class Dispatcher:
             try:
                 return await call()
             except NotFoundError as error:
-                raise await self._unknown_model(error, requests[0].spec.model) from error
+                told = await self._unknown_model(error, requests[0].spec.model)
+                if told is error:
+                    raise
+                raise told from error
             except RequestError as error:
                 can_retry = retry_if is None or retry_if()
                 unavailable = _is_unavailable(error) and can_retry
@@ -492,14 +500,17 @@ class Dispatcher:
         if not (isinstance(error.body, Mapping) and isinstance(error.body.get("error"), Mapping)):
             return error  # a route the server lacks
         endpoint = self.endpoint
-        try:
-            with anyio.fail_after(MODELS_REREAD_TIMEOUT):
-                models, _, _ = await read_models(
-                    endpoint.transport, endpoint.base_url, endpoint.headers, None
-                )
-        except Exception:  # the 404 is the answer; the list would only have helped
-            return error
-        names = [str(m["id"]) for m in models]
+        now = self._now()
+        if self._models_read is None or now - self._models_read[0] > MODELS_REREAD_INTERVAL:
+            try:
+                with anyio.fail_after(MODELS_REREAD_TIMEOUT):
+                    models, _, _ = await read_models(
+                        endpoint.transport, endpoint.base_url, endpoint.headers, None
+                    )
+            except Exception:  # the 404 is the answer; the list would only have helped
+                return error
+            self._models_read = (now, [str(m["id"]) for m in models])
+        names = self._models_read[1]
         if model in names:
             said = f"its /v1/models lists {model!r} now (loaded since the request was sent?)"
         else:

@@ -507,3 +507,20 @@ async def test_a_404_for_a_model_loaded_since_says_so() -> None:
         "The model `adapter-1` does not exist. (its /v1/models lists 'adapter-1' now "
         "(loaded since the request was sent?))"
     )
+
+
+async def test_a_map_naming_an_unknown_model_reads_the_list_once_not_per_batch() -> None:
+    fake = FakeServer()
+    fake.intercept = lambda body: MockResponse(
+        status=404, json={"error": {"message": f"The model `{body['model']}` does not exist."}}
+    )
+    transport = MockTransport(fake)
+    async with Client("http://127.0.0.1:1/v1", transport=transport) as client:
+        opened = len(transport.requests)
+        results = await client.map([f"p{i}" for i in range(256)], model="gpt-4", max_tokens=1)
+    assert all(isinstance(r.error, llmbatch.NotFoundError) for r in results)
+    assert all("serves 'fake-model'" in str(r.error) for r in results)
+    batches = len(fake.bodies)
+    reads = [r for r in transport.requests[opened:] if r.url.endswith("/models")]
+    assert batches >= 4
+    assert len(reads) == 1  # within a second, the list read for the first 404 serves all
