@@ -6,6 +6,7 @@ through MockTransport."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -92,6 +93,24 @@ def test_cancellations_and_deadlines_count_as_cancelled_not_failed() -> None:
     tier = recorder.snapshot(1.0, QUIET, QUIET).tiers[Priority.NORMAL]
     assert (tier.cancelled, tier.failed, tier.done) == (2, 1, 0)
     assert tier.latency_histogram.count == 0  # failures are not latency samples
+
+
+def test_a_snapshot_dumps_to_plain_data_and_json() -> None:
+    # model_dump() and model_dump_json() are kept from 0.1's pydantic snapshots.
+    recorder = StatsRecorder(started_at=0.0)
+    settle(recorder, at=1.0, latency=0.25)
+    stats = recorder.snapshot(2.0, QUIET, QUIET)
+    plain = stats.model_dump()
+    assert plain == stats.to_dict()
+    batch = plain["tiers"][Priority.BATCH]
+    assert batch["done"] == 1
+    assert batch["latency"]["p50"] == 0.25
+    assert isinstance(batch["latency_histogram"]["counts"], tuple)
+    loaded = json.loads(stats.model_dump_json())
+    assert loaded == stats.model_dump(mode="json")
+    assert loaded["tiers"]["batch"]["done"] == 1  # tiers by name in JSON
+    assert isinstance(loaded["tiers"]["batch"]["latency_histogram"]["counts"], list)
+    assert stats == recorder.snapshot(2.0, QUIET, QUIET)  # compared by value
 
 
 def test_histogram_is_public_and_immutable() -> None:
