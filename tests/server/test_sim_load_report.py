@@ -102,3 +102,29 @@ def test_header_only_when_asked_and_only_where_vllm_sends_it(sim: SimulatorProce
         error = http.post("/v1/completions", json={"prompt": []}, headers=ASK)
         assert error.status_code == 400
         assert "endpoint-load-metrics" not in error.headers
+
+
+@pytest.mark.parametrize(
+    ("args", "gauges", "histograms", "header"),
+    [
+        pytest.param(("--metrics", "gauges"), True, False, True, id="gauges-only"),
+        pytest.param(("--metrics", "none", "--no-load-header"), False, False, False, id="none"),
+    ],
+)
+def test_the_simulator_can_expose_less_than_vllm(
+    args: tuple[str, ...], gauges: bool, histograms: bool, header: bool
+) -> None:
+    # Servers that are not vLLM, or sit behind a proxy that filters /metrics, expose
+    # less: the client's control loop is tested against each kind.
+    with (
+        run_simulator("--zero-latency", *args) as server,
+        httpx.Client(base_url=server.url) as http,
+    ):
+        answer = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}, headers=ASK)
+        assert answer.status_code == 200
+        assert ("endpoint-load-metrics" in answer.headers) is header
+        metrics = http.get("/metrics")
+        assert metrics.status_code == (200 if gauges else 404)
+        assert ("vllm:num_requests_running{" in metrics.text) is gauges
+        assert ("vllm:inter_token_latency_seconds_sum" in metrics.text) is histograms
+        assert ("vllm:time_to_first_token_seconds_sum" in metrics.text) is histograms

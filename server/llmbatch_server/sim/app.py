@@ -129,6 +129,8 @@ def build_app(config: SimConfig) -> Starlette:
         return JSONResponse({"version": VERSION, "simulator": True})
 
     async def metrics_endpoint(request: Request) -> Response:
+        if config.metrics == "none":
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
         engine = sim.engine
         text = metrics.render(
             engine.metrics,
@@ -139,6 +141,7 @@ def build_app(config: SimConfig) -> Starlette:
             prefix_queries=engine.kv.queries,
             prefix_hits=engine.kv.hits,
             http_requests=sim.http_requests,
+            histograms=config.metrics == "full",
         )
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 

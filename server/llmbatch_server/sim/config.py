@@ -125,6 +125,10 @@ class FaultRates:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
+#: What ``--metrics`` may ask ``/metrics`` to expose, most first.
+METRICS_LEVELS = ("full", "gauges", "none")
+
+
 @dataclass(frozen=True, kw_only=True)
 class SimConfig:
     """Everything one simulator instance needs."""
@@ -140,6 +144,13 @@ class SimConfig:
     chat_batch: bool = True
     #: Count requests in flight for ``GET /load`` (vLLM's ``--enable-server-load-tracking``).
     server_load_tracking: bool = False
+    #: What ``/metrics`` exposes: ``"full"`` (vLLM's gauges and latency histograms),
+    #: ``"gauges"`` (the gauges alone, as an older vLLM or a filtering proxy) or
+    #: ``"none"`` (404, as most other OpenAI-compatible servers).
+    metrics: str = "full"
+    #: Answer the ``endpoint-load-metrics-format`` request header with a load report
+    #: (vLLM's ORCA header); off emulates servers that send none.
+    load_header: bool = True
     #: Report ``usage.prompt_tokens_details.cached_tokens`` (vLLM's
     #: ``--enable-prompt-tokens-details``, off by default there too).
     enable_prompt_tokens_details: bool = False
@@ -156,6 +167,8 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.embedding_dim < 1:
             raise ValueError("embedding_dim must be >= 1")
+        if self.metrics not in METRICS_LEVELS:
+            raise ValueError(f"metrics must be one of {', '.join(METRICS_LEVELS)}")
 
     def __repr__(self) -> str:
         # The API key must never reach logs.

@@ -84,7 +84,7 @@ async def generate(
     )
     headers = {}
     fmt = request.headers.get(metrics.LOAD_FORMAT_HEADER)
-    if load_report and fmt:
+    if load_report and fmt and sim.config.load_header:
         engine = sim.engine
         headers = metrics.load_report(fmt, waiting=engine.num_waiting, kv_usage=engine.kv_usage)
     response_cls = CutResponse if fault is Fault.DROP else Response

@@ -73,9 +73,11 @@ def render(
     prefix_queries: int = 0,
     prefix_hits: int = 0,
     http_requests: Mapping[tuple[str, str, str], int] | None = None,
+    histograms: bool = True,
 ) -> str:
     """The ``/metrics`` body; ``http_requests`` counts requests by (handler, method,
-    status class), rendered as vLLM's ``http_requests_total``."""
+    status class), rendered as vLLM's ``http_requests_total``. ``histograms=False``
+    leaves out the latency histograms (``--metrics gauges``)."""
     labels = f'model_name="{model}"'
     out = [
         "# TYPE vllm:num_requests_running gauge",
@@ -102,13 +104,17 @@ def render(
         count = metrics.aborted if reason == "abort" else metrics.success[reason]
         out.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {count}')
     for name, hist in (
-        ("vllm:e2e_request_latency_seconds", metrics.e2e),
-        ("vllm:time_to_first_token_seconds", metrics.ttft),
-        # vLLM exports the same inter-token latencies under both names (the older
-        # time_per_output_token is kept for dashboards).
-        ("vllm:inter_token_latency_seconds", metrics.inter_token),
-        ("vllm:time_per_output_token_seconds", metrics.inter_token),
-        ("vllm:request_queue_time_seconds", metrics.queue_time),
+        ()
+        if not histograms
+        else (
+            ("vllm:e2e_request_latency_seconds", metrics.e2e),
+            ("vllm:time_to_first_token_seconds", metrics.ttft),
+            # vLLM exports the same inter-token latencies under both names (the older
+            # time_per_output_token is kept for dashboards).
+            ("vllm:inter_token_latency_seconds", metrics.inter_token),
+            ("vllm:time_per_output_token_seconds", metrics.inter_token),
+            ("vllm:request_queue_time_seconds", metrics.queue_time),
+        )
     ):
         out.append(f"# TYPE {name} histogram")
         out.extend(hist.render(name, labels))

@@ -10,6 +10,7 @@ from typing import Any
 from llmbatch_server.launcher.profiles import PROFILES
 from llmbatch_server.sim.config import (
     DEFAULT_MODEL,
+    METRICS_LEVELS,
     ZERO_LATENCY,
     EngineLimits,
     FaultRates,
@@ -133,6 +134,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "other servers (default: served)",
     )
     p.add_argument(
+        "--metrics",
+        choices=METRICS_LEVELS,
+        default="full",
+        help="what /metrics exposes: vLLM's gauges and latency histograms (full), the "
+        "gauges alone, as an older vLLM or a filtering proxy (gauges), or nothing: 404, "
+        "as most other servers (none) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--no-load-header",
+        dest="load_header",
+        action="store_false",
+        help="send no endpoint-load-metrics header, even when a request asks for one, as "
+        "servers other than vLLM (default: sent on request)",
+    )
+    p.add_argument(
         "--enable-server-load-tracking",
         action="store_true",
         help="count requests in flight for GET /load, like vLLM's flag (default: off)",
@@ -239,6 +255,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         enable_admin=args.enable_admin,
         seed=args.seed,
         chat_batch=args.chat_batch,
+        metrics=args.metrics,
+        load_header=args.load_header,
         server_load_tracking=args.enable_server_load_tracking,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         tokenizer=args.tokenizer,
