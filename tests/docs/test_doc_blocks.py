@@ -83,8 +83,15 @@ ALL = [block for page in PAGES for block in blocks(page)]
 
 
 def sim_args(page: Path) -> tuple[str, ...]:
-    """The arguments the page starts its simulator with (its first command line)."""
-    found = SIM_LINE.search(page.read_text(encoding="utf-8"))
+    """The arguments the page starts its simulator with: its first ``llmbatch-server
+    sim`` command in a shell block (not one quoted in prose or a table)."""
+    found = None
+    shell = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            shell = line.strip() in ("```bash", "```console", "```sh")
+        elif shell and (found := SIM_LINE.search(line)):
+            break
     args = shlex.split(found.group(1)) if found else []
     # The port is ours to choose; --host stays loopback.
     cleaned: list[str] = []
