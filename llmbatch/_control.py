@@ -105,6 +105,9 @@ class ControllerState:
     slo_missed: int
     slo_aim: float | None
     """The share of the SLO latencies are held to now (None without an SLO)."""
+    slo_unreachable: bool = False
+    """With an SLO: the limit is at its floor of one sequence and the latencies are
+    still over the target, so the server is too slow for it whatever bulk does."""
 
 
 def _ewma(old: float | None, sample: float) -> float:
@@ -149,6 +152,8 @@ class AdmissionController:
         """The share of the SLO the server's latencies are held to now."""
         self._aim_met = self._aim_missed = 0
         self._answers_since_cut = AIM_HOLD
+        self.slo_unreachable = False
+        """At the floor and still over the SLO at the last update (see ControllerState)."""
 
     # -- samples ---------------------------------------------------------------------
 
@@ -302,6 +307,8 @@ class AdmissionController:
         if not ratios:
             return
         ratio = min(ratios)
+        # Said in stats() rather than left as a limit sitting at 1 in silence.
+        self.slo_unreachable = ratio < 1.0 and self._limit <= 1.0
         running = self.running
         if ratio < 1.0:
             # The latencies describe what runs on the server now. Sequences already
@@ -342,4 +349,5 @@ class AdmissionController:
             slo_met=self.slo_met,
             slo_missed=self.slo_missed,
             slo_aim=self.aim if self.slo is not None else None,
+            slo_unreachable=self.slo_unreachable,
         )

@@ -48,6 +48,7 @@ from llmbatch._logs import BISECTION, Bisection, Throttle, logger
 from llmbatch._models import ChatCompletion, Completion, Delivery, Embedding, make_answer
 from llmbatch._request import Flight, Request
 from llmbatch._serverinfo import read_models
+from llmbatch._signals import STEP_TIME_SOURCES, Source
 from llmbatch._stats import StatsRecorder
 from llmbatch._tracing import Tracer
 from llmbatch._transports.base import HTTPRequest, HTTPResponse
@@ -356,9 +357,12 @@ class Dispatcher:
         decoder = StreamDecoder(chat=chat, chunks=request.chunks)
         deltas = request.deltas
         sent = False
+        # When the first generated text arrived: the stream's TTFT and per-token time
+        # are the server's own, not an answer's latency spread over its tokens.
+        first_token_at: float | None = None
 
         async def exchange() -> None:
-            nonlocal sent
+            nonlocal sent, first_token_at
             response = await self._open(path, [request], body)
             try:
                 if response.status >= 400:
@@ -367,6 +371,8 @@ class Dispatcher:
                     )
                 async for line in response.iter_lines():
                     item = decoder.feed_line(line)
+                    if first_token_at is None and decoder.parts:
+                        first_token_at = self._now()
                     if item and deltas is not None:
                         await deltas.send(item)
                         sent = True
@@ -397,7 +403,7 @@ class Dispatcher:
             [(decoder.choice(chat=chat),)],
             decoder.usage,
         )
-        self._deliver([request], answers)
+        self._deliver([request], answers, first_token_at=first_token_at)
 
     # -- HTTP and retries ------------------------------------------------------------
 
@@ -436,7 +442,7 @@ class Dispatcher:
                 tracer.http_ended(handle, None, exc)
                 raise
             tracer.http_ended(handle, response.status, None)
-        endpoint.on_response(response.status, response.headers, sent_at)
+        endpoint.on_response(response.status, response.headers, self._now(), sent_at)
         return response
 
     async def _post(self, path: str, requests: Sequence[Request], body: bytes) -> bytes:
@@ -629,15 +635,21 @@ class Dispatcher:
         first_token_at: float | None,
     ) -> None:
         """What one exchange shows of the server's speed, for the controller."""
-        controller = self.endpoint.controller
+        endpoint = self.endpoint
+        controller = endpoint.controller
+        signals = endpoint.signals
         ttft = tpot = None
+        source = Source.STREAM_TIMING
         if first_token_at is not None:
             ttft = first_token_at - (now - latency)
             if tokens > 1:
                 tpot = (now - first_token_at) / (tokens - 1)
+                signals.saw(source, now)
         else:
             if tokens >= _MIN_TOKENS_FOR_STEP_SAMPLE:
                 tpot = latency / tokens  # an upper bound: it includes the prefill
+                source = Source.ANSWER_LATENCY
+                signals.saw(source, now)
             step = controller.step_time
             if tier is Priority.REALTIME and step is not None and tokens >= 1:
                 # Not streamed: the answer's time less its decode steps estimates the
@@ -647,8 +659,10 @@ class Dispatcher:
             if ttft is not None:
                 controller.on_ttft(ttft)
             controller.on_realtime_answer(ttft, tpot)
-        if tpot is not None and not self.endpoint.has_metrics:
-            # vLLM's /metrics measures the step time better; this is the fallback.
+        if tpot is not None and signals.best(now, STEP_TIME_SOURCES) is source:
+            # Only the best source reporting now feeds the step time: the server's own
+            # histogram while it is there, else streams, else answers. One that goes
+            # quiet gives way by itself; none switches another off for good.
             controller.on_step_time(tpot)
 
     def _fail_all(self, requests: Sequence[Request], error: RequestError) -> None:

@@ -24,6 +24,7 @@ from llmbatch._load import (
     parse_load_header,
     parse_metrics,
 )
+from llmbatch._signals import Signals, Source
 from llmbatch._transports.base import HTTPRequest, Transport
 
 __all__ = ["Endpoint"]
@@ -60,7 +61,11 @@ class Endpoint:
         self.is_vllm = False
         """The server said it is vLLM (``owned_by: vllm`` in /v1/models)."""
         self.has_metrics: bool | None = None
-        """Whether /metrics has vLLM's gauges (None: not read yet)."""
+        """Whether /metrics parses as vLLM's, so is worth reading (None: not read yet).
+        Which of its series are there is ``signals``' business."""
+        self.signals = Signals()
+        """Which sources have reported on this server lately (load header, /metrics
+        gauges and histogram, stream and answer timings, 429/503)."""
         self.length_risk = False
         """The server has refused a prompt as too long: prompts that might be are sent
         alone from now on, so one cannot fail a whole batch."""
@@ -77,13 +82,18 @@ class Endpoint:
     # -- what exchanges report ---------------------------------------------------------
 
     def on_response(
-        self, status: int, headers: Mapping[str, str], sent_at: float | None = None
+        self,
+        status: int,
+        headers: Mapping[str, str],
+        now: float,
+        sent_at: float | None = None,
     ) -> None:
-        """An HTTP response arrived (any status) to a request sent at ``sent_at``: the
-        server is reachable."""
+        """An HTTP response arrived at ``now`` (any status) to a request sent at
+        ``sent_at``: the server is reachable."""
         if status in (429, 503):
             if self.breaker.state is BreakerState.CLOSED:  # (not an outage's 503s)
                 self.controller.on_overload()
+                self.signals.saw(Source.OVERLOAD_STATUS, now)
         else:
             self.controller.on_answer()
         if status == 503:
@@ -96,6 +106,7 @@ class Endpoint:
         # (Answers to work sent before an ejection do not end it.)
         load = parse_load_header(headers.get(LOAD_HEADER))
         if load is not None:
+            self.signals.saw(Source.LOAD_HEADER, now)
             self.controller.on_load(
                 waiting=load.waiting, running=load.running, kv_usage=load.kv_usage
             )
@@ -191,7 +202,13 @@ class Endpoint:
             return
         controller = self.controller
         load = sample.load
+        if load.waiting is not None or load.running is not None or load.kv_usage is not None:
+            self.signals.saw(Source.METRICS_GAUGES, now)
         controller.on_load(waiting=load.waiting, running=load.running, kv_usage=load.kv_usage)
+        if sample.tpot_count is not None:
+            # The histogram is there (even when no token was generated since the last
+            # read): the server measures the step time better than answers can.
+            self.signals.saw(Source.METRICS_STEP_TIME, now)
         last = self._last_metrics
         if last is not None:
             step = _mean_since(sample.tpot_sum, sample.tpot_count, last.tpot_sum, last.tpot_count)

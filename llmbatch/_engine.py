@@ -35,6 +35,7 @@ from llmbatch._exceptions import (
 )
 from llmbatch._request import Flight, Request
 from llmbatch._scheduler import Batch, Scheduler
+from llmbatch._signals import STEP_TIME_SOURCES
 from llmbatch._stats import ServerStats, SharedStats, Stats, StatsRecorder
 
 __all__ = ["Engine"]
@@ -476,6 +477,8 @@ class Engine:
 
     def _server_stats(self, server: Server) -> ServerStats:
         endpoint = server.endpoint
+        now = self._now()
+        best = endpoint.signals.best(now, STEP_TIME_SOURCES)
         control = endpoint.controller.state()
         breaker = endpoint.breaker
         replica = self._scheduler.replicas[server.index]
@@ -492,6 +495,9 @@ class Engine:
             slo_met=control.slo_met,
             slo_missed=control.slo_missed,
             slo_aim=control.slo_aim,
+            slo_unreachable=control.slo_unreachable,
+            signals=endpoint.signals.live(now),
+            step_time_source=None if best is None else best.value,
             breaker=breaker.state.value,
             outages=breaker.opened,
             ejected=endpoint.ejected,

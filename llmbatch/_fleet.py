@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from llmbatch._clock import loop_clock
 from llmbatch._config import SLO, Limits, RetryPolicy
 from llmbatch._dispatcher import Dispatcher
 from llmbatch._endpoint import Endpoint
@@ -171,7 +172,7 @@ class Fleet:
         except (ServerInfoError, RequestError, ValueError, KeyError, TypeError) as exc:
             member.unread = exc
             return
-        endpoint.on_response(status, headers)
+        endpoint.on_response(status, headers, loop_clock()())
         member.models = models
         endpoint.is_vllm = any(m.get("owned_by") == "vllm" for m in models)
 

@@ -203,6 +203,18 @@ class ServerStats(_Snapshot):
     slo_aim: float | None = None
     """With an SLO, the share of it the server's latencies are held to now: it starts
     at 0.9 and follows how many realtime answers miss (about 1% may, as for a p99)."""
+    slo_unreachable: bool = False
+    """With an SLO: bulk is down to one sequence and the server's latencies are still
+    over the target, so the server is too slow for this SLO (loosen it, or add
+    capacity) rather than too busy."""
+    signals: tuple[str, ...] = ()
+    """The sources that reported on this server in the last few seconds, which the
+    client's picture of it comes from: ``load_header`` (vLLM's load report),
+    ``metrics_gauges``, ``metrics_step_time`` (its latency histogram),
+    ``stream_timing``, ``answer_latency``, ``overload_status`` (429/503)."""
+    step_time_source: str | None = None
+    """Which of them ``step_time`` follows now: the best live one of
+    ``metrics_step_time``, ``stream_timing`` and ``answer_latency``."""
     breaker: str
     """``"closed"`` (sending), ``"open"`` (waiting out an outage) or ``"half_open"``."""
     outages: int

@@ -39,6 +39,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from llmbatch._exceptions import ConfigError, ConfigTypeError
+from llmbatch._signals import Source
 
 if TYPE_CHECKING:
     from llmbatch._client import Client
@@ -236,6 +237,16 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
     slo = counter(
         "slo_answers", "Realtime answers within the SLO (met) or not (missed).", (*server, "result")
     )
+    unreachable = gauge(
+        "slo_unreachable",
+        "1 while bulk is at one sequence and the server is still over the SLO.",
+        server,
+    )
+    signal = gauge(
+        "server_signal_live",
+        "1 for each source that reported on the server lately (0 for the others).",
+        (*server, "source"),
+    )
 
     for stats, labels in snapshots:
         own = [labels[n] for n in names]
@@ -273,6 +284,9 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
                 aim.add_metric(at, s.slo_aim)
             slo.add_metric([*at, "met"], s.slo_met)
             slo.add_metric([*at, "missed"], s.slo_missed)
+            unreachable.add_metric(at, 1.0 if s.slo_unreachable else 0.0)
+            for source in Source:  # every source, so a series never just disappears
+                signal.add_metric([*at, source.value], 1.0 if source in s.signals else 0.0)
     families: list[Any] = [
         queued,
         in_flight,
@@ -299,6 +313,8 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
         outages,
         aim,
         slo,
+        unreachable,
+        signal,
     ]
     return families
 

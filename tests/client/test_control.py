@@ -121,6 +121,24 @@ def test_slo_attainment_is_counted() -> None:
     assert (state.slo_met, state.slo_missed) == (1, 2)
 
 
+def test_an_slo_the_server_cannot_meet_even_alone_is_said_not_sat_on() -> None:
+    # Steps of 80 ms against an SLO of 50 ms per token: no amount of bulk is small
+    # enough. The limit falls to its floor and the state says the SLO is out of reach.
+    controller = AdmissionController(ceiling=64, max_reserve=1, slo=SLO(tpot=0.05))
+    for t in range(40):
+        controller.on_load(waiting=0, running=1, kv_usage=0.1)
+        controller.on_step_time(0.08)
+        controller.update(t * 0.5)
+    state = controller.state()
+    assert state.limit == 1
+    assert state.slo_unreachable
+    # The server speeds up (another model, fewer users): reachable again.
+    for t in range(40, 60):
+        controller.on_step_time(0.02)
+        controller.update(t * 0.5)
+    assert not controller.state().slo_unreachable
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     ceiling=st.integers(1, 512),

@@ -87,6 +87,14 @@ async def test_scraped_metrics_match_the_clients_stats(
     assert value(samples, "llmbatch_admission_ceiling", server=sim.base_url) == 256
     assert value(samples, "llmbatch_breaker_state", server=sim.base_url, state="closed") == 1
     assert value(samples, "llmbatch_breaker_state", server=sim.base_url, state="open") == 0
+    assert value(samples, "llmbatch_slo_unreachable", server=sim.base_url) == 0
+    # Which sources the client hears from, each source always present (0 or 1).
+    for source in ("load_header", "metrics_gauges", "metrics_step_time", "stream_timing"):
+        expected = 1.0 if source in stats.servers[0].signals else 0.0
+        assert value(
+            samples, "llmbatch_server_signal_live", server=sim.base_url, source=source
+        ) == (expected)
+    assert value(samples, "llmbatch_server_signal_live", server=sim.base_url, source="load_header")
     # Names follow Prometheus conventions: counters end in _total, units are named.
     assert all(name.startswith("llmbatch_") for name in samples)
 

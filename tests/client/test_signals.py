@@ -1,0 +1,100 @@
+"""Signals: which sources reported on a server lately, and the best live one for the
+step time. Pure, on made-up times; then against real simulators that report all of
+vLLM's signals, its gauges alone, or nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import llmbatch
+from llmbatch._signals import LIVE_FOR, STEP_TIME_SOURCES, Signals, Source
+from llmbatch_server.testing import run_simulator
+
+
+def test_a_source_is_live_for_a_while_after_its_last_sample() -> None:
+    signals = Signals()
+    assert signals.live(0.0) == ()
+    signals.saw(Source.ANSWER_LATENCY, 10.0)
+    signals.saw(Source.LOAD_HEADER, 12.0)
+    assert signals.live(12.0) == ("load_header", "answer_latency")
+    assert signals.live(10.0 + LIVE_FOR + 0.1) == ("load_header",)
+    assert signals.live(12.0 + LIVE_FOR + 0.1) == ()
+
+
+def test_the_best_live_source_feeds_the_step_time_and_a_quiet_one_gives_way() -> None:
+    signals = Signals()
+    signals.saw(Source.ANSWER_LATENCY, 0.0)
+    assert signals.best(0.0, STEP_TIME_SOURCES) is Source.ANSWER_LATENCY
+    signals.saw(Source.STREAM_TIMING, 1.0)
+    assert signals.best(1.0, STEP_TIME_SOURCES) is Source.STREAM_TIMING
+    signals.saw(Source.METRICS_STEP_TIME, 2.0)
+    assert signals.best(2.0, STEP_TIME_SOURCES) is Source.METRICS_STEP_TIME
+    # The histogram stops being reported (a proxy now filters it): answers take over.
+    signals.saw(Source.ANSWER_LATENCY, 2.0 + LIVE_FOR + 1)
+    assert signals.best(2.0 + LIVE_FOR + 1, STEP_TIME_SOURCES) is Source.ANSWER_LATENCY
+    signals.forget()
+    assert signals.best(2.0 + LIVE_FOR + 1, STEP_TIME_SOURCES) is None
+
+
+SERVERS = [
+    pytest.param(
+        (),
+        {"load_header", "metrics_gauges", "metrics_step_time", "answer_latency"},
+        "metrics_step_time",
+        id="vllm-full",
+    ),
+    pytest.param(
+        ("--metrics", "gauges"),
+        {"load_header", "metrics_gauges", "answer_latency"},
+        "answer_latency",
+        id="gauges-only",
+    ),
+    pytest.param(
+        ("--metrics", "none", "--no-load-header"),
+        {"answer_latency"},
+        "answer_latency",
+        id="reports-nothing",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "live", "step_source"), SERVERS)
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_each_kind_of_server_is_seen_through_what_it_reports(
+    args: tuple[str, ...], live: set[str], step_source: str, anyio_backend: Any
+) -> None:
+    # The step time keeps being measured whatever the server reports: on a server
+    # with vLLM's gauges but no histogram it stopped after one sample in 0.2.
+    # Each map keeps the server busy for about a second, so /metrics (read every
+    # 0.5 s while work runs there) is read during it.
+    with run_simulator("--speed", "5", *args) as sim:
+        async with llmbatch.Client(sim.base_url) as client:
+            prompts = [f"p{i}" for i in range(256)]
+            results = await client.map(prompts, max_tokens=16, ignore_eos=True)
+            assert all(r.ok for r in results)
+            busy = client.stats().servers[0]
+            # Then one sequence at a time: each step is several times shorter, and the
+            # estimate must follow (in 0.2 it froze at its first sample on a server
+            # with vLLM's gauges but no histogram).
+            for i in range(12):
+                await client.complete(f"alone {i}", max_tokens=16, ignore_eos=True)
+            quiet = client.stats().servers[0]
+    assert set(quiet.signals) == live
+    assert quiet.step_time_source == step_source
+    assert busy.step_time is not None
+    assert quiet.step_time is not None
+    assert quiet.step_time < 0.6 * busy.step_time, (busy.step_time, quiet.step_time)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_streams_report_their_own_timing(anyio_backend: Any) -> None:
+    with run_simulator("--speed", "50", "--metrics", "none") as sim:
+        async with llmbatch.Client(sim.base_url) as client:
+            async for _ in client.stream("Hello", max_tokens=8, ignore_eos=True):
+                pass
+            server = client.stats().servers[0]
+    assert "stream_timing" in server.signals
+    assert server.step_time_source == "stream_timing"
+    assert server.ttft is not None  # the first token's own time, from the stream
