@@ -41,15 +41,19 @@ BULK_RATIO = 0.95
 REALTIME_RATIO = 1.5
 #: Client CPU per prompt of ``map`` at 64 prompts per request (µs).
 CPU_US = 20.0
-#: ``map`` / the lean probe sending the same batches.
-PROBE_RATIO = 1.5
+#: ``map`` / the lean probe sending the same batches. 2.0, not 1.5 (issue "One model
+#: of each server"): the probe does nothing but send and parse; 2x leaves llmbatch
+#: its per-request work (futures, results, stats) at the probe's own cost again.
+PROBE_RATIO = 2.0
 #: ``AsyncOpenAI`` / ``map``, CPU per prompt.
 CPU_RATIO = 10.0
 #: A gather of ``complete()`` calls / ``map`` over the same prompts, CPU per prompt.
 BURST_CPU_RATIO = 3.0
 BURST_RSS_MB = 300.0
-#: Latency one ``complete()`` adds over a raw aiohttp request (µs, p50 and p99).
-SINGLE_ADDED_US = 150.0
+#: Latency one ``complete()`` adds over a raw aiohttp request (µs), at p50 and at p99.
+#: The p99 allows 400: a difference of two tails on a shared 2-core machine carries
+#: the server's jitter and the scheduler's wake-ups, not only the client's work.
+SINGLE_ADDED_US = {"p50": 150.0, "p99": 400.0}
 #: ``map`` over chat conversations / ``map`` over the same prompts, CPU per prompt.
 CHAT_RATIO = 1.5
 #: The same program with ``openai.AsyncOpenAI`` / with ``llmbatch.openai.AsyncOpenAI``:
@@ -296,7 +300,7 @@ def _single(summaries: Sequence[Summary]) -> list[Target]:
                 f"one realtime complete() at a time: {q} latency added over raw aiohttp",
                 (ours_s - theirs_s) * 1e6,
                 "<",
-                SINGLE_ADDED_US,
+                SINGLE_ADDED_US[q],
                 "µs",
                 detail,
             )

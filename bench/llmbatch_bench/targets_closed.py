@@ -34,7 +34,11 @@ __all__ = [
     "tpot_p99",
 ]
 
-SLO_BULK_RATIO = 0.85
+#: Bulk kept under the SLO, as a share of the step model's bound. 0.70 (issue "One
+#: model of each server"): the bound assumes every step exactly at the SLO, while a
+#: p99 target must leave headroom for steps that run prefills; and the same share is
+#: asked of servers that report less than vLLM (gauges only, or nothing).
+SLO_BULK_RATIO = 0.70
 SATURATE_RATIO = 0.97
 #: Requests a second the server may see while the breaker holds requests: one
 #: ``/health`` probe a second, give or take the trial batch when one succeeds.
