@@ -63,6 +63,7 @@ class LlmbatchContender:
         max_in_flight: int | None = None,
         priority_scheduling: bool | None = False,
         slo_tpot: float | None = None,
+        slo_ttft: float | None = None,
         transport: Any = None,
     ) -> None:
         import llmbatch
@@ -79,7 +80,11 @@ class LlmbatchContender:
             api_key=api_key,
             limits=limits,
             priority_scheduling=priority_scheduling,
-            slo=llmbatch.SLO(tpot=slo_tpot) if slo_tpot is not None else None,
+            slo=(
+                llmbatch.SLO(tpot=slo_tpot, ttft=slo_ttft)
+                if slo_tpot is not None or slo_ttft is not None
+                else None
+            ),
             transport=transport,
             # A mixed run ends by abandoning its bulk work; don't drain it.
             on_close="cancel",
@@ -159,6 +164,7 @@ def make_contender(
     max_in_flight: int | None = None,
     priority_scheduling: bool | None = False,
     slo_tpot: float | None = None,
+    slo_ttft: float | None = None,
 ) -> Contender:
     """Build contender ``name`` (``llmbatch``, ``httpx``, ``aiohttp`` or ``openai``)."""
     if name == "llmbatch":
@@ -171,6 +177,7 @@ def make_contender(
             max_in_flight=max_in_flight,
             priority_scheduling=priority_scheduling,
             slo_tpot=slo_tpot,
+            slo_ttft=slo_ttft,
         )
     try:
         baseline = BASELINES[name]

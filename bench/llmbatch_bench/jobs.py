@@ -105,6 +105,8 @@ class Job:
     priority_scheduling: bool | None = False
     #: llmbatch ``SLO(tpot=...)`` in seconds (None: no SLO).
     slo_tpot: float | None = None
+    #: llmbatch ``SLO(ttft=...)`` in seconds, beside ``slo_tpot`` (None: none).
+    slo_ttft: float | None = None
     #: Record the controller's time series (:mod:`.trace`) while the job runs.
     trace: bool = False
     #: Prompts per request for ``probe``; ``BatchPolicy.max_batch_size`` for ``llmbatch``.

@@ -56,6 +56,7 @@ async def run_job(job: Job, contender: Contender | None = None) -> RunMetrics:
             max_in_flight=job.max_in_flight,
             priority_scheduling=job.priority_scheduling,
             slo_tpot=job.slo_tpot,
+            slo_ttft=job.slo_ttft,
         )
     runner = {"bulk": _bulk, "mixed": _mixed, "idle": _idle}[job.kind]
     return await runner(job, contender)

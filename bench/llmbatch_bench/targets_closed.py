@@ -95,7 +95,35 @@ def lost(run: Run) -> int:
 
 def evaluate_closed(runs: Sequence[Run]) -> list[Target]:
     """Every closed-loop target (``met=None`` for a scenario that did not run)."""
-    return [*_slo(runs), _saturate(runs), *_outages(runs)]
+    return [*_slo(runs), *_slo_both(runs), _saturate(runs), *_outages(runs)]
+
+
+def _slo_both(runs: Sequence[Run]) -> list[Target]:
+    """With ``SLO(ttft, tpot)``: streamed realtime keeps both p99s within it."""
+    run = _find(runs, "slo", closedplan.SLO_BOTH)
+    extra = run["extra"] if run else {}
+    out = []
+    for name, key, what in (
+        ("ttft", "slo_ttft_s", "time to first token"),
+        ("tpot", "slo_tpot_s", "time per output token"),
+    ):
+        slo = extra.get(key)
+        measured = run.get(name, {}).get("realtime") if run else None
+        p99 = float(measured["p99"]) if measured and measured.get("p99") is not None else math.nan
+        out.append(
+            _t(
+                f"slo_both_{name}_p99",
+                f"with SLO(ttft, tpot), streamed realtime p99 {what} under saturating bulk",
+                p99 * 1e3 if math.isfinite(p99) else None,
+                "<=",
+                slo * 1e3 if slo else math.nan,
+                "ms",
+                f"p99 {p99 * 1e3:.2f} ms vs SLO {slo * 1e3:.2f} ms"
+                if slo and math.isfinite(p99)
+                else "needs the slo scenario (with a measured idle TTFT)",
+            )
+        )
+    return out
 
 
 def _t(

@@ -213,6 +213,14 @@ def slo_runs(p99: float = 0.0065, tokens: float = 5800.0) -> list[dict[str, Any]
         ),
         run(
             "slo",
+            closedplan.SLO_BOTH,
+            tpot={"realtime": pct(0.005, p99)},
+            ttft={"realtime": pct(0.01, 0.015)},
+            output_tokens_per_s=tokens,
+            extra={**context, "slo_ttft_s": 0.0168},
+        ),
+        run(
+            "slo",
             closedplan.SLO_OFF,
             tpot={"realtime": pct(0.029, 0.031)},
             output_tokens_per_s=8000.0,
@@ -271,7 +279,19 @@ def test_closed_loop_targets_met() -> None:
     assert t["outage_503_rate"].value == 1.0
     assert "9 before the breaker opened 1.2 s in" in t["outage_503_rate"].detail
     assert t["outage_restart_resume"].value == pytest.approx(0.41)
+    assert t["slo_both_ttft_p99"].value == pytest.approx(15.0)
+    assert t["slo_both_ttft_p99"].threshold == pytest.approx(16.8)
+    assert t["slo_both_tpot_p99"].value == pytest.approx(6.5)
     assert {k: v.met for k, v in t.items() if v.met is not True} == {}
+
+
+def test_a_streamed_ttft_over_its_slo_is_a_miss_and_no_run_is_not_measured() -> None:
+    runs = slo_runs()
+    both = next(r for r in runs if r["label"] == closedplan.SLO_BOTH)
+    both["ttft"] = {"realtime": pct(0.012, 0.02)}
+    assert targets(runs)["slo_both_ttft_p99"].met is False
+    alone = [r for r in runs if r["label"] != closedplan.SLO_BOTH]
+    assert targets(alone)["slo_both_ttft_p99"].met is None
 
 
 def test_closed_loop_targets_missed_say_by_how_much() -> None:
