@@ -273,9 +273,19 @@ class Engine:
             if server.index in blocked:
                 controller.on_blocked()
             controller.on_realtime_in_flight(now, replica.in_flight - replica.bulk_in_flight)
+            unreachable = controller.slo_unreachable
             if controller.update(now):
                 grew = grew or controller.limit > replica.bulk_cap
                 scheduler.set_bulk_limit(controller.limit, server.index)
+            if controller.slo_unreachable and not unreachable:
+                # Once per episode: the limit alone, sitting at 1, would not say why.
+                logger.warning(
+                    "%s is over the SLO (%s) with bulk down to one sequence: the server "
+                    "is too slow for it (step %s); loosen the SLO or add capacity",
+                    server.endpoint.base_url,
+                    controller.slo,
+                    "unknown" if controller.step_time is None else f"{controller.step_time:.4f}s",
+                )
         if len(live) > 2:
             self._eject_slow(now, live)
         return grew

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
 import llmbatch
@@ -98,3 +99,20 @@ async def test_streams_report_their_own_timing(anyio_backend: Any) -> None:
     assert "stream_timing" in server.signals
     assert server.step_time_source == "stream_timing"
     assert server.ttft is not None  # the first token's own time, from the stream
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_an_slo_the_server_cannot_meet_is_said(
+    anyio_backend: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Steps of several ms against 0.5 ms per token: bulk falls to one sequence and
+    # stats() (and one warning) say the SLO is out of reach, not just "limit 1".
+    with run_simulator("--speed", "5", "--metrics", "gauges") as sim:
+        async with llmbatch.Client(sim.base_url, slo=llmbatch.SLO(tpot=0.0005)) as client:
+            with anyio.move_on_after(5):
+                await client.map([f"p{i}" for i in range(400)], max_tokens=32, ignore_eos=True)
+            server = client.stats().servers[0]
+    assert server.bulk_limit == 1
+    assert server.slo_unreachable
+    warnings = [r for r in caplog.records if "too slow for it" in r.getMessage()]
+    assert len(warnings) == 1
