@@ -115,9 +115,11 @@ class Client:
     ``"httpx"`` (default on trio), or any :class:`llmbatch.transports.Transport`.
     ``slo=SLO(ttft=..., tpot=...)`` is the latency realtime must keep: the client
     limits lower-tier work in flight to hold it (docs/concepts.md). Each tier is sent
-    as vLLM's ``priority`` field (0, 1, 2) when the server is vLLM
-    (``priority_scheduling=None``, the default; vLLM honours it under
-    ``--scheduling-policy priority``); ``False`` never sends it, ``True`` always.
+    as the ``priority`` field in the server's own convention where it is known
+    (``priority_scheduling=None``, the default): vLLM's (0, 1, 2, lower first;
+    honoured under ``--scheduling-policy priority``), SGLang's when its priority
+    scheduling is on (higher first); other servers get none. ``False`` never sends
+    it, ``True`` always (in vLLM's convention where the server's is not known).
     On exit, ``on_close="drain"`` (default) finishes queued and in-flight work for up
     to ``drain_timeout`` seconds, then cancels the rest; ``"cancel"`` cancels at once.
     Cancelled requests fail with :class:`RequestCancelled`; no caller waits forever.

@@ -48,6 +48,7 @@ from llmbatch._logs import BISECTION, Bisection, Throttle, logger
 from llmbatch._models import ChatCompletion, Completion, Delivery, Embedding, make_answer
 from llmbatch._request import Flight, Request
 from llmbatch._serverinfo import read_models
+from llmbatch._serverkind import PriorityField
 from llmbatch._signals import STEP_TIME_SOURCES, Source
 from llmbatch._stats import StatsRecorder
 from llmbatch._tracing import Tracer
@@ -84,6 +85,8 @@ _INPUT_TOKENS = re.compile(r"(\d+) in the messages|has (\d+) input tokens")
 _PRIORITY_REFUSED = re.compile(r"priority scheduling is not enabled", re.IGNORECASE)
 #: A generation shorter than this says little about the server's step time.
 _MIN_TOKENS_FOR_STEP_SAMPLE = 4
+#: vLLM's convention, used when ``priority_scheduling=True`` meets an unknown server.
+VLLM_PRIORITY = PriorityField(lower_first=True)
 #: How long a 404's answer may wait for the model list that explains it.
 MODELS_REREAD_TIMEOUT = 5.0
 #: A list read this recently explains later 404s too (a map naming a wrong model
@@ -408,11 +411,18 @@ class Dispatcher:
     # -- HTTP and retries ------------------------------------------------------------
 
     def _rank(self, requests: Sequence[Request]) -> int | None:
-        """vLLM's ``priority`` for the batch's tier (lower runs first), when sent."""
+        """The ``priority`` field for the batch's tier, in the server's own convention
+        (None: not sent). ``priority_scheduling=True`` sends it in vLLM's (an int,
+        lower first) to a server whose convention is not known."""
         send = self._priority_scheduling
-        if send is None:
-            send = self.endpoint.is_vllm
-        return requests[0].priority.rank if send else None
+        if send is False:
+            return None
+        field = self.endpoint.priority_field
+        if field is None:
+            if not send:
+                return None
+            field = VLLM_PRIORITY
+        return field.value(requests[0].priority.rank)
 
     async def _open(self, path: str, requests: Sequence[Request], body: bytes) -> HTTPResponse:
         self._stats.batch_sent(len(requests))

@@ -10,8 +10,11 @@ pure.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+
+import anyio
 
 from llmbatch._breaker import Breaker, BreakerState
 from llmbatch._config import SLO, Limits, RetryPolicy
@@ -24,6 +27,12 @@ from llmbatch._load import (
     parse_load_header,
     parse_metrics,
 )
+from llmbatch._serverkind import (
+    PriorityField,
+    ServerKind,
+    kind_from_models,
+    priority_field,
+)
 from llmbatch._signals import Signals, Source
 from llmbatch._transports.base import HTTPRequest, Transport
 
@@ -33,6 +42,8 @@ logger = logging.getLogger("llmbatch")
 
 #: Seconds between two reads of /metrics while the client has work on the server.
 METRICS_INTERVAL = 0.5
+#: How long opening waits for each probe of what the server is.
+DETECT_TIMEOUT = 2.0
 
 
 class Endpoint:
@@ -58,8 +69,10 @@ class Endpoint:
             ceiling=limits.max_in_flight, max_reserve=limits.reserved_realtime, slo=slo
         )
         self.breaker = Breaker(outage_tolerance=retry.outage_tolerance)
-        self.is_vllm = False
-        """The server said it is vLLM (``owned_by: vllm`` in /v1/models)."""
+        self.kind = ServerKind.GENERIC
+        """What the server said it is (``detect``)."""
+        self.priority_field: PriorityField | None = None
+        """How it takes the ``priority`` field (None: it is not sent)."""
         self.has_metrics: bool | None = None
         """Whether /metrics parses as vLLM's, so is worth reading (None: not read yet).
         Which of its series are there is ``signals``' business."""
@@ -151,6 +164,33 @@ class Endpoint:
         self.breaker.open_without_failure(now, reason)
 
     # -- probes ----------------------------------------------------------------------
+
+    async def detect(self, models: Sequence[Mapping[str, object]]) -> None:
+        """Learn what the server is from its model list, and (SGLang) how it orders
+        priorities from its own server info (``_serverkind`` has the rules and their
+        sources)."""
+        kind = kind_from_models(models) or ServerKind.GENERIC
+        server_info: object = None
+        if kind is ServerKind.SGLANG:  # whether priority scheduling is on, which way
+            server_info = await self._get_json("/get_server_info")
+        self.kind = kind
+        self.priority_field = priority_field(kind, server_info)
+
+    async def _get_json(self, path: str) -> object:
+        """``GET {origin}{path}`` as JSON; None when it fails in any way (a probe of
+        what the server is must never stop the client from opening)."""
+        try:
+            with anyio.fail_after(DETECT_TIMEOUT):
+                response = await self.transport.send(
+                    HTTPRequest("GET", self._origin() + path, self.probe_headers)
+                )
+                try:
+                    body = await response.read()
+                finally:
+                    await response.aclose()
+            return json.loads(body) if response.status == 200 else None
+        except Exception:
+            return None
 
     def _origin(self) -> str:
         # vLLM serves /health and /metrics at the root, not under /v1.

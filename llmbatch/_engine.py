@@ -494,6 +494,7 @@ class Engine:
         replica = self._scheduler.replicas[server.index]
         return ServerStats(
             base_url=endpoint.base_url,
+            kind=endpoint.kind.value,
             in_flight=replica.in_flight,
             bulk_limit=replica.bulk_cap,
             ceiling=control.ceiling,

@@ -174,7 +174,7 @@ class Fleet:
             return
         endpoint.on_response(status, headers, loop_clock()())
         member.models = models
-        endpoint.is_vllm = any(m.get("owned_by") == "vllm" for m in models)
+        await endpoint.detect(models)
 
     def _dispatcher(self, endpoint: Endpoint) -> Dispatcher:
         assert self._parts is not None

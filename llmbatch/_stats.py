@@ -180,6 +180,9 @@ class ServerStats(_Snapshot):
     """What the client knows and decides about one server (closed-loop admission)."""
 
     base_url: str
+    kind: str = "openai-compatible"
+    """What the server said it is: ``vllm``, ``sglang``, ``llama.cpp`` or
+    ``openai-compatible`` (any other)."""
     in_flight: int = 0
     """Sequences the client has in flight there now (every tier)."""
     bulk_limit: int

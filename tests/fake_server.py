@@ -50,7 +50,8 @@ class FakeServer:
             return MockResponse(status=200)
         body = json.loads(request.body or b"{}")
         path = request.url.split("/v1", 1)[-1].split("?", 1)[0]
-        self.paths.append(path)
+        if request.method == "POST":
+            self.paths.append(path)
         routes = ["/completions", "/chat/completions"]
         if self.chat_batch:
             routes.append("/chat/completions/batch")

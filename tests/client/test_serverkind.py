@@ -1,0 +1,125 @@
+"""What kind of server answers, and how it takes a request's priority: the rules on
+answers recorded from each server's documented shapes, then what a client sends to
+each (counted at fake servers)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fake_server import FakeServer
+
+import llmbatch
+from llmbatch._serverkind import PriorityField, ServerKind, kind_from_models, priority_field
+from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
+
+pytestmark = pytest.mark.anyio
+
+# /v1/models entries as each server answers them (ids shortened).
+VLLM_MODELS = [{"id": "m", "object": "model", "owned_by": "vllm", "max_model_len": 4096}]
+SGLANG_MODELS = [{"id": "m", "object": "model", "owned_by": "sglang", "root": "m"}]
+LLAMA_CPP_MODELS = [{"id": "m.gguf", "object": "model", "owned_by": "llamacpp", "meta": {}}]
+OTHER_MODELS = [{"id": "m", "object": "model", "owned_by": "organization-owner"}]
+# SGLang's GET /get_server_info: its server arguments (a few of many).
+SGLANG_PRIORITY_ON = {
+    "enable_priority_scheduling": True,
+    "schedule_low_priority_values_first": False,
+}
+SGLANG_PRIORITY_OFF = {"enable_priority_scheduling": False}
+
+
+def test_the_model_list_says_what_the_server_is() -> None:
+    assert kind_from_models(VLLM_MODELS) is ServerKind.VLLM
+    assert kind_from_models(SGLANG_MODELS) is ServerKind.SGLANG
+    assert kind_from_models(LLAMA_CPP_MODELS) is ServerKind.LLAMA_CPP
+    assert kind_from_models(OTHER_MODELS) is None
+    assert kind_from_models([{"id": "m"}]) is None
+
+
+def test_each_kind_takes_priority_its_own_way_or_not_at_all() -> None:
+    vllm = priority_field(ServerKind.VLLM)
+    assert vllm == PriorityField(lower_first=True)
+    assert [vllm.value(rank) for rank in (0, 1, 2)] == [0, 1, 2]  # realtime lowest
+    sglang = priority_field(ServerKind.SGLANG, SGLANG_PRIORITY_ON)
+    assert sglang is not None
+    assert [sglang.value(rank) for rank in (0, 1, 2)] == [2, 1, 0]  # realtime highest
+    low_first = {**SGLANG_PRIORITY_ON, "schedule_low_priority_values_first": True}
+    assert priority_field(ServerKind.SGLANG, low_first) == PriorityField(lower_first=True)
+    # Off, or not known: nothing is sent (a field read the wrong way round would put
+    # bulk ahead of realtime).
+    assert priority_field(ServerKind.SGLANG, SGLANG_PRIORITY_OFF) is None
+    assert priority_field(ServerKind.SGLANG, None) is None
+    assert priority_field(ServerKind.LLAMA_CPP) is None
+    assert priority_field(ServerKind.GENERIC) is None
+
+
+class KindOfServer(FakeServer):
+    """A fake server that lists its models as ``models`` say and answers SGLang's
+    server info; records the priority each completion request carried."""
+
+    def __init__(self, models: list[dict[str, Any]], server_info: object = None) -> None:
+        super().__init__()
+        self.listed = models
+        self.server_info = server_info
+        self.priorities: list[object] = []
+        self.gets: list[str] = []
+
+    def __call__(self, request: HTTPRequest) -> MockResponse:
+        if request.method == "GET":
+            self.gets.append(request.url.rsplit("/", 1)[-1])
+        if request.url.endswith("/models"):
+            return MockResponse(json={"object": "list", "data": self.listed})
+        if request.url.endswith("/get_server_info"):
+            if self.server_info is None:
+                return MockResponse(status=404, json={"detail": "Not Found"})
+            return MockResponse(json=self.server_info)
+        if request.method == "POST":
+            self.priorities.append(json.loads(request.body or b"{}").get("priority", "absent"))
+        return super().__call__(request)
+
+
+SERVERS = [
+    pytest.param(VLLM_MODELS, None, "vllm", [0, 2], ["models"], id="vllm"),
+    pytest.param(
+        SGLANG_MODELS,
+        SGLANG_PRIORITY_ON,
+        "sglang",
+        [2, 0],
+        ["models", "get_server_info"],
+        id="sglang-priority-on",
+    ),
+    pytest.param(
+        SGLANG_MODELS,
+        SGLANG_PRIORITY_OFF,
+        "sglang",
+        ["absent"] * 2,
+        ["models", "get_server_info"],
+        id="sglang-priority-off",
+    ),
+    pytest.param(LLAMA_CPP_MODELS, None, "llama.cpp", ["absent"] * 2, ["models"], id="llama.cpp"),
+    pytest.param(OTHER_MODELS, None, "openai-compatible", ["absent"] * 2, ["models"], id="other"),
+]
+
+
+@pytest.mark.parametrize(("models", "info", "kind", "sent", "asked"), SERVERS)
+async def test_each_server_is_sent_the_priority_it_understands(
+    models: list[dict[str, Any]], info: object, kind: str, sent: list[object], asked: list[str]
+) -> None:
+    server = KindOfServer(models, info)
+    async with llmbatch.Client("http://127.0.0.1:1/v1", transport=MockTransport(server)) as c:
+        await c.complete("urgent", priority="realtime")
+        await c.complete("bulk", priority="batch")
+        assert c.stats().servers[0].kind == kind
+    assert server.priorities == sent
+    assert server.gets[: len(asked)] == asked  # only SGLang is asked anything more
+
+
+async def test_priority_scheduling_true_sends_vllms_convention_to_an_unknown_server() -> None:
+    server = KindOfServer(OTHER_MODELS)
+    transport = MockTransport(server)
+    async with llmbatch.Client(
+        "http://127.0.0.1:1/v1", transport=transport, priority_scheduling=True
+    ) as c:
+        await c.complete("urgent", priority="realtime")
+    assert server.priorities == [0]
