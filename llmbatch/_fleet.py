@@ -213,11 +213,11 @@ class Fleet:
         member.endpoint.hold_out(now, f"not answering: {member.unread}")
 
     async def _learn(self, server: Server) -> None:
-        """A replica that was down is up again: read which models it serves (once it
-        has said, this is not asked again)."""
+        """A replica that was down is up again: read afresh which models it serves and
+        what it is (a restart may bring another build, other adapters, another
+        scheduling policy), and hear its signals anew."""
         member = next(m for m in self._members if m.server is server)
-        if member.models is not None:
-            return
+        member.endpoint.signals.forget()
         await self._read(member)
         if member.models is not None and self._engine is not None:
             self._engine.set_models(server, _names(member.models))

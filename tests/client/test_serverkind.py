@@ -123,3 +123,46 @@ async def test_priority_scheduling_true_sends_vllms_convention_to_an_unknown_ser
     ) as c:
         await c.complete("urgent", priority="realtime")
     assert server.priorities == [0]
+
+
+def virtual_trio() -> Any:
+    import trio.testing
+
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    return pytest.param(("trio", {"clock": clock}), id="trio-virtual-time")
+
+
+@pytest.mark.parametrize("anyio_backend", [virtual_trio()])
+async def test_a_server_back_from_an_outage_is_asked_again_what_it_is() -> None:
+    # SGLang restarted with priority scheduling switched on: after the outage the
+    # client reads its server info again and sends the field from then on.
+    import trio
+
+    server = KindOfServer(SGLANG_MODELS, SGLANG_PRIORITY_OFF)
+    down = False
+
+    def answer(request: HTTPRequest) -> MockResponse:
+        if down:
+            return MockResponse(status=503, json={"error": {"message": "restarting"}})
+        return server(request)
+
+    retry = llmbatch.RetryPolicy(attempts=10, initial_backoff=0.01, outage_tolerance=60)
+    async with llmbatch.Client(
+        "http://127.0.0.1:1/v1", transport=MockTransport(answer), retry=retry
+    ) as c:
+        await c.complete("before", priority="realtime")
+        down = True
+        server.server_info = SGLANG_PRIORITY_ON
+
+        async def come_back() -> None:
+            nonlocal down
+            await trio.sleep(5)
+            down = False
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(come_back)
+            await c.complete("during", priority="realtime")  # waits out the outage
+        await c.complete("after", priority="realtime")
+        assert c.stats().servers[0].outages == 1
+    assert server.priorities == ["absent", 2, 2]
+    assert server.gets.count("get_server_info") == 2
