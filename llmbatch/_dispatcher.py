@@ -625,15 +625,15 @@ class Dispatcher:
         if self._correct_tokens is not None and usage[2]:
             self._correct_tokens(sum(r.est_tokens for r in requests), usage[2])
         prompt_parts, completion_parts = split_usage(usage, requests, answers.choices)
-        settle = self._stats.settle_value
-        for request, choices, prompt, completion in zip(
-            requests, answers.choices, prompt_parts, completion_parts, strict=True
-        ):
-            created = request.created_at
-            value = make_answer(
-                kind, delivery, created, prompt, completion, request.attempts, choices
+        values = [
+            make_answer(
+                kind, delivery, request.created_at, prompt, completion, request.attempts, choices
             )
-            settle(request, value, now - created, prompt, completion)
+            for request, choices, prompt, completion in zip(
+                requests, answers.choices, prompt_parts, completion_parts, strict=True
+            )
+        ]
+        self._stats.settle_batch(requests, values, now, prompt_parts, completion_parts)
         self._observe(first.priority, now - sent_at, max(completion_parts), now, first_token_at)
 
     def _observe(

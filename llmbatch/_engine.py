@@ -151,10 +151,24 @@ class Engine:
         self._scheduler.set_models(server.index, models)
         self._wake()
 
-    def _all_over_tolerance(self, now: float) -> bool:
-        """Every replica has been unavailable for longer than the outage tolerance."""
-        live = self.live_servers()
-        return bool(live) and all(s.endpoint.breaker.outage_over_tolerance(now) for s in live)
+    def _all_over_tolerance(self) -> bool:
+        """Every replica has been unavailable for longer than the outage tolerance.
+        Asked on every submit: the usual answer (a breaker is closed) costs neither a
+        clock read nor a list."""
+        now: float | None = None
+        any_live = False
+        for server in self.servers:
+            if server.removed:
+                continue
+            breaker = server.endpoint.breaker
+            if breaker.state is BreakerState.CLOSED:
+                return False
+            if now is None:
+                now = self._now()
+            if not breaker.outage_over_tolerance(now):
+                return False
+            any_live = True
+        return any_live
 
     # -- callers ---------------------------------------------------------------------
 
@@ -170,7 +184,7 @@ class Engine:
                 ),
             )
             return
-        if self._all_over_tolerance(self._now()):
+        if self._all_over_tolerance():
             # Past the outage tolerance new requests fail at once until a probe
             # finds the server back.
             self._stats.settle_error(request, self._outage_error(request))
@@ -230,7 +244,7 @@ class Engine:
                 if breaker.probe_due(now) and not server.probing:
                     server.probing = True
                     tg.start_soon(self._probe, server)
-            if scheduler.has_queued and self._all_over_tolerance(now):
+            if scheduler.has_queued and self._all_over_tolerance():
                 self._give_up()
             if not self._isolating and any(s.endpoint.length_risk for s in live):
                 self._isolating = True

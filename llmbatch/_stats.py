@@ -343,13 +343,13 @@ class _Rates:
         self._done = [0] * self.SLOTS
         self._tokens = [0] * self.SLOTS
 
-    def add(self, now: float, tokens: int) -> None:
+    def add(self, now: float, tokens: int, answers: int = 1) -> None:
         second = int(now)
         slot = second & (self.SLOTS - 1)
         if self._second[slot] != second:
             self._second[slot] = second
             self._done[slot] = self._tokens[slot] = 0
-        self._done[slot] += 1
+        self._done[slot] += answers
         self._tokens[slot] += tokens
 
     def per_second(self, now: float, started_at: float) -> tuple[float, float, float]:
@@ -438,6 +438,43 @@ class StatsRecorder:
         if self.tracer is not None:
             self.tracer.request_settled(request)
         return True
+
+    def settle_batch(
+        self,
+        requests: Sequence[Request],
+        values: Sequence[object],
+        now: float,
+        prompts: Sequence[int],
+        completions: Sequence[int],
+    ) -> None:
+        """Give each request of one answered batch its value, as :meth:`settle_value`
+        would one by one. What the batch shares (its tier, the time it was answered)
+        is counted once: a bulk batch of 64 pays for one counter update, not 64."""
+        tier = self._tiers[requests[0].priority]
+        latencies = tier.latency
+        observe = tier.latency_buckets.observe
+        tracer = self.tracer
+        settled = retried = prompt_total = completion_total = 0
+        for request, value, prompt, completion in zip(
+            requests, values, prompts, completions, strict=True
+        ):
+            if not request.set_value(value):
+                continue  # settled already (cancelled, past its deadline)
+            latency = now - request.created_at
+            latencies.append(latency)
+            observe(latency)
+            settled += 1
+            retried += request.retried
+            prompt_total += prompt
+            completion_total += completion
+            if tracer is not None:
+                tracer.request_settled(request)
+        if settled:
+            tier.done += settled
+            tier.retried += retried
+            self.prompt_tokens += prompt_total
+            self.completion_tokens += completion_total
+            self._rates.add(now, completion_total, settled)
 
     def settle_error(self, request: Request, error: LLMBatchError) -> bool:
         """Give ``request`` its error and count it as failed or cancelled; False if it
