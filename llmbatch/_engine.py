@@ -439,13 +439,13 @@ class Engine:
                 )
         finally:
             scheduler = self._scheduler
-            for request in batch.requests:
-                if request.flight is not flight:
-                    continue  # requeued (the server was down): it is not this batch's
+            # Requeued requests (the server was down) are no longer this batch's.
+            own = [request for request in batch.requests if request.flight is flight]
+            scheduler.finish_batch(own, batch.priority, batch.replica)
+            for request in own:
                 # Request -> flight -> requests is a cycle: break it so that answered
                 # requests are freed at once, not by the garbage collector.
                 request.flight = None
-                scheduler.finish(request)
                 if not request.done:
                     # Reached only if the dispatcher was cancelled mid-flight (client
                     # closed with on_close="cancel" or drain timeout): nobody may wait

@@ -50,7 +50,7 @@ import heapq
 import math
 import random
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llmbatch._buckets import LeasedBucket, TokenBucket
@@ -463,6 +463,27 @@ class Scheduler:
         if request.priority is not Priority.REALTIME:
             replica.bulk_in_flight -= 1
             replica.bulk_in_flight_tokens -= request.est_tokens
+
+    def finish_batch(self, requests: Sequence[Request], priority: Priority, replica: int) -> None:
+        """Return the in-flight capacity of a dispatched batch's requests, which share
+        ``priority`` and ``replica``: the ledger moves once per batch, not per request."""
+        count = tokens = 0
+        for request in requests:
+            if request.state == _IN_FLIGHT:
+                request.state = _FINISHED
+                count += 1
+                tokens += request.est_tokens
+        if not count:
+            return
+        self.in_flight -= count
+        self.in_flight_tokens -= tokens
+        self.in_flight_by_tier[priority] -= count
+        ledger = self.replicas[replica]
+        ledger.in_flight -= count
+        ledger.in_flight_tokens -= tokens
+        if priority is not Priority.REALTIME:
+            ledger.bulk_in_flight -= count
+            ledger.bulk_in_flight_tokens -= tokens
 
     @property
     def bulk_limit(self) -> int:

@@ -359,3 +359,31 @@ def test_add_asks_for_a_poll_only_when_something_new_is_due() -> None:
     assert s.add(make())  # the batch is full
     s.poll(0.0)
     assert s.add(make(timeout=0.5))  # a deadline before the planned wake-up
+
+
+def test_finishing_a_batch_at_once_returns_what_finishing_each_request_does() -> None:
+    def ledger(s: Scheduler) -> tuple[object, ...]:
+        r = s.replicas[0]
+        return (
+            s.in_flight,
+            s.in_flight_tokens,
+            dict(s.in_flight_by_tier),
+            r.in_flight,
+            r.in_flight_tokens,
+            r.bulk_in_flight,
+            r.bulk_in_flight_tokens,
+        )
+
+    one_by_one, at_once = scheduler(max_in_flight=64), scheduler(max_in_flight=64)
+    for s in (one_by_one, at_once):
+        for priority in (BULK, BULK, BULK, RT, RT):
+            s.add(make(priority))
+    batches = [one_by_one.poll(5.0).batches, at_once.poll(5.0).batches]
+    assert ledger(one_by_one) == ledger(at_once) != ledger(scheduler())
+    for batch in batches[0]:
+        for request in batch.requests:
+            one_by_one.finish(request)
+    for batch in batches[1]:
+        at_once.finish_batch(batch.requests, batch.priority, batch.replica)
+        at_once.finish_batch(batch.requests, batch.priority, batch.replica)  # once only
+    assert ledger(one_by_one) == ledger(at_once) == ledger(scheduler())
