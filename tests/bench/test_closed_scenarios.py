@@ -46,6 +46,7 @@ def test_slo_and_saturate_run_side_by_side_through_the_harness() -> None:
     assert set(runs) == {
         ("slo", closedplan.IDLE),
         ("slo", closedplan.SLO_ON),
+        ("slo", closedplan.SLO_BOTH),
         ("slo", closedplan.SLO_OFF),
         ("saturate", closedplan.probe_label(256)),
         ("saturate", closedplan.SATURATE),
@@ -56,10 +57,21 @@ def test_slo_and_saturate_run_side_by_side_through_the_harness() -> None:
     assert slo["extra"]["bound"]["sequences"] > 0
     assert slo["tpot"]["realtime"]["n"] == slo["extra"]["realtime_ok"] > 0
     assert slo["extra"]["controller"]["samples"] > 0
+    # The streamed run with a TTFT target: 3x the idle realtime TTFT p50, both p99s judged.
+    both = runs[("slo", closedplan.SLO_BOTH)]
+    idle_ttft = runs[("slo", closedplan.IDLE)]["ttft"]["realtime"]["p50"]
+    assert both["extra"]["slo_ttft_s"] == pytest.approx(3 * idle_ttft)
+    assert both["ttft"]["realtime"]["n"] > 0
     assert runs[("saturate", closedplan.SATURATE)]["ok"] == 200
     verdicts = {t["id"]: t for t in report["targets"]}
     # Measured (met or not: a run this short only shows the wiring).
-    for target in ("slo_realtime_tpot_p99", "slo_bulk_vs_bound", "saturate_vs_probe"):
+    for target in (
+        "slo_realtime_tpot_p99",
+        "slo_bulk_vs_bound",
+        "slo_both_ttft_p99",
+        "slo_both_tpot_p99",
+        "saturate_vs_probe",
+    ):
         assert verdicts[target]["met"] is not None, verdicts[target]
     assert report["closed_loop_server"]["simulator_args"] == list(SIM)
 
