@@ -18,7 +18,7 @@ import anyio
 
 from llmbatch._breaker import Breaker, BreakerState
 from llmbatch._config import SLO, Limits, RetryPolicy
-from llmbatch._control import AdmissionController, ControllerState
+from llmbatch._control import AdmissionController
 from llmbatch._exceptions import RequestError
 from llmbatch._load import (
     LOAD_FORMAT_HEADER,
@@ -255,11 +255,6 @@ class Endpoint:
             if step is not None:
                 controller.on_step_time(step)
         self._last_metrics = sample
-
-    # -- stats -----------------------------------------------------------------------
-
-    def state(self) -> tuple[ControllerState, BreakerState, int]:
-        return self.controller.state(), self.breaker.state, self.breaker.opened
 
 
 def _mean_since(

@@ -267,12 +267,6 @@ class Fleet:
         assert member.server is not None
         engine.remove_server(member.server)
 
-    def dispatchers(self) -> Iterator[Dispatcher]:
-        """Every replica's dispatcher (for tracing)."""
-        for member in self._members:
-            if member.server is not None:
-                yield member.server.dispatcher
-
     async def aclose(self) -> None:
         for transport in self._transports:
             await transport.aclose()

@@ -104,8 +104,6 @@ class Poll:
     expired: list[Request] = field(default_factory=list)
     """Requests past their deadline: out of the queues; in-flight ones still flying."""
     next_wakeup: float | None = None
-    blocked: bool = False
-    """Lower-tier work was ready and only a bulk limit held it back."""
     blocked_replicas: frozenset[int] = frozenset()
     """The replicas whose bulk limit held it back (seats free, but not for bulk)."""
 
@@ -485,12 +483,6 @@ class Scheduler:
             ledger.bulk_in_flight -= count
             ledger.bulk_in_flight_tokens -= tokens
 
-    @property
-    def bulk_limit(self) -> int:
-        """Sequences normal and batch work together may have in flight (the first
-        replica's; see :attr:`replicas` for each)."""
-        return self.replicas[0].bulk_cap
-
     def set_bulk_limit(self, sequences: int, replica: int = 0) -> None:
         """Cap normal and batch work on ``replica`` at ``sequences`` in flight (and the
         same share of its token limit); realtime keeps every seat up to
@@ -750,7 +742,7 @@ class Scheduler:
             if tier.waiting_live:
                 self._admit(tier, now)
         self._planned = self._next_wakeup(now, rate_wakeup)
-        return Poll(batches, expired, self._planned, bool(limit_blocked), frozenset(limit_blocked))
+        return Poll(batches, expired, self._planned, frozenset(limit_blocked))
 
     def _has_seat(self, priority: Priority) -> bool:
         """Some replica takes batches now and has a seat for ``priority``, and the

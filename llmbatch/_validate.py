@@ -26,7 +26,6 @@ __all__ = [
     "SpecCache",
     "check_messages",
     "check_prompt",
-    "estimate_tokens",
     "input_bytes",
     "validate_options",
 ]
@@ -37,11 +36,6 @@ DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 512, "embedding": 0}
 _CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
 #: Tokens a tokenizer may add beyond one per byte (BOS, chat template markers).
 TOKEN_OVERHEAD = 16
-
-
-def estimate_tokens(text: str) -> int:
-    """A cheap upper-ish estimate of a text's token count (≈4 characters a token)."""
-    return len(text) // 4 + 1
 
 
 def _bad(message: str, name: str) -> InvalidRequestError:
@@ -174,30 +168,21 @@ def validate_options(
 class SpecCache:
     """Validated :class:`CallSpec` objects by the options that made them.
 
-    ``model`` is the client's default model; ``context`` each known model's context
-    length (``max_model_len``, None if the server did not say). Bounded: past
-    ``size`` distinct option sets it starts afresh.
+    ``model`` is the client's default model and ``max_model_len`` its context length
+    (None if the server did not say; another model's is not known here, so its
+    prompts are not checked against one). Bounded: past ``size`` distinct option
+    sets it starts afresh.
     """
 
-    def __init__(
-        self,
-        model: str,
-        max_model_len: int | None,
-        *,
-        context: Mapping[str, int | None] | None = None,
-        size: int = 512,
-    ) -> None:
+    def __init__(self, model: str, max_model_len: int | None, *, size: int = 512) -> None:
         self.model = model
         self.max_model_len = max_model_len
-        self.context = dict(context or {})
         self._size = size
         self._specs: dict[tuple[object, ...], CallSpec] = {}
 
     def context_of(self, model: str) -> int | None:
         """A model's context length, when the server told it."""
-        if model == self.model:
-            return self.max_model_len
-        return self.context.get(model)
+        return self.max_model_len if model == self.model else None
 
     def get(
         self,
