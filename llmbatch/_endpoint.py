@@ -27,6 +27,7 @@ from llmbatch._load import (
     parse_load_header,
     parse_metrics,
 )
+from llmbatch._serverinfo import fetch
 from llmbatch._serverkind import (
     PriorityField,
     ServerKind,
@@ -181,14 +182,10 @@ class Endpoint:
         what the server is must never stop the client from opening)."""
         try:
             with anyio.fail_after(DETECT_TIMEOUT):
-                response = await self.transport.send(
-                    HTTPRequest("GET", self._origin() + path, self.probe_headers)
+                status, _, body = await fetch(
+                    self.transport, self._origin() + path, self.probe_headers
                 )
-                try:
-                    body = await response.read()
-                finally:
-                    await response.aclose()
-            return json.loads(body) if response.status == 200 else None
+            return json.loads(body) if status == 200 else None
         except Exception:
             return None
 

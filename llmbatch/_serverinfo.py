@@ -18,7 +18,7 @@ from llmbatch._exceptions import (
 from llmbatch._transports.base import HTTPRequest, Transport
 from llmbatch._wire import error_from_response
 
-__all__ = ["ModelList", "read_models"]
+__all__ = ["ModelList", "fetch", "read_models"]
 
 #: The entries of a server's model list (each a mapping with at least ``id``).
 ModelList = list[Mapping[str, Any]]
@@ -35,7 +35,7 @@ async def read_models(
     quotes it), the status error for other 4xx/5xx, and ``TypeError`` /
     ``ValueError`` / ``KeyError`` for a body that is not a model list.
     """
-    status, response_headers, content = await _get(transport, base_url + "/models", headers)
+    status, response_headers, content = await fetch(transport, base_url + "/models", headers)
     if status == 404:
         # The commonest slip is a base URL without /v1: probe that once, and only
         # after a 404, so a right URL costs nothing.
@@ -61,9 +61,10 @@ async def read_models(
     return models, status, response_headers
 
 
-async def _get(
+async def fetch(
     transport: Transport, url: str, headers: Mapping[str, str]
 ) -> tuple[int, Mapping[str, str], bytes]:
+    """``GET url``: its status, headers and whole body (the response closed)."""
     response = await transport.send(HTTPRequest("GET", url, dict(headers)))
     try:
         content = await response.read()
@@ -74,7 +75,7 @@ async def _get(
 
 async def _lists_models(transport: Transport, base_url: str, headers: Mapping[str, str]) -> bool:
     try:
-        status, _, content = await _get(transport, base_url + "/models", headers)
+        status, _, content = await fetch(transport, base_url + "/models", headers)
         return status == 200 and isinstance(json.loads(content)["data"], list)
     except (RequestError, ValueError, KeyError, TypeError):
         return False
