@@ -449,18 +449,7 @@ class Scheduler:
 
     def finish(self, request: Request) -> None:
         """Return one dispatched request's in-flight capacity."""
-        if request.state != _IN_FLIGHT:
-            return
-        request.state = _FINISHED
-        self.in_flight -= 1
-        self.in_flight_tokens -= request.est_tokens
-        self.in_flight_by_tier[request.priority] -= 1
-        replica = self.replicas[request.replica]
-        replica.in_flight -= 1
-        replica.in_flight_tokens -= request.est_tokens
-        if request.priority is not Priority.REALTIME:
-            replica.bulk_in_flight -= 1
-            replica.bulk_in_flight_tokens -= request.est_tokens
+        self.finish_batch((request,), request.priority, request.replica)
 
     def finish_batch(self, requests: Sequence[Request], priority: Priority, replica: int) -> None:
         """Return the in-flight capacity of a dispatched batch's requests, which share
