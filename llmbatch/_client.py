@@ -346,7 +346,7 @@ class Client:
             scheduler = Scheduler(
                 policies=self._policies, limits=self.limits, rate_limit=self._rate_limit
             )
-            engine = fleet.start(scheduler, stats, now, rate_limited=self._rate_limit is not None)
+            engine = fleet.start(scheduler, stats, now)
             self._fleet = fleet
             loop = (
                 asyncio.get_running_loop() if sniffio.current_async_library() == "asyncio" else None

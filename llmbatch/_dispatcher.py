@@ -47,6 +47,7 @@ from llmbatch._exceptions import (
 from llmbatch._logs import BISECTION, Bisection, Throttle, logger
 from llmbatch._models import ChatCompletion, Completion, Delivery, Embedding, make_answer
 from llmbatch._request import Flight, Request
+from llmbatch._scheduler.budgets import RateBudget
 from llmbatch._serverinfo import read_models
 from llmbatch._serverkind import PriorityField
 from llmbatch._signals import STEP_TIME_SOURCES, Source
@@ -115,8 +116,7 @@ class Dispatcher:
         retry: RetryPolicy,
         stats: StatsRecorder,
         requeue: Callable[[Sequence[Request]], None],
-        reserve_resend: Callable[[float, int], float] | None = None,
-        correct_tokens: Callable[[int, int], None] | None = None,
+        rate: RateBudget | None = None,
         priority_scheduling: bool | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
@@ -126,9 +126,9 @@ class Dispatcher:
         self._retry = retry
         self._stats = stats
         self._requeue = requeue
-        self._reserve_resend = reserve_resend
-        self._correct_tokens = correct_tokens
-        """Tells the token budget what an answered request really used."""
+        self._rate = rate
+        """The rate limits: resends are charged to them, and answers tell the token
+        budget what they really used."""
         self._priority_scheduling = priority_scheduling
         self.chat_batch: bool | None = None
         """Whether the server has /chat/completions/batch: None until the first try."""
@@ -246,12 +246,10 @@ class Dispatcher:
         split.requests += len(parts)
         token = BISECTION.set(split) if outer is None else None
         try:
-            if self._reserve_resend is not None:
+            if self._rate is not None:
                 # New HTTP requests: they count against the rate limits.
-                now = self._now()
-                delay = max(
-                    self._reserve_resend(now, sum(r.est_tokens for r in part)) for part in parts
-                )
+                now, rate = self._now(), self._rate
+                delay = max(rate.reserve(now, sum(r.est_tokens for r in part)) for part in parts)
                 await anyio.sleep(delay)
             async with anyio.create_task_group() as tg:
                 for part in parts:
@@ -501,9 +499,9 @@ class Dispatcher:
                     raise
                 delay = self._backoff(attempt, error)
                 exc = error
-            if self._reserve_resend is not None:
+            if self._rate is not None:
                 tokens = sum(r.est_tokens for r in requests)
-                delay = max(delay, self._reserve_resend(self._now(), tokens))
+                delay = max(delay, self._rate.reserve(self._now(), tokens))
             self._stats.retries += 1
             self._log_retry(requests, attempt, attempts, delay, exc)
             await anyio.sleep(delay)
@@ -622,8 +620,8 @@ class Dispatcher:
             system_fingerprint=answers.system_fingerprint,
         )
         kind = _ANSWER_TYPES[first.spec.kind]
-        if self._correct_tokens is not None and usage[2]:
-            self._correct_tokens(sum(r.est_tokens for r in requests), usage[2])
+        if self._rate is not None and usage[2]:
+            self._rate.correct(sum(r.est_tokens for r in requests), usage[2])
         prompt_parts, completion_parts = split_usage(usage, requests, answers.choices)
         values = [
             make_answer(

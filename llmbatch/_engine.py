@@ -130,7 +130,7 @@ class Engine:
         self, endpoint: Endpoint, dispatcher: Dispatcher, models: frozenset[str] | None
     ) -> Server:
         """Start sending to another replica (at once: its ledger is open)."""
-        index = self._scheduler.add_replica(models)
+        index = self._scheduler.add_replica(models).index
         server = Server(index, endpoint, dispatcher)
         self.servers.append(server)
         self._scheduler.set_bulk_limit(endpoint.controller.limit, index)
@@ -226,7 +226,7 @@ class Engine:
     async def run(self, tg: TaskGroup) -> None:
         """Poll the scheduler whenever woken or a trigger is due; runs until cancelled."""
         scheduler, stats = self._scheduler, self._stats
-        replicas = scheduler.replicas
+        seats = scheduler.seats
         self._tg = tg
         for server in self.servers:
             tg.start_soon(self._watch_metrics, server)
@@ -237,10 +237,10 @@ class Engine:
             for server in live:
                 breaker = server.endpoint.breaker
                 if breaker.state is BreakerState.CLOSED:
-                    replicas[server.index].sendable = None
+                    seats[server.index].sendable = None
                     continue
                 # Open: nothing; half-open: the one trial batch.
-                replicas[server.index].sendable = 1 if breaker.allows() else 0
+                seats[server.index].sendable = 1 if breaker.allows() else 0
                 if breaker.probe_due(now) and not server.probing:
                     server.probing = True
                     tg.start_soon(self._probe, server)
@@ -283,13 +283,13 @@ class Engine:
         grew = False
         for server in live:
             controller = server.endpoint.controller
-            replica = scheduler.replicas[server.index]
+            seats = scheduler.seats[server.index]
             if server.index in blocked:
                 controller.on_blocked()
-            controller.on_realtime_in_flight(now, replica.in_flight - replica.bulk_in_flight)
+            controller.on_realtime_in_flight(now, seats.realtime_in_flight)
             unreachable = controller.slo_unreachable
             if controller.update(now):
-                grew = grew or controller.limit > replica.bulk_cap
+                grew = grew or controller.limit > seats.bulk_cap
                 scheduler.set_bulk_limit(controller.limit, server.index)
             if controller.slo_unreachable and not unreachable:
                 # Once per episode: the limit alone, sitting at 1, would not say why.
@@ -352,10 +352,10 @@ class Engine:
     async def _watch_metrics(self, server: Server) -> None:
         """Read a server's /metrics while it has work, for its controller."""
         endpoint = server.endpoint
-        replica = self._scheduler.replicas[server.index]
+        seats = self._scheduler.seats[server.index]
         while endpoint.has_metrics is not False and not server.removed:
             await anyio.sleep(METRICS_INTERVAL)
-            if replica.in_flight and endpoint.breaker.state is BreakerState.CLOSED:
+            if seats.in_flight and endpoint.breaker.state is BreakerState.CLOSED:
                 await endpoint.read_metrics(self._now())
                 self._wake()
 
@@ -505,12 +505,12 @@ class Engine:
         best = endpoint.signals.best(now, STEP_TIME_SOURCES)
         control = endpoint.controller.state()
         breaker = endpoint.breaker
-        replica = self._scheduler.replicas[server.index]
+        seats = self._scheduler.seats[server.index]
         return ServerStats(
             base_url=endpoint.base_url,
             kind=endpoint.kind.value,
-            in_flight=replica.in_flight,
-            bulk_limit=replica.bulk_cap,
+            in_flight=seats.in_flight,
+            bulk_limit=seats.bulk_cap,
             ceiling=control.ceiling,
             realtime_reserve=control.realtime_reserve,
             step_time=control.step_time,

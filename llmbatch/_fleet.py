@@ -87,7 +87,7 @@ class Fleet:
         self._transports: list[Transport] = []
         self._engine: Engine | None = None
         self._model: str | None = None
-        self._parts: tuple[Scheduler, StatsRecorder, Clock, bool] | None = None
+        self._parts: tuple[Scheduler, StatsRecorder, Clock] | None = None
         """What a new replica's dispatcher is made with (set when the engine starts)."""
 
     # -- opening ---------------------------------------------------------------------
@@ -119,12 +119,10 @@ class Fleet:
         self._members = members
         return model, max_model_len
 
-    def start(
-        self, scheduler: Scheduler, stats: StatsRecorder, clock: Clock, rate_limited: bool
-    ) -> Engine:
+    def start(self, scheduler: Scheduler, stats: StatsRecorder, clock: Clock) -> Engine:
         """The engine, driving every opened replica; those that did not answer start
         out of rotation and join when a probe finds them up."""
-        self._parts = (scheduler, stats, clock, rate_limited)
+        self._parts = (scheduler, stats, clock)
         members = self._members
         several = len(members) > 1
         answered = any(m.models is not None for m in members)
@@ -178,14 +176,13 @@ class Fleet:
 
     def _dispatcher(self, endpoint: Endpoint) -> Dispatcher:
         assert self._parts is not None
-        scheduler, stats, clock, rate_limited = self._parts
+        scheduler, stats, clock = self._parts
         dispatcher = Dispatcher(
             endpoint=endpoint,
             retry=self._config.retry,
             stats=stats,
             requeue=self._requeue,
-            reserve_resend=scheduler.reserve_resend if rate_limited else None,
-            correct_tokens=scheduler.correct_tokens if rate_limited else None,
+            rate=scheduler.rate,
             priority_scheduling=self._config.priority_scheduling,
             clock=clock,
         )

@@ -50,10 +50,11 @@ class SharedBudgets:
         limit = self._rate_limit
         if limit is not None:
             assert limit.redis_url is not None
+            assert scheduler.rate is not None
             self.rate = RateLeaser(
                 self._link(limit.redis_url),
                 limit,
-                scheduler.rate_buckets,
+                scheduler.rate.buckets,
                 member=self._member,
                 wake=wake,
                 clock=clock,

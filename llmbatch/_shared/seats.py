@@ -1,6 +1,6 @@
 """An in-flight budget shared through Redis: an engine-side task holds this
-process's share as a lease, renews it, and sets the scheduler's shared seat and
-token counts to what the lease allows.
+process's share as a lease, renews it, and grants the scheduler's shared allowance
+what the lease allows.
 
 It renews every second (or every third of the lease, if shorter), four times a
 second while some process holds less than its fair share (so seats move to where
@@ -55,9 +55,9 @@ class SeatLeaser:
         self._wake = wake
         self._now = clock
         # Nothing goes out before the first lease says how much may.
-        scheduler.shared_seats = 0
-        scheduler.shared_tokens = 0 if config.max_in_flight_tokens is not None else None
-        scheduler.on_shared_full = self._poke
+        self._allowance = scheduler.share_in_flight(
+            limits_tokens=config.max_in_flight_tokens is not None, on_full=self._poke
+        )
         self._due = anyio.Event()
         self._renew_interval = min(RENEW_INTERVAL, config.lease / 3)
         # Redis ends a share one renewal interval before the lease: a process killed
@@ -76,12 +76,12 @@ class SeatLeaser:
     @property
     def allowed(self) -> int:
         """Sequences this process may have in flight now."""
-        return self._scheduler.shared_seats or 0
+        return self._allowance.seats
 
     def _poke(self) -> None:
         # Work waits for the shared budget: worth a renewal now only while this
         # process holds nothing (the periodic renewals move seats otherwise).
-        if self._scheduler.shared_seats == 0:
+        if self._allowance.seats == 0:
             self._due.set()
 
     async def run(self) -> None:
@@ -106,8 +106,9 @@ class SeatLeaser:
         # just what is in flight now: the script must keep them held. (Reporting only
         # the in-flight count let a process shrink its hold below what it then sent,
         # and another process take the difference.) A share shrinks one renewal later.
-        in_use = max(scheduler.in_flight, scheduler.shared_seats or 0)
-        in_use_tokens = max(scheduler.in_flight_tokens, scheduler.shared_tokens or 0)
+        allowance = self._allowance
+        in_use = max(scheduler.in_flight, allowance.seats)
+        in_use_tokens = max(scheduler.in_flight_tokens, allowance.tokens or 0)
         await self._call(want_seats, want_tokens, in_use, in_use_tokens)
 
     async def _call(self, want_seats: int, want_tokens: int, seats: int, tokens: int) -> None:
@@ -144,13 +145,7 @@ class SeatLeaser:
         self.held = (held_seats, held_tokens)
         self.contended = reply[4] == "1"
         self.sharers = max(1, int(reply[5]))
-        scheduler = self._scheduler
-        grew = allowed_seats > (scheduler.shared_seats or 0)
-        scheduler.shared_seats = allowed_seats
-        if config.max_in_flight_tokens is not None:
-            grew = grew or allowed_tokens > (scheduler.shared_tokens or 0)
-            scheduler.shared_tokens = allowed_tokens
-        if grew:
+        if self._allowance.grant(allowed_seats, allowed_tokens):
             self._wake()
 
     def _unreachable(self, exc: SharedBudgetUnreachable) -> None:
@@ -160,8 +155,8 @@ class SeatLeaser:
         self.reachable = False
         config = self._config
         if config.on_redis_error == "wait":
-            if expired and self._scheduler.shared_seats:
-                self._scheduler.shared_seats = 0
+            if expired and self._allowance.seats:
+                self._allowance.grant(0)
                 logger.warning(
                     "Redis at %s cannot be reached (%s) and this process's share of the "
                     "in-flight budget %r has run out: nothing new is sent until Redis "
@@ -183,11 +178,12 @@ class SeatLeaser:
         if first:
             if self._valid_until is None:
                 # Never leased: go on with an equal share of the budget.
-                self._scheduler.shared_seats = max(1, config.max_in_flight // self.sharers)
-                if config.max_in_flight_tokens is not None:
-                    self._scheduler.shared_tokens = max(
-                        1, config.max_in_flight_tokens // self.sharers
-                    )
+                sharers = self.sharers
+                tokens = config.max_in_flight_tokens
+                self._allowance.grant(
+                    max(1, config.max_in_flight // sharers),
+                    None if tokens is None else max(1, tokens // sharers),
+                )
                 self._wake()
             logger.warning(
                 "Redis at %s cannot be reached (%s): this process goes on alone with its "
@@ -195,7 +191,7 @@ class SeatLeaser:
                 self._link.where,
                 exc,
                 config.key,
-                self._scheduler.shared_seats,
+                self._allowance.seats,
             )
 
     async def aclose(self) -> None:

@@ -363,7 +363,7 @@ def test_add_asks_for_a_poll_only_when_something_new_is_due() -> None:
 
 def test_finishing_a_batch_at_once_returns_what_finishing_each_request_does() -> None:
     def ledger(s: Scheduler) -> tuple[object, ...]:
-        r = s.replicas[0]
+        r = s.seats[0]
         return (
             s.in_flight,
             s.in_flight_tokens,

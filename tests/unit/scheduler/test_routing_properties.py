@@ -70,11 +70,11 @@ def test_routing_keeps_every_replica_within_its_limits_and_answers_everything_on
     now = 0.0
 
     def poll(flush: bool = False) -> None:
-        caps = [(r.bulk_cap, r.sendable) for r in s.replicas]
+        caps = [(r.bulk_cap, r.sendable) for r in s.seats]
         result = s.poll(now, flush=flush)
         trials: Counter[int] = Counter()
         for batch in result.batches:
-            replica = s.replicas[batch.replica]
+            replica = s.seats[batch.replica]
             _cap, sendable = caps[batch.replica]
             assert replica.active, "a batch went to a removed replica"
             assert sendable != 0, "a batch went to an unavailable replica"
@@ -87,11 +87,11 @@ def test_routing_keeps_every_replica_within_its_limits_and_answers_everything_on
             for request in batch.requests:
                 assert request.replica == batch.replica
             in_flight.extend(batch.requests)
-        for replica in s.replicas:
+        for replica in s.seats:
             assert replica.in_flight <= replica.ceiling, "over the ceiling"
             assert replica.in_flight == sum(r.replica == replica.index for r in in_flight)
         for batch in result.batches:
-            replica = s.replicas[batch.replica]
+            replica = s.seats[batch.replica]
             if batch.priority is not Priority.REALTIME:
                 assert replica.bulk_in_flight <= caps[batch.replica][0], "over the bulk limit"
 
@@ -114,19 +114,19 @@ def test_routing_keeps_every_replica_within_its_limits_and_answers_everything_on
                 s.requeue([request])  # its replica failed: it goes again, anywhere
         elif op == "sendable":
             index, value = arg  # type: ignore[misc]
-            if index < len(s.replicas):
-                s.replicas[index].sendable = value
+            if index < len(s.seats):
+                s.seats[index].sendable = value
         elif op == "limit":
             index, value = arg  # type: ignore[misc]
-            if index < len(s.replicas):
+            if index < len(s.seats):
                 s.set_bulk_limit(value, index)
         elif op == "remove":
             index = int(arg)  # type: ignore[call-overload]
-            if index < len(s.replicas) and sum(r.active for r in s.replicas) > 1:
+            if index < len(s.seats) and sum(r.active for r in s.seats) > 1:
                 s.remove_replica(index)
 
     # Drain: every replica back, everything sent and answered.
-    for replica in s.replicas:
+    for replica in s.seats:
         replica.sendable = None
     for _ in range(10 * len(added) + 10):
         if not s.has_queued and not in_flight:
@@ -144,7 +144,7 @@ def test_routing_keeps_every_replica_within_its_limits_and_answers_everything_on
 
 def _servable(s: Scheduler, model: str) -> bool:
     """Some active replica serves ``model``, or may (it has not said what it serves)."""
-    return any(r.active and (r.models is None or model in r.models) for r in s.replicas)
+    return any(r.active and (r.models is None or model in r.models) for r in s.seats)
 
 
 def test_affinity_sends_a_prefix_back_where_it_went_unless_that_replica_is_far_busier() -> None:
@@ -166,15 +166,15 @@ def test_affinity_sends_a_prefix_back_where_it_went_unless_that_replica_is_far_b
     assert {send((10, 11)) for _ in range(5)} == {first}
     assert send((10, 11, 12)) == first
     # Busier than the least busy by more than 32 sequences and 1.5x: load wins.
-    assert s.replicas[first].in_flight == 7
+    assert s.seats[first].in_flight == 7
     for _ in range(20):
         send((99, 100 + _))  # unrelated prefixes spread by power of two choices
-    busy = s.replicas[first]
-    least = min(r.in_flight for r in s.replicas)
+    busy = s.seats[first]
+    least = min(r.in_flight for r in s.seats)
     while busy.in_flight - least <= 32 or busy.in_flight <= 1.5 * least:
         request = make_request(Priority.NORMAL, prompt="x")
         request.prefix = (10, 11)
         s.add(request)
         s.poll(0.0)
-        least = min(r.in_flight for r in s.replicas)
+        least = min(r.in_flight for r in s.seats)
     assert send((10, 11)) != first

@@ -93,12 +93,17 @@ def test_refunds_cap_at_a_local_buckets_capacity_and_may_charge_more() -> None:
     assert bucket.level == -5.0
 
 
+def _buckets(s: Scheduler) -> tuple[TokenBucket | None, TokenBucket | None]:
+    assert s.rate is not None
+    return s.rate.buckets
+
+
 def test_a_shared_rate_limit_gives_the_scheduler_leased_buckets() -> None:
     s = scheduler(RateLimit(tokens_per_minute=6000, redis_url="redis://h", key="k"))
-    requests, tokens = s.rate_buckets
+    requests, tokens = _buckets(s)
     assert requests is None
     assert isinstance(tokens, LeasedBucket)
-    local = scheduler(RateLimit(requests_per_minute=60)).rate_buckets[0]
+    local = _buckets(scheduler(RateLimit(requests_per_minute=60)))[0]
     assert type(local) is TokenBucket
 
 
@@ -108,7 +113,7 @@ def test_without_a_lease_nothing_leaves_and_no_timer_is_set() -> None:
     poll = s.poll(0.0)
     assert poll.batches == []
     assert poll.next_wakeup is None
-    bucket = s.rate_buckets[0]
+    bucket = _buckets(s)[0]
     assert isinstance(bucket, LeasedBucket)
     bucket.credit(1, usable_at=0.0)
     assert len(s.poll(0.0).batches) == 1
@@ -119,7 +124,7 @@ def test_a_waiting_realtime_batch_is_what_the_leased_bucket_asks_for() -> None:
     s.add(make(NORMAL))
     s.add(make(RT))
     assert s.poll(0.0).batches == []
-    bucket = s.rate_buckets[0]
+    bucket = _buckets(s)[0]
     assert isinstance(bucket, LeasedBucket)
     assert bucket.wanted_realtime
     bucket.credit(1, usable_at=0.0)
@@ -129,26 +134,26 @@ def test_a_waiting_realtime_batch_is_what_the_leased_bucket_asks_for() -> None:
 
 def test_usage_corrects_the_token_charge() -> None:
     s = scheduler(RateLimit(tokens_per_minute=600))  # 10 tokens/s, bucket of 10
-    bucket = s.rate_buckets[1]
+    bucket = _buckets(s)[1]
     assert bucket is not None
     s.add(make(NORMAL, max_tokens=8))  # estimated ~9-10 tokens
     (batch,) = s.poll(0.0).batches
     charged = batch.tokens
     assert bucket.level == pytest.approx(10 - charged)
-    s.correct_tokens(charged, 3)  # the answer used 3
+    assert s.rate is not None
+    s.rate.correct(charged, 3)  # the answer used 3
     assert bucket.level == pytest.approx(7)
 
 
 def test_the_shared_in_flight_count_caps_what_is_sent() -> None:
     s = scheduler(None, max_in_flight=8, reserved_realtime=0)
     full: list[bool] = []
-    s.shared_seats = 0
-    s.on_shared_full = lambda: full.append(True)
+    shared = s.share_in_flight(limits_tokens=False, on_full=lambda: full.append(True))
     for _ in range(5):
         s.add(make(NORMAL))
     assert s.poll(0.0).batches == []
     assert full
-    s.shared_seats = 3
+    shared.grant(3)
     assert len(s.poll(0.0).batches) == 3
     assert s.in_flight == 3
     assert s.seat_demand() == (5, s.in_flight_tokens + 2 * make().est_tokens)
@@ -157,9 +162,9 @@ def test_the_shared_in_flight_count_caps_what_is_sent() -> None:
 def test_the_shared_token_count_trims_a_batch() -> None:
     big = BatchPolicy(max_batch_size=10, max_wait=0.0, send_when_idle=False)
     s = Scheduler(policies={p: big for p in Priority}, limits=Limits(reserved_realtime=0))
-    s.shared_seats = 100
+    shared = s.share_in_flight(limits_tokens=True, on_full=lambda: None)
     cost = make().est_tokens
-    s.shared_tokens = 3 * cost
+    shared.grant(100, 3 * cost)
     for _ in range(5):
         s.add(make(NORMAL))
     (batch,) = s.poll(0.0).batches
@@ -208,14 +213,15 @@ async def test_a_renewal_keeps_held_what_may_be_sent_while_it_is_on_its_way() ->
     )
     for _ in range(10):
         s.add(make(NORMAL))
-    s.shared_seats = 2
+    assert s.shared is not None
+    s.shared.grant(2)
     s.poll(0.0)
-    s.shared_seats = 6  # the last renewal allowed 6; 2 are in flight, 4 about to go
+    s.shared.grant(6)  # the last renewal allowed 6; 2 are in flight, 4 about to go
     await leaser._renew()
     assert s.in_flight == 6
     # What the script was told is in use covers what was in flight when it ran.
     assert link.reported == [6]
-    assert s.shared_seats == 2  # the smaller share applies from the reply on
+    assert s.shared.seats == 2  # the smaller share applies from the reply on
 
 
 def test_a_bulk_lease_covers_three_batches_within_its_bounds() -> None:
@@ -250,3 +256,29 @@ def test_a_bulk_lease_covers_three_batches_within_its_bounds() -> None:
     bucket.take(500)
     assert bucket.low == 1250
     assert leaser._want(1, bucket, 0.0) == 2500
+
+
+def test_a_shared_allowance_starts_at_nothing_and_says_when_it_grew() -> None:
+    from llmbatch._scheduler.budgets import SharedAllowance
+
+    allowance = SharedAllowance(limits_tokens=True, on_full=lambda: None)
+    assert (allowance.seats, allowance.tokens) == (0, 0)
+    assert allowance.grant(4, 100)
+    assert not allowance.grant(4, 100)
+    assert not allowance.grant(2, 50)  # shrinking is not growing
+    assert allowance.room(1, 20) == (1, 30)
+    seats_only = SharedAllowance(limits_tokens=False, on_full=lambda: None)
+    seats_only.grant(3, 999)
+    assert seats_only.room(1, 10**9) == (2, float("inf"))
+
+
+def test_credit_accrues_to_passed_over_tiers_by_their_share() -> None:
+    from llmbatch._scheduler.budgets import settle_credit
+
+    credits = dict.fromkeys(Priority, 0.0)
+    share = {Priority.NORMAL: 0.2, Priority.BATCH: 0.0}
+    settle_credit(credits, share, Priority.REALTIME, 8, list(Priority), owed=False)
+    assert credits[Priority.NORMAL] == pytest.approx(2.0)  # 8 x 0.2 / 0.8
+    assert credits[Priority.BATCH] == 0.0  # no share, no credit
+    settle_credit(credits, share, Priority.NORMAL, 3, [Priority.NORMAL], owed=True)
+    assert credits[Priority.NORMAL] == pytest.approx(-1.0)  # pays for all it sent

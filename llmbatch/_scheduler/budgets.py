@@ -1,0 +1,132 @@
+"""What limits the scheduler beyond one server's seats: the rate limits, a share of
+an in-flight budget held with other processes, and each tier's credit toward its
+minimum share.
+
+Pure, with time passed in. Budgets shared through Redis are filled from outside
+(``llmbatch._shared``): the leasers set what is allowed; the scheduler only reads it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+
+from llmbatch._buckets import LeasedBucket, TokenBucket
+from llmbatch._config import Priority, RateLimit
+
+__all__ = ["RateBudget", "SharedAllowance", "settle_credit"]
+
+
+class RateBudget:
+    """The requests-per-minute and tokens-per-minute buckets (either may be unset)."""
+
+    __slots__ = ("requests", "tokens")
+
+    def __init__(self, rate_limit: RateLimit) -> None:
+        shared = rate_limit.redis_url is not None
+        self.requests: TokenBucket | None = None
+        self.tokens: TokenBucket | None = None
+        # At most one second's worth in a bucket caps any burst (a shared budget caps
+        # it in Redis; the leaser fills these buckets).
+        if rate_limit.requests_per_minute:
+            rate = rate_limit.requests_per_minute / 60.0
+            self.requests = LeasedBucket() if shared else TokenBucket(rate, max(1.0, rate))
+        if rate_limit.tokens_per_minute:
+            rate = rate_limit.tokens_per_minute / 60.0
+            self.tokens = LeasedBucket() if shared else TokenBucket(rate, rate)
+
+    @property
+    def buckets(self) -> tuple[TokenBucket | None, TokenBucket | None]:
+        """The request and token buckets (None: that limit is not set)."""
+        return self.requests, self.tokens
+
+    def wait(self, now: float, tokens: int, priority: Priority) -> float:
+        """Seconds until a batch of ``tokens`` may leave (``inf``: when a lease of the
+        shared budget comes, which no timer can say)."""
+        realtime = priority is Priority.REALTIME
+        wait = 0.0
+        if self.requests is not None:
+            wait = self.requests.wait_time(now, 1, realtime)
+        if self.tokens is not None:
+            wait = max(wait, self.tokens.wait_time(now, tokens, realtime))
+        return wait
+
+    def take(self, tokens: int) -> None:
+        """A new batch of ``tokens`` left: one request and its tokens are spent."""
+        if self.requests is not None:
+            self.requests.take(1)
+        if self.tokens is not None:
+            self.tokens.take(tokens)
+
+    def reserve(self, now: float, tokens: int) -> float:
+        """Charge an HTTP request that is not a new batch (a retry, a bisection half);
+        returns how long to wait before sending it."""
+        wait = 0.0
+        if self.requests is not None:
+            wait = self.requests.reserve(now, 1)
+        if self.tokens is not None:
+            wait = max(wait, self.tokens.reserve(now, tokens))
+        return wait
+
+    def correct(self, charged: int, used: int) -> None:
+        """A request charged ``charged`` tokens (its estimate) reported ``used``: the
+        token budget gets the difference back (or pays what it lacked)."""
+        if self.tokens is not None and charged != used:
+            self.tokens.refund(charged - used)
+
+
+class SharedAllowance:
+    """What an in-flight budget shared with other processes allows this client now.
+
+    It starts at nothing: nothing goes out before the first lease says how much may.
+    """
+
+    __slots__ = ("on_full", "seats", "tokens")
+
+    def __init__(self, *, limits_tokens: bool, on_full: Callable[[], None]) -> None:
+        self.seats = 0
+        """Sequences this client may have in flight."""
+        self.tokens: int | None = 0 if limits_tokens else None
+        """Estimated tokens it may have in flight (None: the budget has no token limit)."""
+        self.on_full = on_full
+        """Called when work waits only for this allowance."""
+
+    def grant(self, seats: int, tokens: int | None = None) -> bool:
+        """The budget allows ``seats`` (and ``tokens``) from now on; True if it grew."""
+        grew = seats > self.seats
+        self.seats = seats
+        if self.tokens is not None and tokens is not None:
+            grew = grew or tokens > self.tokens
+            self.tokens = tokens
+        return grew
+
+    def room(self, in_flight: int, in_flight_tokens: int) -> tuple[float, float]:
+        """Seats and tokens it leaves beside what is in flight (inf: not limited)."""
+        tokens = math.inf if self.tokens is None else self.tokens - in_flight_tokens
+        return self.seats - in_flight, tokens
+
+
+def settle_credit(
+    credits: dict[Priority, float],
+    min_share: Mapping[Priority, float],
+    chosen: Priority,
+    sent: int,
+    waiting: Iterable[Priority],
+    *,
+    owed: bool,
+) -> None:
+    """Tiers with a share that had a ready batch but were passed over accrue what
+    they are owed (share / (1 - share) sequences per sequence sent).
+
+    A tier served because it was owed pays for every sequence it sent, even past its
+    credit: forgiving the rest handed lower tiers a whole batch per sequence owed,
+    and two owed tiers could then pass the turn between them and starve realtime. The
+    debt is bounded by one batch, and credit by what one batch of another tier earns,
+    since a tier is served as soon as it is owed."""
+    if owed:
+        credits[chosen] -= sent
+    for priority in waiting:
+        share = min_share.get(priority, 0.0)
+        if priority is chosen or share <= 0:
+            continue
+        credits[priority] += sent * share / (1.0 - share)

@@ -1,0 +1,475 @@
+"""The DynamicBatcher: admission, tier queues, batch formation, dispatch order, rate
+limits and deadlines.
+
+Pure, synchronous logic with time passed in (``now``), so every trigger, budget,
+fairness rule and rate is tested exactly without sleeping. The async driver in
+``_engine.py`` calls :meth:`Scheduler.poll` whenever something changes or the
+returned wake-up time arrives, and sends the batches it gets. This is the one owner
+of time-based rules: batch timers, request deadlines (queued or in flight) and the
+rate-limit buckets.
+
+Rules, in order of precedence:
+
+1. A request whose deadline has passed is expired, wherever it is (``Poll.expired``).
+2. A tier's queue holds ``Limits.max_queued`` requests; callers beyond that wait in
+   arrival order and are admitted one per freed place (``nowait=True`` callers get
+   :class:`QueueFull` instead).
+3. Within a tier, only compatible requests (same endpoint kind, model and sampling
+   parameters) share a batch; the group whose oldest request waited longest goes
+   first.
+4. A group becomes a batch when it reaches ``max_batch_size`` or ``max_batch_tokens``,
+   when its oldest request has waited ``max_wait``, when its tier has nothing in
+   flight (``send_when_idle``), or when the scheduler is flushing (shutdown drain).
+5. Tiers go in order realtime > normal > batch, except that a lower tier owed its
+   ``min_share`` of dispatched sequences goes first, so nothing starves.
+6. A batch is sent only within the in-flight limits (sequences and estimated tokens).
+   Realtime may use every seat up to ``Limits.max_in_flight``; normal and batch
+   work together only up to the *bulk limit* (``set_bulk_limit``: the admission
+   controller's output, which leaves seats for realtime), and the same fraction of
+   tokens. A batch that does not fit whole is trimmed to what fits.
+7. A batch is sent only when the rate limits allow it; when they do not, nothing
+   else is sent either, so the budget goes to the tiers in order.
+8. While a server is unavailable (its seats not ``sendable``) nothing is sent to
+   it; deadlines still fire. A batch that met the outage comes back (``requeue``) at
+   the head of its group, in its original order, and goes to whichever server
+   takes it first.
+9. With several servers, the limits of rule 6 hold per server (its :class:`Seats`,
+   with its own bulk limit), and a batch goes to one server (``Batch.replica``),
+   chosen by prefix affinity balanced by load (``routing``).
+
+The parts are modules of their own: ``queues`` (tiers and groups), ``seats`` (one
+server's ledger), ``routing`` and ``budgets`` (rate limits, shared in-flight
+allowance, tier credit); this one composes them behind :meth:`Scheduler.poll`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from llmbatch._config import DEFAULT_BATCH_POLICIES, BatchPolicy, Limits, Priority, RateLimit
+from llmbatch._exceptions import QueueFull
+from llmbatch._request import Request, State
+from llmbatch._scheduler.budgets import RateBudget, SharedAllowance, settle_credit
+from llmbatch._scheduler.queues import Group, TierQueue
+from llmbatch._scheduler.routing import Router
+from llmbatch._scheduler.seats import Seats
+
+__all__ = ["TIERS", "Batch", "Poll", "Scheduler"]
+
+TIERS = (Priority.REALTIME, Priority.NORMAL, Priority.BATCH)
+_WAITING, _QUEUED, _IN_FLIGHT, _FINISHED = (
+    State.WAITING,
+    State.QUEUED,
+    State.IN_FLIGHT,
+    State.FINISHED,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Compatible requests of one tier that go out together."""
+
+    priority: Priority
+    requests: tuple[Request, ...]
+    replica: int = 0
+    """Which server it goes to (an index into the scheduler's replicas)."""
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.est_tokens for r in self.requests)
+
+
+@dataclass(frozen=True, slots=True)
+class Poll:
+    """What the driver should do now, and when to ask again."""
+
+    batches: list[Batch] = field(default_factory=list)
+    expired: list[Request] = field(default_factory=list)
+    """Requests past their deadline: out of the queues; in-flight ones still flying."""
+    next_wakeup: float | None = None
+    blocked_replicas: frozenset[int] = frozenset()
+    """The replicas whose bulk limit held it back (seats free, but not for bulk)."""
+
+
+class Scheduler:
+    """Tier queues plus the in-flight ledger. Not thread-safe; one event loop owns it."""
+
+    def __init__(
+        self,
+        *,
+        policies: Mapping[Priority, BatchPolicy] = DEFAULT_BATCH_POLICIES,
+        limits: Limits,
+        rate_limit: RateLimit | None = None,
+    ) -> None:
+        self.limits = limits
+        self._tiers = {p: TierQueue(policies.get(p, DEFAULT_BATCH_POLICIES[p])) for p in TIERS}
+        self._credit = dict.fromkeys(TIERS, 0.0)
+        """Sequences each tier is owed toward its minimum share."""
+        self.in_flight = 0
+        self.in_flight_tokens = 0
+        self.in_flight_by_tier = dict.fromkeys(TIERS, 0)
+        self.seats: list[Seats] = [Seats(0, limits)]
+        """Every server's seats; index 0 is the first server. Removed ones stay
+        (inactive) so indexes held by in-flight requests remain valid."""
+        self._router = Router(self.seats)
+        # (deadline, seq, request) for every request with a deadline that has not left
+        # the scheduler; entries of finished requests are dropped lazily.
+        self._deadlines: list[tuple[float, int, Request]] = []
+        self.rate: RateBudget | None = None if rate_limit is None else RateBudget(rate_limit)
+        """The rate limits (None: none set)."""
+        self.shared: SharedAllowance | None = None
+        """This client's share of an in-flight budget held with other processes
+        (None: no such budget); see :meth:`share_in_flight`."""
+        self._isolating = False
+        """The server refused a prompt as too long: requests that might not fit go alone."""
+        self._planned: float | None = None
+        """The last poll's next wake-up: an add that needs an earlier one asks for a poll."""
+
+    # -- queue -----------------------------------------------------------------------
+
+    def queued(self, priority: Priority) -> int:
+        """Requests waiting client-side in ``priority``'s tier (for room, or for a batch)."""
+        tier = self._tiers[priority]
+        return tier.size + tier.waiting_live
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, waiting for room, or in flight."""
+        return self.in_flight == 0 and not self.has_queued
+
+    @property
+    def has_queued(self) -> bool:
+        """Something is queued or waiting for room (a freed seat may let it go)."""
+        return any(t.size or t.waiting_live for t in self._tiers.values())
+
+    def add(self, request: Request, *, nowait: bool = False) -> bool:
+        """Queue a request, or hold it until its tier has room (in arrival order).
+
+        With ``nowait``, a full tier raises :class:`QueueFull` instead. Returns whether
+        a poll is due now: the request started a group (a new timer), filled a batch,
+        or carries a deadline earlier than the next planned wake-up. Otherwise the
+        planned wake-up covers it, which spares the driver a poll per request.
+        """
+        tier = self._tiers[request.priority]
+        if self._isolating and request.might_not_fit:
+            request.travel_alone()
+        due = False
+        if request.deadline is not None:
+            self._track_deadline(request)
+            due = self._planned is None or request.deadline < self._planned
+        if tier.size >= self.limits.max_queued or tier.waiting_live:
+            if nowait:
+                raise QueueFull(
+                    f"the {request.priority.value!r} queue is full "
+                    f"({self.limits.max_queued} requests waiting)"
+                )
+            tier.waiting.append(request)
+            tier.waiting_live += 1
+            request.state = _WAITING
+            return due
+        group = tier.enqueue(request, request.created_at)
+        policy = tier.policy
+        return (
+            due
+            or group.live == 1
+            or group.live == policy.max_batch_size
+            or group.tokens - request.est_tokens < policy.max_batch_tokens <= group.tokens
+        )
+
+    def remove(self, request: Request) -> bool:
+        """Take a request out of its queue or the wait for room (its caller went away);
+        False if it was in neither."""
+        state = request.state
+        if state == _QUEUED:
+            self._tiers[request.priority].unqueue(request)
+            return True
+        if state == _WAITING:
+            self._tiers[request.priority].waiting_live -= 1
+            request.state = _FINISHED
+            return True
+        return False
+
+    def queued_requests(self) -> Iterator[Request]:
+        """Every request queued or waiting for room (for cancellation at close)."""
+        for tier in self._tiers.values():
+            for group in tier.groups.values():
+                yield from (r for r in group.items if r.state == _QUEUED)
+            yield from (r for r in tier.waiting if r.state == _WAITING)
+
+    def _admit(self, tier: TierQueue, now: float) -> None:
+        """Move callers waiting for room into the queue, one per free place, in order."""
+        room = self.limits.max_queued - tier.size
+        waiting = tier.waiting
+        while room > 0 and tier.waiting_live:
+            request = waiting.popleft()
+            if request.state != _WAITING:
+                continue  # its caller went away while it waited
+            tier.waiting_live -= 1
+            tier.enqueue(request, now)  # its batch timer starts now
+            room -= 1
+
+    def _track_deadline(self, request: Request) -> None:
+        assert request.deadline is not None
+        heapq.heappush(self._deadlines, (request.deadline, request.seq, request))
+        live = self.in_flight + sum(t.size + t.waiting_live for t in self._tiers.values())
+        if len(self._deadlines) > 64 + 2 * live:
+            # Answered requests linger here until their deadline; drop them so memory
+            # follows the live requests, not the request rate times the timeout.
+            self._deadlines = [e for e in self._deadlines if e[2].state != _FINISHED]
+            heapq.heapify(self._deadlines)
+
+    # -- in-flight ledger ------------------------------------------------------------
+
+    def finish(self, request: Request) -> None:
+        """Return one dispatched request's in-flight capacity."""
+        self.finish_batch((request,), request.priority, request.replica)
+
+    def finish_batch(self, requests: Sequence[Request], priority: Priority, replica: int) -> None:
+        """Return the in-flight capacity of a dispatched batch's requests, which share
+        ``priority`` and ``replica``: the ledger moves once per batch, not per request."""
+        count = tokens = 0
+        for request in requests:
+            if request.state == _IN_FLIGHT:
+                request.state = _FINISHED
+                count += 1
+                tokens += request.est_tokens
+        if not count:
+            return
+        self.in_flight -= count
+        self.in_flight_tokens -= tokens
+        self.in_flight_by_tier[priority] -= count
+        self.seats[replica].book(priority, -count, -tokens)
+
+    def set_bulk_limit(self, sequences: int, replica: int = 0) -> None:
+        """Cap normal and batch work on ``replica`` at ``sequences`` in flight (and the
+        same share of its token limit); realtime keeps every seat up to
+        ``Limits.max_in_flight``."""
+        self.seats[replica].set_bulk_limit(sequences)
+
+    def add_replica(self, models: frozenset[str] | None = None) -> Seats:
+        """A new server's seats (it takes batches at once)."""
+        seats = Seats(len(self.seats), self.limits)
+        self.seats.append(seats)
+        self.set_models(seats.index, models)
+        return seats
+
+    def set_models(self, replica: int, models: frozenset[str] | None) -> None:
+        """The models ``replica`` serves (None: unknown, any)."""
+        self.seats[replica].models = models
+        self._router.models_changed()
+
+    def remove_replica(self, replica: int) -> None:
+        """Send nothing more to ``replica``; what it has in flight finishes there."""
+        self.seats[replica].active = False
+        self._router.models_changed()
+
+    def share_in_flight(
+        self, *, limits_tokens: bool, on_full: Callable[[], None]
+    ) -> SharedAllowance:
+        """From now on send only what a budget shared with other processes allows
+        (nothing, until its holder grants some); ``on_full`` is called when work
+        waits for it alone."""
+        self.shared = SharedAllowance(limits_tokens=limits_tokens, on_full=on_full)
+        return self.shared
+
+    def isolate_risky(self) -> None:
+        """The server refused a prompt as too long: from now on, requests that might not
+        fit (queued, waiting, requeued or new) are sent alone, so none can fail a whole
+        batch again."""
+        self._isolating = True
+        for tier in self._tiers.values():
+            tier.isolate()
+            for request in tier.waiting:
+                if request.state == _WAITING and request.might_not_fit:
+                    request.travel_alone()
+
+    def requeue(self, requests: tuple[Request, ...] | list[Request]) -> None:
+        """In-flight requests whose exchange met an outage go back to the head of
+        their queues, to be sent when the server is back (nothing is lost)."""
+        live = [r for r in requests if r.state == _IN_FLIGHT and not r.done]
+        for request in requests:
+            self.finish(request)
+        if self._isolating:
+            for request in live:
+                if request.might_not_fit:
+                    request.travel_alone()
+        by_tier: dict[Priority, list[Request]] = {}
+        for request in live:
+            by_tier.setdefault(request.priority, []).append(request)
+        for priority, group in by_tier.items():
+            self._tiers[priority].requeue(group)
+
+    # -- dispatch --------------------------------------------------------------------
+
+    def poll(self, now: float, *, flush: bool = False) -> Poll:
+        """Expire, admit, form and pick batches, route each to a server, and reserve
+        their in-flight capacity there. (A server's ``sendable`` says whether it
+        takes batches: not while it is unavailable, one while it may be back.)"""
+        expired = self._expire(now) if self._deadlines else []
+        for tier in self._tiers.values():
+            if tier.waiting_live:
+                self._admit(tier, now)
+        batches: list[Batch] = []
+        rate_wakeup: float | None = None
+        limit_blocked: set[int] = set()
+        # Tiers whose next request does not fit the free token room this poll; without
+        # this, the loop would pick the same tier again forever.
+        blocked: set[Priority] = set()
+        while True:
+            candidates: dict[Priority, tuple[Group, Seats]] = {}
+            for p, tier in self._tiers.items():
+                if not tier.groups or p in blocked:
+                    continue
+                if not self._has_seat(p):
+                    if p is not Priority.REALTIME:
+                        self._note_blocked(limit_blocked)
+                    continue
+                idle = self.in_flight_by_tier[p] == 0
+                if len(self.seats) == 1:
+                    group = tier.ready_group(now, flush, idle)
+                    if group is None:
+                        continue
+                    seats = self._router.route(p, group)[0]
+                    if seats is None:  # no seat where its model is served
+                        continue
+                    candidates[p] = (group, seats)
+                else:
+                    picked = self._router.pick(p, tier, tier.ready_groups(now, flush, idle))
+                    if picked is not None:
+                        candidates[p] = picked
+            if not candidates:
+                break
+            owed = [p for p in candidates if self._credit[p] >= 1.0]
+            chosen = owed[0] if owed else next(p for p in TIERS if p in candidates)
+            group, seats = candidates[chosen]
+            count, tokens = self._plan(chosen, group, seats)
+            if count == 0:
+                # A single request larger than the free token room: wait for room.
+                blocked.add(chosen)
+                continue
+            wait = 0.0 if self.rate is None else self.rate.wait(now, tokens, chosen)
+            if wait > 0:
+                # Nothing overtakes the tier the budget is owed to. (An infinite wait
+                # ends with a lease of the shared budget, which wakes the driver.)
+                if wait != math.inf:
+                    rate_wakeup = now + wait
+                break
+            if self.rate is not None:
+                self.rate.take(tokens)
+            batches.append(self._commit(chosen, group, count, tokens, seats))
+            settle_credit(
+                self._credit, self.limits.min_share, chosen, count, candidates, owed=chosen in owed
+            )
+            tier = self._tiers[chosen]
+            if tier.waiting_live:
+                self._admit(tier, now)
+        self._planned = self._next_wakeup(now, rate_wakeup)
+        return Poll(batches, expired, self._planned, frozenset(limit_blocked))
+
+    def _has_seat(self, priority: Priority) -> bool:
+        """Some server takes batches now and has a seat for ``priority``, and the
+        shared in-flight budget (if any) has one too."""
+        shared = self.shared
+        if shared is not None and self.in_flight >= shared.seats:
+            shared.on_full()
+            return False
+        return any(seats.has_seat(priority) for seats in self.seats)
+
+    def seat_demand(self) -> tuple[int, int]:
+        """Sequences and tokens this client would have in flight now if the shared
+        budget allowed: what is in flight plus what is queued, up to what its own
+        limits (and the adaptive bulk limit) would let it send."""
+        own_seats = own_tokens = 0
+        reserved = self.limits.reserved_realtime
+        for seats in self.seats:
+            if seats.active:
+                own_seats += min(seats.ceiling, seats.bulk_cap + reserved)
+                own_tokens += seats.token_ceiling
+        queued = queued_tokens = 0
+        for tier in self._tiers.values():
+            queued += tier.size + tier.waiting_live
+            queued_tokens += sum(group.tokens for group in tier.groups.values())
+        return (
+            min(own_seats, self.in_flight + queued),
+            min(own_tokens, self.in_flight_tokens + queued_tokens),
+        )
+
+    def _note_blocked(self, blocked: set[int]) -> None:
+        """Note the servers whose bulk limit alone holds back bulk work: seats free
+        there, none for bulk (evidence for the controller that more would be used)."""
+        blocked.update(seats.index for seats in self.seats if seats.bulk_held_back())
+
+    def _plan(self, priority: Priority, group: Group, seats: Seats) -> tuple[int, int]:
+        """How many of the group's oldest requests the next batch takes, and their tokens."""
+        policy = self._tiers[priority].policy
+        room_seqs, room_tokens = seats.room(priority)
+        busy = seats.in_flight > 0
+        if self.shared is not None:
+            shared_seqs, shared_tokens = self.shared.room(self.in_flight, self.in_flight_tokens)
+            room_seqs = int(min(room_seqs, shared_seqs))
+            if shared_tokens < room_tokens:
+                room_tokens, busy = int(shared_tokens), self.in_flight > 0
+        limit = min(policy.max_batch_size, room_seqs, group.head().spec.max_batch)
+        count = tokens = 0
+        for request in group.items:
+            if request.state != _QUEUED:
+                continue
+            if count >= limit:
+                break
+            cost = request.est_tokens
+            over_batch = count and tokens + cost > policy.max_batch_tokens
+            # An oversize request may go alone, but only onto an otherwise idle server.
+            over_room = tokens + cost > room_tokens and (count or busy)
+            if over_batch or over_room:
+                break
+            count += 1
+            tokens += cost
+        return count, tokens
+
+    def _commit(
+        self, priority: Priority, group: Group, count: int, tokens: int, seats: Seats
+    ) -> Batch:
+        tier = self._tiers[priority]
+        taken = tuple(tier.pop(group) for _ in range(count))
+        index = seats.index
+        for request in taken:
+            request.state = _IN_FLIGHT
+            request.replica = index
+        self.in_flight += count
+        self.in_flight_tokens += tokens
+        self.in_flight_by_tier[priority] += count
+        seats.book(priority, count, tokens)
+        if seats.sendable:
+            seats.sendable -= 1
+        if len(self.seats) > 1:
+            self._router.remember(seats, taken)
+        return Batch(priority, taken, index)
+
+    def _expire(self, now: float) -> list[Request]:
+        expired: list[Request] = []
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            request = heapq.heappop(deadlines)[2]
+            if request.state == _IN_FLIGHT:
+                if not request.done:
+                    expired.append(request)
+            elif self.remove(request):
+                expired.append(request)
+        return expired
+
+    def _next_wakeup(self, now: float, rate_wakeup: float | None) -> float | None:
+        wakeup = rate_wakeup
+        for tier in self._tiers.values():
+            if tier.groups:
+                trigger = tier.next_trigger()
+                if trigger is not None and trigger > now and (wakeup is None or trigger < wakeup):
+                    wakeup = trigger
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][2].state == _FINISHED:
+            heapq.heappop(deadlines)
+        if deadlines and (wakeup is None or deadlines[0][0] < wakeup):
+            wakeup = deadlines[0][0]
+        return wakeup
