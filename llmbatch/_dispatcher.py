@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
@@ -67,7 +67,9 @@ from llmbatch._wire import (
     parse_chat_batch,
     parse_completions,
     parse_embeddings,
+    priority_refused,
     split_usage,
+    too_long,
 )
 
 __all__ = ["Dispatcher"]
@@ -77,13 +79,6 @@ T = TypeVar("T")
 
 #: Parameters the chat batch route does not take (vLLM: no tools, no streaming, n=1).
 _CHAT_BATCH_UNSUPPORTED = frozenset({"tools", "tool_choice", "functions", "function_call"})
-#: vLLM's too-long message: "This model's maximum context length is 4096 tokens. However,
-#: you requested 4200 tokens (4100 in the messages, 100 in the completion)", or
-#: "... your request has 5000 input tokens ...".
-_TOO_LONG = re.compile(r"maximum context length is (\d+)")
-_INPUT_TOKENS = re.compile(r"(\d+) in the messages|has (\d+) input tokens")
-#: vLLM refuses a non-zero ``priority`` unless it runs ``--scheduling-policy priority``.
-_PRIORITY_REFUSED = re.compile(r"priority scheduling is not enabled", re.IGNORECASE)
 #: A generation shorter than this says little about the server's step time.
 _MIN_TOKENS_FOR_STEP_SAMPLE = 4
 #: vLLM's convention, used when ``priority_scheduling=True`` meets an unknown server.
@@ -102,6 +97,28 @@ _ANSWER_TYPES: dict[str, type[Completion] | type[ChatCompletion] | type[Embeddin
 }
 
 
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One way of asking the server: its path, how a batch becomes a body, and how
+    the answer becomes each request's."""
+
+    path: str
+    body: Callable[[Sequence[Request], int | None], bytes]
+    parse: Callable[[bytes, Sequence[Request]], Answers]
+
+
+COMPLETIONS = Route("/completions", completion_body, parse_completions)
+EMBEDDINGS = Route("/embeddings", embedding_body, parse_embeddings)
+#: Several conversations in one request (vLLM 0.19+; others answer 404).
+CHAT_BATCH = Route("/chat/completions/batch", chat_batch_body, parse_chat_batch)
+#: One conversation.
+CHAT = Route(
+    "/chat/completions",
+    lambda requests, rank: chat_body(requests[0], rank),
+    lambda content, requests: parse_chat(content, requests[0].spec.n),
+)
+
+
 class _Unavailable(Exception):
     """The server is down and worth waiting for: the requests go back to the queue."""
 
@@ -115,7 +132,6 @@ class Dispatcher:
         endpoint: Endpoint,
         retry: RetryPolicy,
         stats: StatsRecorder,
-        requeue: Callable[[Sequence[Request]], None],
         rate: RateBudget | None = None,
         priority_scheduling: bool | None = None,
         clock: Clock = time.monotonic,
@@ -125,7 +141,6 @@ class Dispatcher:
         self.endpoint = endpoint
         self._retry = retry
         self._stats = stats
-        self._requeue = requeue
         self._rate = rate
         """The rate limits: resends are charged to them, and answers tell the token
         budget what they really used."""
@@ -139,9 +154,10 @@ class Dispatcher:
         self._models_read: tuple[float, list[str]] | None = None
         """When ``/v1/models`` was last read to explain a 404, and what it listed."""
 
-    async def send(self, requests: Sequence[Request], flight: Flight) -> None:
-        """Answer every request of a batch (or put it back in the queue if the server
-        is down); never raises for a request's failure."""
+    async def send(self, requests: Sequence[Request], flight: Flight) -> list[Request]:
+        """Answer every request of a batch; returns those that must go back to the
+        queue because the server went down (the engine requeues them). Never raises
+        for a request's failure."""
         with flight.scope:
             spec = requests[0].spec
             if spec.stream:
@@ -152,58 +168,67 @@ class Dispatcher:
                 await self._chat(list(requests))
             else:
                 await self._embed(list(requests))
+        return flight.handed_back
 
     # -- completions -------------------------------------------------------------------
 
     async def _complete(self, requests: list[Request]) -> None:
-        live = [r for r in requests if not r.abandoned]
-        if not live:
-            return
-        body = completion_body(live, self._rank(live))
-        try:
-            content = await self._with_retries(live, lambda: self._post("/completions", live, body))
-            answers = parse_completions(content, live)
-        except _Unavailable:
-            self._requeue(live)
-            return
-        except BadRequestError as exc:
-            if self._priority_refused(exc, live):
-                await self._complete(live)
-                return
-            await self._split(live, exc, self._complete)
-            return
-        except RequestError as exc:
-            self._fail_all(live, exc)
-            return
-        self._deliver(live, answers)
+        await self._exchange(COMPLETIONS, requests, self._complete)
 
     async def _embed(self, requests: list[Request]) -> None:
         """Texts in one /v1/embeddings request (``input`` is a list)."""
+        await self._exchange(EMBEDDINGS, requests, self._embed)
+
+    async def _exchange(
+        self,
+        route: Route,
+        requests: list[Request],
+        again: Callable[[list[Request]], Coroutine[Any, Any, None]],
+    ) -> None:
+        """One batch over one route, with retries, and every outcome settled: answered;
+        back in the queue (the server is down); resent without the priority field or
+        in parts (a 400 for the batch: the bad items fail alone, through ``again``);
+        failed. The chat batch route falls back to one request per conversation on a
+        server without it."""
         live = [r for r in requests if not r.abandoned]
         if not live:
             return
-        body = embedding_body(live, self._rank(live))
+        body = route.body(live, self._rank(live))
         try:
-            content = await self._with_retries(live, lambda: self._post("/embeddings", live, body))
-            answers = parse_embeddings(content, live)
+            content = await self._with_retries(live, lambda: self._post(route.path, live, body))
+            answers = route.parse(content, live)
         except _Unavailable:
             self._requeue(live)
             return
+        except NotFoundError as exc:
+            if route is not CHAT_BATCH:
+                self._fail_all(live, exc)
+                return
+            # A server without the route answers 404 without an OpenAI error object;
+            # either way the single-conversation route gives each request its answer.
+            if not (isinstance(exc.body, Mapping) and isinstance(exc.body.get("error"), Mapping)):
+                if self.chat_batch is None:
+                    logger.info("the server has no /chat/completions/batch; sending one by one")
+                self.chat_batch = False
+            await self._chat_each(live)
+            return
         except BadRequestError as exc:
             if self._priority_refused(exc, live):
-                await self._embed(live)
+                await again(live)
                 return
-            await self._split(live, exc, self._embed)
+            await self._split(live, exc, again)
             return
         except RequestError as exc:
             self._fail_all(live, exc)
             return
+        if route is CHAT_BATCH:
+            self.chat_batch = True
         self._deliver(live, answers)
 
     def _priority_refused(self, error: BadRequestError, requests: Sequence[Request]) -> bool:
         """The server refused the ``priority`` field (vLLM on ``fcfs``): stop sending it
         there and resend."""
-        if self._rank(requests) is None or not _PRIORITY_REFUSED.search(error.message):
+        if self._rank(requests) is None or not priority_refused(error.message):
             return False
         logger.warning(
             "%s refuses the priority field (%s); sending tiers without it from now on",
@@ -223,14 +248,16 @@ class Dispatcher:
         alone. A too-long prompt is found from vLLM's message: only prompts with at
         least that many bytes can have that many tokens, so they are sent one by one
         and the rest together; otherwise the batch is halved, longest prompts first."""
-        too_long = _TOO_LONG.search(error.message) is not None
-        if too_long:
+        refused = too_long(error.message)
+        if refused is not None:
             self.endpoint.length_risk = True
         if len(requests) == 1:
             self._fail_all(requests, error)
             return
         self._stats.bisections += 1
-        parts = _suspect_parts(requests, error.message) if too_long else None
+        parts = None
+        if refused is not None and refused.input_tokens is not None:
+            parts = _suspect_parts(requests, refused.input_tokens)
         if parts is None:
             ordered = sorted(requests, key=_size, reverse=True)
             middle = len(ordered) // 2
@@ -281,68 +308,18 @@ class Dispatcher:
             and spec.n == 1
             and _CHAT_BATCH_UNSUPPORTED.isdisjoint(spec.params)
         ):
-            await self._chat_batch(live)
+            await self._exchange(CHAT_BATCH, live, self._chat)
+        else:
+            await self._chat_each(live)
+
+    async def _chat_each(self, requests: list[Request]) -> None:
+        """One /chat/completions request per conversation, at once."""
+        if len(requests) == 1:
+            await self._exchange(CHAT, requests, self._chat)
             return
         async with anyio.create_task_group() as tg:
-            for request in live:
-                tg.start_soon(self._chat_one, request)
-
-    async def _chat_batch(self, requests: list[Request]) -> None:
-        """Several conversations in one /chat/completions/batch request (vLLM 0.19+)."""
-        body = chat_batch_body(requests, self._rank(requests))
-        try:
-            content = await self._with_retries(
-                requests, lambda: self._post("/chat/completions/batch", requests, body)
-            )
-            answers = parse_chat_batch(content, requests)
-        except _Unavailable:
-            self._requeue(requests)
-            return
-        except NotFoundError as exc:
-            # A server without the route answers 404 without an OpenAI error object;
-            # either way the single-conversation route gives each request its answer.
-            if not (isinstance(exc.body, Mapping) and isinstance(exc.body.get("error"), Mapping)):
-                if self.chat_batch is None:
-                    logger.info("the server has no /chat/completions/batch; sending one by one")
-                self.chat_batch = False
-            async with anyio.create_task_group() as tg:
-                for request in requests:
-                    tg.start_soon(self._chat_one, request)
-            return
-        except BadRequestError as exc:
-            if self._priority_refused(exc, requests):
-                await self._chat(requests)
-                return
-            await self._split(requests, exc, self._chat)
-            return
-        except RequestError as exc:
-            self._fail_all(requests, exc)
-            return
-        self.chat_batch = True
-        self._deliver(requests, answers)
-
-    async def _chat_one(self, request: Request) -> None:
-        if request.abandoned:
-            return
-        body = chat_body(request, self._rank([request]))
-        try:
-            content = await self._with_retries(
-                [request], lambda: self._post("/chat/completions", [request], body)
-            )
-            answers = parse_chat(content, request.spec.n)
-        except _Unavailable:
-            self._requeue([request])
-            return
-        except BadRequestError as exc:
-            if self._priority_refused(exc, [request]):
-                await self._chat_one(request)
-                return
-            await self._split([request], exc, self._chat)
-            return
-        except RequestError as exc:
-            self._fail_all([request], exc)
-            return
-        self._deliver([request], answers)
+            for request in requests:
+                tg.start_soon(self._exchange, CHAT, [request], self._chat)
 
     # -- streaming -------------------------------------------------------------------
 
@@ -673,6 +650,14 @@ class Dispatcher:
             # quiet gives way by itself; none switches another off for good.
             controller.on_step_time(tpot)
 
+    @staticmethod
+    def _requeue(requests: Sequence[Request]) -> None:
+        """Hand requests back for the queue: their server is down and worth waiting
+        for. (They share their batch's flight, which ``send`` returns them in.)"""
+        flight = requests[0].flight
+        assert flight is not None
+        flight.handed_back.extend(requests)
+
     def _fail_all(self, requests: Sequence[Request], error: RequestError) -> None:
         settle = self._stats.settle_error
         for request in requests:
@@ -685,14 +670,10 @@ def _is_unavailable(error: RequestError) -> bool:
     return isinstance(error, ConnectError | RemoteProtocolError | ServiceUnavailableError)
 
 
-def _suspect_parts(requests: list[Request], message: str) -> list[list[Request]] | None:
+def _suspect_parts(requests: list[Request], tokens: int) -> list[list[Request]] | None:
     """Split a batch refused for a too-long prompt: prompts that could have the token
-    count the server names go alone, the rest together. None if the message gives no
-    count or nothing can be ruled out."""
-    match = _INPUT_TOKENS.search(message)
-    if match is None:
-        return None
-    tokens = int(match.group(1) or match.group(2))
+    count the server names go alone, the rest together. None if nothing can be ruled
+    out."""
     suspects = [r for r in requests if _size(r) + TOKEN_OVERHEAD >= tokens]
     if not suspects or len(suspects) == len(requests):
         return None

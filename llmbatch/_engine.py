@@ -422,7 +422,9 @@ class Engine:
         for request in batch.requests:
             request.flight = flight
         try:
-            await self.servers[batch.replica].dispatcher.send(batch.requests, flight)
+            handed_back = await self.servers[batch.replica].dispatcher.send(batch.requests, flight)
+            if handed_back:
+                self.requeue(handed_back)  # their server is down: they wait for one
         except Exception as exc:
             # A bug must cost this batch, not the client's task group and every caller.
             logger.exception("internal error while sending a batch of %d", len(batch.requests))

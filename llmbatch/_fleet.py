@@ -33,7 +33,6 @@ from llmbatch._exceptions import (
     UnknownModelError,
 )
 from llmbatch._replicas import Replica, with_default_key
-from llmbatch._request import Request
 from llmbatch._serverinfo import ModelList, read_models
 
 if TYPE_CHECKING:
@@ -181,7 +180,6 @@ class Fleet:
             endpoint=endpoint,
             retry=self._config.retry,
             stats=stats,
-            requeue=self._requeue,
             rate=scheduler.rate,
             priority_scheduling=self._config.priority_scheduling,
             clock=clock,
@@ -189,11 +187,6 @@ class Fleet:
         if self._engine is not None:
             dispatcher.tracer = self._engine.dispatcher.tracer
         return dispatcher
-
-    def _requeue(self, requests: Sequence[Request]) -> None:
-        # A dispatcher hands back a batch that met an outage; the engine queues it.
-        assert self._engine is not None
-        self._engine.requeue(requests)
 
     def _wire(self, server: Server) -> None:
         engine = self._engine

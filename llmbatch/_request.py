@@ -278,13 +278,15 @@ class Request:
 
 
 class Flight:
-    """The requests sharing one HTTP exchange, and the scope that can cancel it."""
+    """The requests sharing one HTTP exchange, the scope that can cancel it, and those
+    of them the dispatcher hands back to the queue (their server went down)."""
 
-    __slots__ = ("requests", "scope")
+    __slots__ = ("handed_back", "requests", "scope")
 
     def __init__(self, requests: Sequence[Request]) -> None:
         self.requests = requests
         self.scope = anyio.CancelScope()
+        self.handed_back: list[Request] = []
 
     def cancel_if_abandoned(self) -> None:
         """Stop the HTTP exchange once every caller it serves has gone away."""

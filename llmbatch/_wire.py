@@ -11,6 +11,7 @@ arrive in the stream as ``data: {"error": ...}``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from llmbatch._request import CallSpec, Request
 __all__ = [
     "Answers",
     "StreamDecoder",
+    "TooLong",
     "chat_batch_body",
     "chat_body",
     "completion_body",
@@ -35,7 +37,9 @@ __all__ = [
     "parse_chat_batch",
     "parse_completions",
     "parse_embeddings",
+    "priority_refused",
     "split_usage",
+    "too_long",
 ]
 
 
@@ -322,6 +326,73 @@ def error_from_response(status: int, headers: Mapping[str, str], content: bytes)
         body=data,
         retry_after=_retry_after(headers),
     )
+
+
+# -- what servers say in their error messages -----------------------------------------
+
+#: A prompt longer than the context, in each server's words (what each one says is
+#: in tests/unit/test_wire_messages.py, with where it was seen). The input's token
+#: count, where given, rules out the prompts too short to have that many.
+_TOO_LONG_RULES = (
+    # vLLM (serving_engine's validation): "This model's maximum context length is
+    # 4096 tokens. However, you requested 4200 tokens (4100 in the messages, 100 in
+    # the completion)" or "... However, your request has 5000 input tokens ...";
+    # OpenAI's own API words it the same way.
+    re.compile(r"maximum context length is (?P<limit>\d+)"),
+    # vLLM >= 0.10 and SGLang: "Requested token count exceeds the model's maximum
+    # context length of 32768 tokens. You requested a total of 67298 tokens: 50914
+    # tokens from the input messages and 16384 tokens for the completion."
+    re.compile(r"maximum context length of (?P<limit>\d+)"),
+    # SGLang's tokenizer manager and OpenAI-compatible gateways: "The input (5000
+    # tokens) is longer than the model's context length (4096 tokens)."
+    re.compile(r"input \((?P<input>\d+) tokens\) is longer than the model's context length"),
+    # TGI's validation: "Input validation error: `inputs` tokens + `max_new_tokens`
+    # must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`"
+    re.compile(r"`inputs` tokens \+ `max_new_tokens` must be <= (?P<limit>\d+)"),
+    # llama.cpp's server (error type exceed_context_size_error): "the request
+    # exceeds the available context size, try increasing it" (no count in the text).
+    re.compile(r"exceeds the available context size"),
+)
+_INPUT_TOKENS = re.compile(
+    r"(?P<a>\d+) in the messages"
+    r"|has (?P<b>\d+) input tokens"
+    r"|(?P<c>\d+) tokens from the input"
+    r"|input \((?P<d>\d+) tokens\)"
+    r"|Given: (?P<e>\d+) `inputs` tokens"
+)
+#: vLLM refuses a non-zero ``priority`` unless it runs ``--scheduling-policy priority``
+#: ("Priority scheduling is not enabled."). SGLang without
+#: ``--enable-priority-scheduling`` ignores the field rather than refusing it.
+_PRIORITY_REFUSED = re.compile(r"priority scheduling is not enabled", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class TooLong:
+    """A server's refusal of a prompt longer than its context."""
+
+    limit: int | None
+    """The context length it names (None: it does not say)."""
+    input_tokens: int | None
+    """How many tokens the offending input has (None: it does not say)."""
+
+
+def too_long(message: str) -> TooLong | None:
+    """Whether an error message says a prompt exceeds the context, and the counts."""
+    for rule in _TOO_LONG_RULES:
+        match = rule.search(message)
+        if match is not None:
+            limit = match.groupdict().get("limit")
+            counted = _INPUT_TOKENS.search(message)
+            tokens = next((g for g in counted.groups() if g), None) if counted else None
+            return TooLong(
+                int(limit) if limit else None, int(tokens) if tokens is not None else None
+            )
+    return None
+
+
+def priority_refused(message: str) -> bool:
+    """The server refuses the ``priority`` field (vLLM without priority scheduling)."""
+    return _PRIORITY_REFUSED.search(message) is not None
 
 
 # -- streams -------------------------------------------------------------------------
