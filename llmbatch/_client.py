@@ -243,6 +243,7 @@ class Client:
         self._engine: Engine | None = None
         self._host: asyncio.Task[None] | None = None
         self._fleet: Fleet | None = None
+        self._recorder: StatsRecorder | None = None
         self._submitter: Submitter | None = None
         self._map: MapRunner | None = None
         self.endpoints = Endpoints(lambda: self._root._fleet, self._api_key)
@@ -364,7 +365,8 @@ class Client:
                 self._shared.start(tg, scheduler, engine.wake, now)
                 engine.shared_stats = self._shared.stats
                 stack.push_async_callback(self._shared.aclose)
-            self._install_tracer(self._tracer, engine)
+            self._recorder = stats
+            self._install_tracer(self._tracer)
             self._map = MapRunner(self._submitter, tg)
             self._engine = engine
         except BaseException:
@@ -428,15 +430,15 @@ class Client:
         ``llmbatch.otel.instrument`` calls it, before or after the client opens."""
         root = self._root
         root._tracer = tracer
-        engine = root._engine
-        if engine is not None:
-            root._install_tracer(tracer, engine)
+        if root._engine is not None:
+            root._install_tracer(tracer)
 
-    def _install_tracer(self, tracer: Tracer | None, engine: Engine) -> None:
+    def _install_tracer(self, tracer: Tracer | None) -> None:
         assert self._submitter is not None
-        self._submitter.tracer = engine.stats_recorder.tracer = tracer
-        for server in engine.servers:
-            server.dispatcher.tracer = tracer
+        assert self._recorder is not None
+        assert self._fleet is not None
+        self._submitter.tracer = self._recorder.tracer = tracer
+        self._fleet.set_tracer(tracer)
 
     def _make_transport(self) -> Transport:
         choice = self._transport_choice

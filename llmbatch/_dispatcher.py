@@ -7,10 +7,10 @@ does not say which) is split until the offending items fail alone and every othe
 one is answered; a too-long prompt is found from the token count in vLLM's message
 rather than by blind halving.
 
-Everything the server shows about itself goes to its :class:`Endpoint`: load
+Everything the server shows about itself goes to its :class:`Server`: load
 headers, latencies (for the admission controller), and failures (for the circuit
-breaker). When the endpoint says the server is down and worth waiting for, the
-batch goes back to the queue instead of spending its retries on the outage.
+breaker). When the server is down and worth waiting for, the batch is handed back
+for the queue instead of spending its retries on the outage.
 
 Retries are a plain loop rather than a retry library: the first attempt must cost
 nothing extra (setting up tenacity took ~33 µs per call, a fifth of the
@@ -30,7 +30,6 @@ import anyio
 
 from llmbatch._clock import Clock
 from llmbatch._config import Priority, RetryPolicy
-from llmbatch._endpoint import Endpoint
 from llmbatch._exceptions import (
     APIStatusError,
     BadRequestError,
@@ -48,6 +47,7 @@ from llmbatch._logs import BISECTION, Bisection, Throttle, logger
 from llmbatch._models import ChatCompletion, Completion, Delivery, Embedding, make_answer
 from llmbatch._request import Flight, Request
 from llmbatch._scheduler.budgets import RateBudget
+from llmbatch._server import Server
 from llmbatch._serverinfo import read_models
 from llmbatch._serverkind import PriorityField
 from llmbatch._signals import STEP_TIME_SOURCES, Source
@@ -129,7 +129,7 @@ class Dispatcher:
     def __init__(
         self,
         *,
-        endpoint: Endpoint,
+        server: Server,
         retry: RetryPolicy,
         stats: StatsRecorder,
         rate: RateBudget | None = None,
@@ -138,7 +138,7 @@ class Dispatcher:
     ) -> None:
         self._now = clock
         self._retry_log = Throttle(clock)
-        self.endpoint = endpoint
+        self.server = server
         self._retry = retry
         self._stats = stats
         self._rate = rate
@@ -232,7 +232,7 @@ class Dispatcher:
             return False
         logger.warning(
             "%s refuses the priority field (%s); sending tiers without it from now on",
-            self.endpoint.base_url,
+            self.server.base_url,
             error.message,
         )
         self._priority_scheduling = False
@@ -250,7 +250,7 @@ class Dispatcher:
         and the rest together; otherwise the batch is halved, longest prompts first."""
         refused = too_long(error.message)
         if refused is not None:
-            self.endpoint.length_risk = True
+            self.server.length_risk = True
         if len(requests) == 1:
             self._fail_all(requests, error)
             return
@@ -392,7 +392,7 @@ class Dispatcher:
         send = self._priority_scheduling
         if send is False:
             return None
-        field = self.endpoint.priority_field
+        field = self.server.priority_field
         if field is None:
             if not send:
                 return None
@@ -401,7 +401,7 @@ class Dispatcher:
 
     async def _open(self, path: str, requests: Sequence[Request], body: bytes) -> HTTPResponse:
         self._stats.batch_sent(len(requests))
-        endpoint = self.endpoint
+        server = self.server
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "POST %s: %d prompt(s), tier %s, attempt %d",
@@ -411,23 +411,23 @@ class Dispatcher:
                 requests[0].attempts,
             )
         spec = requests[0].spec
-        headers = endpoint.headers
+        headers = server.headers
         if spec.headers:  # extra_headers
             headers = {**headers, **dict(spec.headers)}
-        url = endpoint.base_url + path + spec.query
+        url = server.base_url + path + spec.query
         sent_at = self._now()
         tracer = self.tracer
         if tracer is None:
-            response = await endpoint.transport.send(HTTPRequest("POST", url, headers, body))
+            response = await server.transport.send(HTTPRequest("POST", url, headers, body))
         else:
             handle = tracer.http_started(path, url, requests)
             try:
-                response = await endpoint.transport.send(HTTPRequest("POST", url, headers, body))
+                response = await server.transport.send(HTTPRequest("POST", url, headers, body))
             except BaseException as exc:
                 tracer.http_ended(handle, None, exc)
                 raise
             tracer.http_ended(handle, response.status, None)
-        endpoint.on_response(response.status, response.headers, self._now(), sent_at)
+        server.on_response(response.status, response.headers, self._now(), sent_at)
         return response
 
     async def _post(self, path: str, requests: Sequence[Request], body: bytes) -> bytes:
@@ -468,7 +468,7 @@ class Dispatcher:
                 can_retry = retry_if is None or retry_if()
                 unavailable = _is_unavailable(error) and can_retry
                 if unavailable and (
-                    self.endpoint.on_unavailable(self._now(), error)
+                    self.server.on_unavailable(self._now(), error)
                     or self._may_fail_over(requests, attempts)
                 ):
                     raise _Unavailable from error
@@ -490,13 +490,13 @@ class Dispatcher:
         ``/v1/models`` since adapters may have been loaded or unloaded since opening."""
         if not (isinstance(error.body, Mapping) and isinstance(error.body.get("error"), Mapping)):
             return error  # a route the server lacks
-        endpoint = self.endpoint
+        server = self.server
         now = self._now()
         if self._models_read is None or now - self._models_read[0] > MODELS_REREAD_INTERVAL:
             try:
                 with anyio.fail_after(MODELS_REREAD_TIMEOUT):
                     models, _, _ = await read_models(
-                        endpoint.transport, endpoint.base_url, endpoint.headers, None
+                        server.transport, server.base_url, server.headers, None
                     )
             except Exception:  # the 404 is the answer; the list would only have helped
                 return error
@@ -506,7 +506,7 @@ class Dispatcher:
             said = f"its /v1/models lists {model!r} now (loaded since the request was sent?)"
         else:
             listed = ", ".join(repr(name) for name in names) or "no models"
-            said = f"{endpoint.base_url} serves {listed}"
+            said = f"{server.base_url} serves {listed}"
         return NotFoundError(
             f"{error.message} ({said})",
             status_code=error.status_code,
@@ -546,7 +546,7 @@ class Dispatcher:
             return
         logger.warning(
             "%s: a batch of %d failed (%s); retrying, %d attempt(s) left%s",
-            self.endpoint.base_url,
+            self.server.base_url,
             len(requests),
             error,
             attempts - attempt,
@@ -620,9 +620,9 @@ class Dispatcher:
         first_token_at: float | None,
     ) -> None:
         """What one exchange shows of the server's speed, for the controller."""
-        endpoint = self.endpoint
-        controller = endpoint.controller
-        signals = endpoint.signals
+        server = self.server
+        controller = server.controller
+        signals = server.signals
         ttft = tpot = None
         source = Source.STREAM_TIMING
         if first_token_at is not None:

@@ -1,12 +1,12 @@
-"""The servers a client sends to: opening them together, and adding and removing
-them while it runs.
+"""The servers a client sends to: opening them together, adding and removing them
+while it runs, and their health policy.
 
-Each server (replica) gets its own transport (connection pool), endpoint (admission
-controller, breaker, load signals) and dispatcher; the engine routes batches among
-them. Opening reads every replica's ``/v1/models`` at once. It succeeds when at
-least one answers; the others start out of rotation, are probed like a server in an
+Each server (``_server.Server``) gets its own transport (connection pool), its
+controller, breaker and signals, and a dispatcher; the engine routes batches among
+them. Opening reads every server's ``/v1/models`` at once. It succeeds when at least
+one answers; the others start out of rotation, are probed like a server in an
 outage, and join when they come up. What no retry can fix (a wrong API key, a URL
-missing its ``/v1``) fails the open whichever replica says it.
+missing its ``/v1``) fails the open whichever server says it.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ import anyio
 from llmbatch._clock import loop_clock
 from llmbatch._config import SLO, Limits, RetryPolicy
 from llmbatch._dispatcher import Dispatcher
-from llmbatch._endpoint import Endpoint
-from llmbatch._engine import Engine, Server
+from llmbatch._engine import Engine
 from llmbatch._exceptions import (
     AuthenticationError,
     ClientClosedError,
@@ -32,13 +31,16 @@ from llmbatch._exceptions import (
     ServerInfoError,
     UnknownModelError,
 )
+from llmbatch._health import Health
 from llmbatch._replicas import Replica, with_default_key
-from llmbatch._serverinfo import ModelList, read_models
+from llmbatch._server import Server
+from llmbatch._serverinfo import read_models
 
 if TYPE_CHECKING:
     from llmbatch._clock import Clock
     from llmbatch._scheduler import Scheduler
     from llmbatch._stats import StatsRecorder
+    from llmbatch._tracing import Tracer
     from llmbatch._transports.base import Transport
 
 __all__ = ["Endpoints", "Fleet"]
@@ -51,7 +53,7 @@ _SURE = (ServerInfoError, AuthenticationError, PermissionDeniedError)
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    """What every replica's endpoint and dispatcher are made with."""
+    """What every server is made with."""
 
     limits: Limits
     retry: RetryPolicy
@@ -62,161 +64,154 @@ class ServerConfig:
     make_transport: Callable[[], Transport]
 
 
-class _Member:
-    """A replica being opened or added: its parts before the engine drives it."""
-
-    __slots__ = ("endpoint", "models", "replica", "server", "transport", "unread")
-
-    def __init__(self, replica: Replica, transport: Transport, endpoint: Endpoint) -> None:
-        self.replica = replica
-        self.transport = transport
-        self.endpoint = endpoint
-        self.models: ModelList | None = None
-        self.unread: Exception | None = None
-        """Why its model list could not be read."""
-        self.server: Server | None = None
-
-
 class Fleet:
-    """Every replica of one client, from opening to closing."""
+    """Every server of one client, from opening to closing."""
 
     def __init__(self, config: ServerConfig) -> None:
         self._config = config
-        self._members: list[_Member] = []
+        self._servers: list[Server] = []
         self._transports: list[Transport] = []
         self._engine: Engine | None = None
+        self._health: Health | None = None
         self._model: str | None = None
         self._parts: tuple[Scheduler, StatsRecorder, Clock] | None = None
-        """What a new replica's dispatcher is made with (set when the engine starts)."""
+        """What a new server's dispatcher is made with (set when the engine starts)."""
+        self.tracer: Tracer | None = None
+        """Records each HTTP request as a span, when tracing is on."""
 
     # -- opening ---------------------------------------------------------------------
 
     async def open(self, replicas: Sequence[Replica], model: str | None) -> tuple[str, int | None]:
-        """Read every replica's model list at once; returns the model to use and its
+        """Read every server's model list at once; returns the model to use and its
         ``max_model_len`` (if a server said). Raises what makes every request fail."""
-        members = [self._member(replica) for replica in replicas]
+        servers = [self._server(replica) for replica in replicas]
         async with anyio.create_task_group() as tg:
-            for member in members:
-                tg.start_soon(self._read, member)
-        for member in members:
-            if isinstance(member.unread, _SURE):
-                raise member.unread
-        answered = [m for m in members if m.models is not None]
+            for server in servers:
+                tg.start_soon(self._read, server)
+        for server in servers:
+            if isinstance(server.unread, _SURE):
+                raise server.unread
+        answered = [s for s in servers if s.models is not None]
         if not answered and model is None:
-            raise _unreadable(members)
+            raise _unreadable(servers)
         if model is None:
             listed = answered[0].models
             assert listed is not None
             if not listed:
                 raise ServerInfoError(
-                    f"{answered[0].replica.base_url}/models lists no models, so there is "
+                    f"{answered[0].base_url}/models lists no models, so there is "
                     "none to use by default"
                 )
             model = str(listed[0]["id"])
         max_model_len = _check_model(model, answered)
         self._model = model
-        self._members = members
+        self._servers = servers
         return model, max_model_len
 
     def start(self, scheduler: Scheduler, stats: StatsRecorder, clock: Clock) -> Engine:
-        """The engine, driving every opened replica; those that did not answer start
+        """The engine, driving every opened server; those that did not answer start
         out of rotation and join when a probe finds them up."""
         self._parts = (scheduler, stats, clock)
-        members = self._members
-        several = len(members) > 1
-        answered = any(m.models is not None for m in members)
-        first = members[0]
-        dispatcher = self._dispatcher(first.endpoint)
-        engine = self._engine = Engine(scheduler, dispatcher, stats, first.endpoint, clock=clock)
-        first.server = engine.servers[0]
-        engine.set_models(first.server, _names(first.models))
-        for member in members[1:]:
-            dispatcher = self._dispatcher(member.endpoint)
-            member.server = engine.add_server(member.endpoint, dispatcher, _names(member.models))
-        for member in members:
-            assert member.server is not None
-            self._wire(member.server)
+        servers = self._servers
+        self._servers = []
+        health = self._health = Health(self._servers, scheduler, clock)
+        engine = self._engine = Engine(scheduler, stats, health, clock=clock)
+        several = len(servers) > 1
+        answered = any(s.models is not None for s in servers)
+        for server in servers:
+            self._join(server)
             if several and answered:
-                # The others answered: this one is worth waiting for (a replica still
+                # The others answered: this one is worth waiting for (a server still
                 # starting, or restarting), not a configuration mistake.
-                member.endpoint.patient = True
-                if member.models is None:
-                    self._hold_out(member, clock())
+                server.patient = True
+                if server.models is None:
+                    self._hold_out(server, clock())
+        engine.servers_changed()
         return engine
 
-    def _member(self, replica: Replica) -> _Member:
+    def _server(self, replica: Replica) -> Server:
         config = self._config
         transport = config.make_transport()
         if transport not in self._transports:
             self._transports.append(transport)
-        endpoint = Endpoint(
-            base_url=replica.base_url,
+        return Server(
+            replica,
             headers=config.headers(replica.api_key),
             transport=transport,
             limits=config.limits,
             retry=config.retry,
             slo=config.slo,
         )
-        return _Member(replica, transport, endpoint)
 
-    async def _read(self, member: _Member) -> None:
-        """Its model list into ``member.models``, or why not into ``member.unread``."""
-        endpoint = member.endpoint
+    async def _read(self, server: Server) -> None:
+        """Its model list into ``server.models``, or why not into ``server.unread``."""
         try:
             models, status, headers = await read_models(
-                member.transport, endpoint.base_url, endpoint.probe_headers, member.replica.api_key
+                server.transport, server.base_url, server.probe_headers, server.replica.api_key
             )
         except (ServerInfoError, RequestError, ValueError, KeyError, TypeError) as exc:
-            member.unread = exc
+            server.unread = exc
             return
-        endpoint.on_response(status, headers, loop_clock()())
-        member.models = models
-        await endpoint.detect(models)
+        server.unread = None
+        server.on_response(status, headers, loop_clock()())
+        server.models = models
+        await server.detect(models)
 
-    def _dispatcher(self, endpoint: Endpoint) -> Dispatcher:
+    def _join(self, server: Server) -> None:
+        """Give a server its seats and dispatcher: it takes work from now on."""
         assert self._parts is not None
+        assert self._health is not None
         scheduler, stats, clock = self._parts
+        health = self._health
+        if not self._servers:
+            server.seats = scheduler.seats[0]  # the scheduler starts with one server's
+            scheduler.set_models(0, server.model_names)
+        else:
+            server.seats = scheduler.add_replica(server.model_names)
+        scheduler.set_bulk_limit(server.controller.limit, server.index)
         dispatcher = Dispatcher(
-            endpoint=endpoint,
+            server=server,
             retry=self._config.retry,
             stats=stats,
             rate=scheduler.rate,
             priority_scheduling=self._config.priority_scheduling,
             clock=clock,
         )
-        if self._engine is not None:
-            dispatcher.tracer = self._engine.dispatcher.tracer
-        return dispatcher
+        dispatcher.tracer = self.tracer
+        dispatcher.fail_over = lambda: health.can_fail_over(server)
+        server.dispatcher = dispatcher
+        server.on_back = lambda: self._learn(server)
+        self._servers.append(server)
 
-    def _wire(self, server: Server) -> None:
-        engine = self._engine
-        assert engine is not None
-        server.dispatcher.fail_over = lambda: engine.can_fail_over(server)
-        server.learn = lambda: self._learn(server)
+    def set_tracer(self, tracer: Tracer | None) -> None:
+        self.tracer = tracer
+        for server in self._servers:
+            if server.dispatcher is not None:
+                server.dispatcher.tracer = tracer
 
-    def _hold_out(self, member: _Member, now: float) -> None:
+    def _hold_out(self, server: Server, now: float) -> None:
         logger.warning(
             "%s did not answer at open (%s); probing it and sending it work once it is up",
-            member.replica.base_url,
-            member.unread,
+            server.base_url,
+            server.unread,
         )
-        member.endpoint.hold_out(now, f"not answering: {member.unread}")
+        server.hold_out(now, f"not answering: {server.unread}")
 
     async def _learn(self, server: Server) -> None:
-        """A replica that was down is up again: read afresh which models it serves and
+        """A server that was down is up again: read afresh which models it serves and
         what it is (a restart may bring another build, other adapters, another
         scheduling policy), and hear its signals anew."""
-        member = next(m for m in self._members if m.server is server)
-        member.endpoint.signals.forget()
-        await self._read(member)
-        if member.models is not None and self._engine is not None:
-            self._engine.set_models(server, _names(member.models))
+        server.signals.forget()
+        await self._read(server)
+        if server.models is not None and self._engine is not None and self._parts is not None:
+            self._parts[0].set_models(server.index, server.model_names)
+            self._engine.wake()
 
     # -- at runtime ------------------------------------------------------------------
 
     @property
     def replicas(self) -> list[Replica]:
-        return [m.replica for m in self._members if m.server is None or not m.server.removed]
+        return [s.replica for s in self._servers if not s.removed]
 
     async def add(self, replica: Replica) -> None:
         """Start sending to ``replica``: at once if it answers, else once it is up."""
@@ -225,37 +220,35 @@ class Fleet:
             raise ClientClosedError("add replicas while the client is open")
         if replica in self.replicas:
             raise ConfigError(f"{replica.base_url!r} is already a replica", field="base_url")
-        member = self._member(replica)
-        await self._read(member)
-        if isinstance(member.unread, _SURE):
-            raise member.unread
-        if member.models is not None and self._model is not None:
-            _check_model(self._model, [member])
-        self._members.append(member)
-        dispatcher = self._dispatcher(member.endpoint)
-        member.server = engine.add_server(member.endpoint, dispatcher, _names(member.models))
-        self._wire(member.server)
-        member.endpoint.patient = True
-        for other in self._members:
-            other.endpoint.patient = True
-        if member.models is None:
-            self._hold_out(member, engine.clock())
+        server = self._server(replica)
+        await self._read(server)
+        if isinstance(server.unread, _SURE):
+            raise server.unread
+        if server.models is not None and self._model is not None:
+            _check_model(self._model, [server])
+        self._join(server)
+        engine.servers_changed(added=server)
+        for other in self._servers:
+            other.patient = True
+        if server.models is None:
+            assert self._parts is not None
+            self._hold_out(server, self._parts[2]())
 
     def remove(self, replica: Replica) -> None:
         """Send nothing more to ``replica``; what it has in flight finishes there."""
         engine = self._engine
-        if engine is None or engine.closed:
+        if engine is None or engine.closed or self._parts is None:
             raise ClientClosedError("remove replicas while the client is open")
-        member = next((m for m in self._members if m.replica == replica and not _removed(m)), None)
-        if member is None:
+        server = next((s for s in self._servers if s.replica == replica and not s.removed), None)
+        if server is None:
             raise ConfigError(f"{replica.base_url!r} is not one of the client's replicas")
-        if sum(not _removed(m) for m in self._members) == 1:
+        if sum(not s.removed for s in self._servers) == 1:
             raise ConfigError(
                 f"{replica.base_url!r} is the client's last replica; add another first",
                 field="base_url",
             )
-        assert member.server is not None
-        engine.remove_server(member.server)
+        self._parts[0].remove_replica(server.index)
+        engine.servers_changed()
 
     async def aclose(self) -> None:
         for transport in self._transports:
@@ -318,24 +311,13 @@ class Endpoints:
         fleet.remove(replica if isinstance(replica, Replica) else Replica(replica))
 
 
-def _removed(member: _Member) -> bool:
-    return member.server is not None and member.server.removed
-
-
-def _names(models: ModelList | None) -> frozenset[str] | None:
-    """The model ids of a list (None: not read, or empty: the server said nothing)."""
-    if not models:
-        return None
-    return frozenset(str(m["id"]) for m in models)
-
-
-def _check_model(model: str, answered: Sequence[_Member]) -> int | None:
+def _check_model(model: str, answered: Sequence[Server]) -> int | None:
     """``max_model_len`` of ``model`` where a server lists it; raises
     :class:`UnknownModelError` when servers list models and none of them this one."""
     lengths: list[int] = []
     available: list[str] = []
-    for member in answered:
-        for entry in member.models or ():
+    for server in answered:
+        for entry in server.models or ():
             available.append(str(entry["id"]))
             if entry.get("id") == model and isinstance(entry.get("max_model_len"), int):
                 lengths.append(entry["max_model_len"])
@@ -344,24 +326,24 @@ def _check_model(model: str, answered: Sequence[_Member]) -> int | None:
         raise UnknownModelError(
             model=model,
             available=tuple(dict.fromkeys(available)),
-            base_url=", ".join(m.replica.base_url for m in answered),
+            base_url=", ".join(s.base_url for s in answered),
         )
     return min(lengths) if lengths else None
 
 
-def _unreadable(members: Sequence[_Member]) -> ServerInfoError:
-    """No replica's model list could be read, and no model was named."""
-    if len(members) == 1:
-        member = members[0]
+def _unreadable(servers: Sequence[Server]) -> ServerInfoError:
+    """No server's model list could be read, and no model was named."""
+    if len(servers) == 1:
+        server = servers[0]
         error = ServerInfoError(
-            f"could not read the model list at {member.replica.base_url}/models "
-            f"({member.unread}); is the server up? Pass model=... to skip this check"
+            f"could not read the model list at {server.base_url}/models "
+            f"({server.unread}); is the server up? Pass model=... to skip this check"
         )
     else:
-        each = "; ".join(f"{m.replica.base_url}: {m.unread}" for m in members)
+        each = "; ".join(f"{s.base_url}: {s.unread}" for s in servers)
         error = ServerInfoError(
             f"could not read the model list of any server ({each}); are they up? "
             "Pass model=... to skip this check"
         )
-    error.__cause__ = members[0].unread
+    error.__cause__ = servers[0].unread
     return error

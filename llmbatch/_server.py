@@ -1,18 +1,21 @@
-"""One server: its URL and connection pool, what it said about itself, and the
-controller and breaker that decide how much may be sent to it and when.
+"""One server, all the client knows and does about it: its URL, headers and
+connection pool; what it is and serves (detected at open, again after an outage);
+its signals; the controller and breaker that decide how much may be sent to it and
+when; its seats in the scheduler and the dispatcher that talks to it.
 
 The dispatcher reports every exchange here (answers, failures, load headers,
-latencies); the engine asks it how much bulk work may be in flight and whether the
-server may be sent anything at all. Everything that reads the network is here
-(``/health`` probes, ``/metrics`` reads); the controller and breaker it feeds are
-pure.
+latencies); the fleet's health policy (``_health``) asks it how much bulk work may
+be in flight and whether it may be sent anything at all. Everything that reads the
+network about the server is here (``/health`` probes, ``/metrics`` reads, what it
+is); the controller, breaker and signals it feeds are pure.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -37,7 +40,13 @@ from llmbatch._serverkind import (
 from llmbatch._signals import Signals, Source
 from llmbatch._transports.base import HTTPRequest, Transport
 
-__all__ = ["Endpoint"]
+if TYPE_CHECKING:
+    from llmbatch._dispatcher import Dispatcher
+    from llmbatch._replicas import Replica
+    from llmbatch._scheduler import Seats
+    from llmbatch._serverinfo import ModelList
+
+__all__ = ["Server"]
 
 logger = logging.getLogger("llmbatch")
 
@@ -47,21 +56,36 @@ METRICS_INTERVAL = 0.5
 DETECT_TIMEOUT = 2.0
 
 
-class Endpoint:
-    """A server the client sends to (one today; several with replicas)."""
+class Server:
+    """One server the client sends to (one of its replicas)."""
 
     def __init__(
         self,
+        replica: Replica,
         *,
-        base_url: str,
         headers: Mapping[str, str],
         transport: Transport,
         limits: Limits,
         retry: RetryPolicy,
         slo: SLO | None,
     ) -> None:
-        self.base_url = base_url
+        self.replica = replica
+        """How the user named it (the public value ``client.endpoints`` lists)."""
+        self.base_url = replica.base_url
         self.transport = transport
+        self.models: ModelList | None = None
+        """Its model list as last read (None: not read yet, or it did not answer)."""
+        self.unread: Exception | None = None
+        """Why its model list could not be read, last time."""
+        self.seats: Seats | None = None
+        """Its seats in the scheduler (None until the client starts sending)."""
+        self.dispatcher: Dispatcher | None = None
+        """What talks to it (None until the client starts sending)."""
+        self.probing = False
+        """A health probe of it is under way."""
+        self.on_back: Callable[[], Awaitable[None]] | None = None
+        """What to do once a probe finds it up, before it takes work again (read
+        afresh what it is and serves)."""
         # Every request asks vLLM for a load report on its response (other servers
         # ignore the header).
         self.headers = {**headers, LOAD_FORMAT_HEADER[0]: LOAD_FORMAT_HEADER[1]}
@@ -91,7 +115,25 @@ class Endpoint:
         whose peers answered (so it is starting or restarting, not misconfigured)."""
 
     def __repr__(self) -> str:
-        return f"<Endpoint {self.base_url} breaker={self.breaker.state.value}>"
+        return f"<Server {self.base_url} breaker={self.breaker.state.value}>"
+
+    @property
+    def index(self) -> int:
+        """Its place in the scheduler (``Batch.replica``)."""
+        assert self.seats is not None
+        return self.seats.index
+
+    @property
+    def removed(self) -> bool:
+        """Removed from the client: it takes nothing new (in-flight work drains)."""
+        return self.seats is not None and not self.seats.active
+
+    @property
+    def model_names(self) -> frozenset[str] | None:
+        """The ids its list names (None: not read, or empty: it said nothing)."""
+        if not self.models:
+            return None
+        return frozenset(str(m["id"]) for m in self.models)
 
     # -- what exchanges report ---------------------------------------------------------
 
