@@ -1,36 +1,31 @@
-"""``llmbatch.Client``: the public entry point, wiring scheduler, engine and transport."""
+"""``llmbatch.Client``: the public methods.
+
+A client is three parts: its configuration, checked once into one value
+(``_clientconfig``); the runtime its ``async with`` builds (``_runtime``: servers,
+scheduler, engine, background tasks), shared with its ``with_options`` views; and
+the call defaults a view fills in. Each method turns its arguments into one
+``CallOptions`` value, checked through one spec cache, and hands the request in.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
-import copy
-import dataclasses
-import enum
-import math
-import threading
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
-    Callable,
     Iterable,
     Mapping,
     Sequence,
 )
-from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, overload
 
 import anyio
-import sniffio
-from anyio.abc import TaskGroup
 
 from llmbatch._arguments import checked_arguments
 from llmbatch._chunks import ChatCompletionChunk, CompletionChunk
-from llmbatch._clock import loop_clock
+from llmbatch._clientconfig import ClientConfig
 from llmbatch._config import (
-    DEFAULT_BATCH_POLICIES,
     DEFAULT_LIMITS,
     DEFAULT_RETRY_POLICY,
     DEFAULT_TIMEOUT,
@@ -44,46 +39,29 @@ from llmbatch._config import (
     Timeout,
     parse_priority,
 )
-from llmbatch._engine import Engine
 from llmbatch._exceptions import (
     ClientClosedError,
-    ConfigError,
-    ConfigTypeError,
-    InvalidRequestError,
     InvalidTypeError,
     LLMBatchError,
 )
-from llmbatch._fleet import Endpoints, Fleet, ServerConfig
+from llmbatch._fleet import Endpoints
 from llmbatch._map import MapInput, MapRunner, check_inputs, check_map_options, kinds_of
 from llmbatch._models import ChatCompletion, Completion, Embedding, Result
 from llmbatch._options import NOT_GIVEN, CallDefaults, NotGiven
 from llmbatch._progress import ProgressLike, make_tracker
-from llmbatch._replicas import Replica, check_api_key, env, resolve
-from llmbatch._request import Kind
-from llmbatch._scheduler import Scheduler
-from llmbatch._shared.budgets import SharedBudgets
-from llmbatch._stats import Stats, StatsRecorder
+from llmbatch._replicas import Replica
+from llmbatch._request import CallSpec, Kind
+from llmbatch._runtime import Runtime
+from llmbatch._stats import Stats
 from llmbatch._submit import Submitter
 from llmbatch._tracing import Tracer
 from llmbatch._transports.base import Transport
-from llmbatch._validate import SpecCache
-from llmbatch._version import __version__
+from llmbatch._validate import CallOptions
 
 __all__ = ["Client"]
 
 #: How long ``async with`` waits on exit for queued and in-flight work by default.
 DEFAULT_DRAIN_TIMEOUT = 60.0
-#: How long ``stats()`` called from another thread waits for the client's loop.
-STATS_TIMEOUT = 5.0
-
-T = TypeVar("T")
-
-
-class _State(enum.Enum):
-    UNOPENED = "unopened"
-    OPEN = "open"
-    CLOSING = "closing"
-    CLOSED = "closed"
 
 
 class Client:
@@ -149,117 +127,59 @@ class Client:
         on_close: Literal["drain", "cancel"] = "drain",
         drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
     ) -> None:
-        self._api_key = check_api_key(api_key or env("LLMBATCH_API_KEY", "OPENAI_API_KEY"))
-        self._replicas = resolve(None if base_url == "" else base_url, self._api_key)
-        self.base_url = self._replicas[0].base_url
+        config = ClientConfig.build(
+            base_url=base_url,
+            api_key=api_key,
+            model=model,
+            batching=batching,
+            limits=limits,
+            retry=retry,
+            rate_limit=rate_limit,
+            shared_in_flight=shared_in_flight,
+            timeout=timeout,
+            max_retries=max_retries,
+            default_headers=default_headers,
+            slo=slo,
+            transport=transport,
+            priority_scheduling=priority_scheduling,
+            verify=verify,
+            on_close=on_close,
+            drain_timeout=drain_timeout,
+        )
+        self._setup(config, Runtime(config), config.call_defaults, view=False)
+
+    def _setup(
+        self,
+        config: ClientConfig,
+        runtime: Runtime,
+        defaults: CallDefaults | None,
+        *,
+        view: bool,
+    ) -> None:
+        """A client is three parts: its configuration (one checked value), the runtime
+        opening builds (shared with its views), and the call defaults its methods
+        fill in (a view's own)."""
+        self._config = config
+        self._runtime = runtime
+        self._defaults = defaults
+        """What a call gets for the options it leaves out (set by ``with_options``)."""
+        self._view = view
+        self.base_url = config.replicas[0].base_url
         """The (first) server's OpenAI-style base URL (``http://host:port/v1``), no
         trailing slash; ``endpoints`` lists every replica."""
-        if model is not None and not isinstance(model, str):
-            raise ConfigTypeError("model must be a str or None", field="model")
-        if model == "":
-            raise ConfigError("model must be a non-empty str or None", field="model")
-        self._model = model
-        self._max_model_len: int | None = None
-        self._policies = _policies(batching)
-        for name, value, kind in (
-            ("limits", limits, Limits),
-            ("retry", retry, RetryPolicy),
-        ):
-            if not isinstance(value, kind):
-                raise ConfigTypeError(f"{name} must be a {kind.__name__}", field=name)
-        # openai-python's options: a number is each call's timeout (queueing and
-        # retries included); max_retries and default_headers apply to every request.
-        call_timeout: object = None
-        if not isinstance(timeout, Timeout):
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-                raise ConfigTypeError(
-                    "timeout must be a Timeout or a number of seconds", field="timeout"
-                )
-            call_timeout, timeout = timeout, DEFAULT_TIMEOUT
-        given = CallDefaults.checked(
-            None,
-            {
-                "timeout": call_timeout,
-                "max_retries": max_retries,
-                "default_headers": default_headers,
-            },
-            config=True,
-        )
-        self._default_headers = (given.headers if given else None) or {}
-        if given is not None and given.max_retries is not None:
-            retry = dataclasses.replace(retry, attempts=given.max_retries + 1)
-        self._defaults: CallDefaults | None = (
-            CallDefaults(timeout=given.timeout) if given and given.timeout else None
-        )
-        """What a call gets for the options it leaves out (set by ``with_options``)."""
-        self._root = self
-        """The client that owns the engine: this one, or the one a view was made from."""
-        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
-            raise ConfigTypeError("rate_limit must be a RateLimit or None", field="rate_limit")
-        if shared_in_flight is not None and not isinstance(shared_in_flight, SharedInFlight):
-            raise ConfigTypeError(
-                "shared_in_flight must be a SharedInFlight or None", field="shared_in_flight"
-            )
-        if slo is not None and not isinstance(slo, SLO):
-            raise ConfigTypeError("slo must be an SLO or None", field="slo")
-        if priority_scheduling is not None and not isinstance(priority_scheduling, bool):
-            raise ConfigTypeError(
-                "priority_scheduling must be True, False or None", field="priority_scheduling"
-            )
-        if on_close not in ("drain", "cancel"):
-            raise ConfigError("on_close must be 'drain' or 'cancel'", field="on_close")
-        if isinstance(transport, str) and transport not in ("aiohttp", "httpx"):
-            raise ConfigError(
-                f"transport must be 'aiohttp', 'httpx' or a Transport, got {transport!r}",
-                field="transport",
-            )
-        if transport is not None and not isinstance(transport, str | Transport):
-            raise ConfigTypeError(
-                "transport must be 'aiohttp', 'httpx' or a Transport", field="transport"
-            )
-        if (
-            isinstance(drain_timeout, bool)
-            or not isinstance(drain_timeout, (int, float))
-            or math.isnan(drain_timeout)
-            or drain_timeout < 0
-        ):
-            raise ConfigError(
-                "drain_timeout must be a number of seconds >= 0", field="drain_timeout"
-            )
-        self.limits = limits
+        self.limits = config.limits
         """The :class:`Limits` this client runs with."""
-        self._retry = retry
-        self._rate_limit = rate_limit
-        self._shared = SharedBudgets(rate_limit, shared_in_flight)
-        self._timeout = timeout
-        self._slo = slo
-        self._transport_choice = transport
-        self._priority_scheduling = priority_scheduling
-        self._verify = bool(verify)
-        self._on_close = on_close
-        self._drain_timeout = float(drain_timeout)
-        self._state = _State.UNOPENED
-        self._exit_stack: AsyncExitStack | None = None
-        self._engine: Engine | None = None
-        self._host: asyncio.Task[None] | None = None
-        self._fleet: Fleet | None = None
-        self._recorder: StatsRecorder | None = None
-        self._submitter: Submitter | None = None
-        self._map: MapRunner | None = None
-        self.endpoints = Endpoints(lambda: self._root._fleet, self._api_key)
+        self.endpoints = Endpoints(lambda: runtime.fleet, config.api_key)
         """The client's replicas: iterate them, ``await endpoints.add(url)`` or
         ``await endpoints.remove(url)`` while it is open."""
-        self._in_loop: _LoopCaller | None = None
-        self._tracer: Tracer | None = None
 
     def __repr__(self) -> str:
         # Never the API key: only whether one is set.
-        key = "set" if self._api_key else "none"
-        root = self._root
-        view = "" if root is self else f" view={self._defaults!r}"
+        key = "set" if self._config.api_key else "none"
+        view = f" view={self._defaults!r}" if self._view else ""
         return (
             f"<llmbatch.Client base_url={self.base_url!r} model={self.model!r} "
-            f"api_key={key} state={root._state.value}{view}>"
+            f"api_key={key} state={self._runtime.state.value}{view}>"
         )
 
     @property
@@ -268,14 +188,14 @@ class Client:
         defaults = self._defaults
         if defaults is not None and defaults.model is not None:
             return defaults.model
-        return self._root._model
+        return self._runtime.model
 
     @property
     def max_model_len(self) -> int | None:
         """The server's context length from ``/v1/models`` (None if it does not say).
 
         When known, a prompt plus ``max_tokens`` that cannot fit fails at the call."""
-        return self._root._max_model_len
+        return self._runtime.max_model_len
 
     def with_options(
         self,
@@ -313,68 +233,20 @@ class Client:
             )
             if value is not NOT_GIVEN
         }
-        view = copy.copy(self)
-        view._defaults = CallDefaults.checked(self._defaults, options, config=False)
+        view = Client.__new__(Client)
+        defaults = CallDefaults.checked(self._defaults, options, config=False)
+        view._setup(self._config, self._runtime, defaults, view=True)
         return view
 
     # -- lifetime --------------------------------------------------------------------
 
     async def __aenter__(self) -> Client:
-        if self._root is not self:
+        if self._view:
             raise ClientClosedError(
                 "a with_options() view shares its client's lifetime: use it inside the "
                 "client's 'async with', without one of its own"
             )
-        if self._state is not _State.UNOPENED:
-            raise ClientClosedError("a Client can be opened only once; make a new one")
-        stack = AsyncExitStack()
-        await stack.__aenter__()
-        try:
-            fleet = Fleet(
-                ServerConfig(
-                    limits=self.limits,
-                    retry=self._retry,
-                    slo=self._slo,
-                    priority_scheduling=self._priority_scheduling,
-                    headers=self._headers,
-                    make_transport=self._make_transport,
-                )
-            )
-            stack.push_async_callback(fleet.aclose)
-            self._model, self._max_model_len = await fleet.open(self._replicas, self._model)
-            now = loop_clock()
-            stats = StatsRecorder(now())
-            scheduler = Scheduler(
-                policies=self._policies, limits=self.limits, rate_limit=self._rate_limit
-            )
-            engine = fleet.start(scheduler, stats, now)
-            self._fleet = fleet
-            loop = (
-                asyncio.get_running_loop() if sniffio.current_async_library() == "asyncio" else None
-            )
-            self._submitter = Submitter(
-                engine, SpecCache(self._model, self._max_model_len), clock=now, loop=loop
-            )
-            if loop is not None:
-                tg = await self._start_host(loop, engine)
-            else:
-                tg = await stack.enter_async_context(anyio.create_task_group())
-                tg.start_soon(engine.run, tg)
-            self._task_group = tg
-            if self._shared:
-                self._shared.start(tg, scheduler, engine.wake, now)
-                engine.shared_stats = self._shared.stats
-                stack.push_async_callback(self._shared.aclose)
-            self._recorder = stats
-            self._install_tracer(self._tracer)
-            self._map = MapRunner(self._submitter, tg)
-            self._engine = engine
-        except BaseException:
-            await stack.aclose()
-            raise
-        self._exit_stack = stack
-        self._in_loop = _loop_caller(loop)
-        self._state = _State.OPEN
+        await self._runtime.open()
         return self
 
     async def __aexit__(
@@ -383,96 +255,31 @@ class Client:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._state is not _State.OPEN or self._root is not self:
-            return
-        self._state = _State.CLOSING
-        engine, stack = self._engine, self._exit_stack
-        assert engine is not None
-        assert stack is not None
-        try:
-            if self._on_close == "drain" and exc_type is None:
-                engine.start_flush()
-                with anyio.move_on_after(self._drain_timeout, shield=True):
-                    await engine.wait_idle()
-            engine.cancel_queued()
-            self._task_group.cancel_scope.cancel()
-            if self._host is not None:
-                with anyio.CancelScope(shield=True):
-                    await asyncio.wait({self._host})
-                self._host.result()  # a bug in the background work surfaces here
-        finally:
-            self._state = _State.CLOSED
-            await stack.aclose()
-
-    async def _start_host(self, loop: asyncio.AbstractEventLoop, engine: Engine) -> TaskGroup:
-        """On asyncio, the client's background work runs in a task group hosted by a
-        task of its own, so the client may be closed from another task than the one
-        that opened it (a notebook runs each cell as a task; a drop-in transport opens
-        its client inside a request). trio has no task without a nursery: there the
-        task group lives in the task that opens the client."""
-        started: asyncio.Future[TaskGroup] = loop.create_future()
-
-        async def host() -> None:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(engine.run, tg)
-                started.set_result(tg)
-                await anyio.sleep_forever()  # until __aexit__ cancels the task group
-
-        self._host = loop.create_task(host(), name="llmbatch client")
-        waiting: set[asyncio.Future[Any]] = {self._host, started}
-        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        if not started.done():
-            self._host.result()  # it failed before starting: raise why
-        return started.result()
+        if not self._view:
+            await self._runtime.close(failed=exc_type is not None)
 
     def _set_tracer(self, tracer: Tracer | None) -> None:
         """Record this client's requests and HTTP requests with ``tracer`` (None: stop);
         ``llmbatch.otel.instrument`` calls it, before or after the client opens."""
-        root = self._root
-        root._tracer = tracer
-        if root._engine is not None:
-            root._install_tracer(tracer)
+        self._runtime.set_tracer(tracer)
 
-    def _install_tracer(self, tracer: Tracer | None) -> None:
-        assert self._submitter is not None
-        assert self._recorder is not None
-        assert self._fleet is not None
-        self._submitter.tracer = self._recorder.tracer = tracer
-        self._fleet.set_tracer(tracer)
-
-    def _make_transport(self) -> Transport:
-        choice = self._transport_choice
-        if choice is not None and not isinstance(choice, str):
-            return choice
-        if choice is None:
-            choice = "aiohttp" if sniffio.current_async_library() == "asyncio" else "httpx"
-        if choice == "aiohttp":
-            if sniffio.current_async_library() != "asyncio":
-                raise ConfigError(
-                    "the aiohttp transport needs asyncio; use 'httpx'", field="transport"
-                )
-            from llmbatch._transports.aiohttp import AiohttpTransport
-
-            return AiohttpTransport(limits=self.limits, timeout=self._timeout, verify=self._verify)
-        from llmbatch._transports.httpx import HttpxTransport
-
-        return HttpxTransport(limits=self.limits, timeout=self._timeout, verify=self._verify)
-
-    def _headers(self, api_key: str | None) -> dict[str, str]:
-        """Every request's headers for a server with this API key."""
-        headers = {"Content-Type": "application/json", "User-Agent": f"llmbatch/{__version__}"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        headers.update(self._default_headers)
-        return headers
-
-    def _open(self) -> Submitter:
-        root = self._root
-        if root._state is not _State.OPEN or root._submitter is None:
-            raise ClientClosedError(
-                f"the client is {root._state.value}; use it inside 'async with Client(...)'"
-            )
-        return root._submitter
+    def _spec(
+        self,
+        kind: Kind,
+        method: str,
+        tier: str,
+        options: CallOptions,
+        params: Mapping[str, Any],
+        *,
+        stream: bool = False,
+    ) -> tuple[Submitter, CallSpec]:
+        """Where a call goes in, and its checked options (the view's defaults filled
+        in where the call left them out)."""
+        submitter = self._runtime.submitter()
+        defaults = self._defaults
+        if defaults is not None:
+            options = defaults.fill(options)
+        return submitter, submitter.specs.get(kind, method, tier, options, params, stream=stream)
 
     # -- calls -----------------------------------------------------------------------
 
@@ -502,23 +309,17 @@ class Client:
         whole request, queueing included (:class:`DeadlineExceeded`). ``nowait=True``
         raises :class:`QueueFull` instead of waiting when the tier's queue is full.
         """
-        submitter = self._open()
-        defaults = self._defaults
-        if defaults is not None:
-            priority, model, timeout, max_retries, extra_headers = defaults.fill(
-                priority, model, timeout, max_retries, extra_headers
-            )
-        spec = submitter.specs.get(
-            "completion",
-            "normal" if priority is None else priority,
-            max_tokens,
+        options = CallOptions(
+            priority,
+            model,
             timeout,
-            params,
-            model=model,
-            method="complete",
-            extras=_extras(extra_body, extra_headers, extra_query),
-            max_retries=max_retries,
+            max_retries,
+            max_tokens,
+            extra_body,
+            extra_headers,
+            extra_query,
         )
+        submitter, spec = self._spec("completion", "complete", "normal", options, params)
         value: Completion = await submitter.call(submitter.request(spec, prompt), nowait=nowait)
         return value
 
@@ -546,23 +347,17 @@ class Client:
         where it has that route (vLLM 0.19+) and the call allows it, else one
         request each.
         """
-        submitter = self._open()
-        defaults = self._defaults
-        if defaults is not None:
-            priority, model, timeout, max_retries, extra_headers = defaults.fill(
-                priority, model, timeout, max_retries, extra_headers
-            )
-        spec = submitter.specs.get(
-            "chat",
-            "normal" if priority is None else priority,
-            max_tokens,
+        options = CallOptions(
+            priority,
+            model,
             timeout,
-            params,
-            model=model,
-            method="chat",
-            extras=_extras(extra_body, extra_headers, extra_query),
-            max_retries=max_retries,
+            max_retries,
+            max_tokens,
+            extra_body,
+            extra_headers,
+            extra_query,
         )
+        submitter, spec = self._spec("chat", "chat", "normal", options, params)
         value: ChatCompletion = await submitter.call(
             submitter.request(spec, messages), nowait=nowait
         )
@@ -623,23 +418,10 @@ class Client:
         ``{"input": text}`` items. Parameters: ``dimensions``, ``encoding_format``,
         ``user`` and vLLM's ``truncate_prompt_tokens``, ``normalize``.
         """
-        submitter = self._open()
-        defaults = self._defaults
-        if defaults is not None:
-            priority, model, timeout, max_retries, extra_headers = defaults.fill(
-                priority, model, timeout, max_retries, extra_headers
-            )
-        spec = submitter.specs.get(
-            "embedding",
-            "normal" if priority is None else priority,
-            None,
-            timeout,
-            params,
-            model=model,
-            method="embed",
-            extras=_extras(extra_body, extra_headers, extra_query),
-            max_retries=max_retries,
+        options = CallOptions(
+            priority, model, timeout, max_retries, None, extra_body, extra_headers, extra_query
         )
+        submitter, spec = self._spec("embedding", "embed", "normal", options, params)
         if isinstance(input, str):
             value: Embedding = await submitter.call(submitter.request(spec, input), nowait=nowait)
             return value
@@ -691,12 +473,16 @@ class Client:
         """
         return self._stream(
             prompt,
-            priority,
-            max_tokens,
-            timeout,
-            model,
-            max_retries,
-            (extra_body, extra_headers, extra_query),
+            CallOptions(
+                priority,
+                model,
+                timeout,
+                max_retries,
+                max_tokens,
+                extra_body,
+                extra_headers,
+                extra_query,
+            ),
             stream_options,
             params,
             chunks=False,
@@ -772,12 +558,16 @@ class Client:
         """
         chunks: AsyncGenerator[Any, None] = self._stream(
             prompt,
-            priority,
-            max_tokens,
-            timeout,
-            model,
-            max_retries,
-            (extra_body, extra_headers, extra_query),
+            CallOptions(
+                priority,
+                model,
+                timeout,
+                max_retries,
+                max_tokens,
+                extra_body,
+                extra_headers,
+                extra_query,
+            ),
             stream_options,
             params,
             chunks=True,
@@ -787,12 +577,7 @@ class Client:
     async def _stream(
         self,
         prompt: str | Sequence[Mapping[str, Any]],
-        priority: PriorityLike | None,
-        max_tokens: int | None,
-        timeout: float | None,
-        model: str | None,
-        max_retries: int | None,
-        extras: tuple[object, object, object],
+        options: CallOptions,
         stream_options: object,
         params: dict[str, Any],
         *,
@@ -802,27 +587,10 @@ class Client:
 
         An async generator, so a call is checked (and runs, on the client's loop)
         when iteration starts, as a ``SyncClient``'s must."""
-        submitter = self._open()
         kind: Kind = "completion" if isinstance(prompt, str) else "chat"
         _check_stream_options(stream_options)
-        extra_body, extra_headers, extra_query = extras
-        defaults = self._defaults
-        if defaults is not None:
-            priority, model, timeout, max_retries, extra_headers = defaults.fill(
-                priority, model, timeout, max_retries, extra_headers
-            )
-        spec = submitter.specs.get(
-            kind,
-            "realtime" if priority is None else priority,
-            max_tokens,
-            timeout,
-            params,
-            stream=True,
-            model=model,
-            method="stream_chunks" if chunks else "stream",
-            extras=_extras(extra_body, extra_headers, extra_query),
-            max_retries=max_retries,
-        )
+        method = "stream_chunks" if chunks else "stream"
+        submitter, spec = self._spec(kind, method, "realtime", options, params, stream=True)
         request = submitter.request(spec, prompt)
         send, receive = anyio.create_memory_object_stream[Any](64)
         request.deltas = send
@@ -922,8 +690,8 @@ class Client:
         params: dict[str, Any],
     ) -> tuple[MapRunner, Any, int, Any, dict[str, Any]]:
         """Check a map call's arguments at the call site."""
-        submitter = self._open()
-        runner = self._root._map
+        submitter = self._runtime.submitter()
+        runner = self._runtime.map
         assert runner is not None
         if window is None:
             # The limits hold per replica: room for twice what all of them may run.
@@ -944,80 +712,9 @@ class Client:
         Safe from any thread (a metrics exporter's, a web framework's): from outside
         the client's event loop it is taken on the loop, waiting for it up to 5 s
         (then ``TimeoutError``)."""
-        root = self._root
-        engine = root._engine
-        if engine is None:
-            raise ClientClosedError("stats() is available once the client has been opened")
-        if root._state is _State.OPEN and root._in_loop is not None:
-            return root._in_loop(engine.snapshot)
-        return engine.snapshot()
-
-
-class _LoopCaller:
-    """Runs a function on the client's event loop from another thread and waits for
-    its result; on the loop's own thread, just runs it."""
-
-    __slots__ = ("_loop", "_thread", "_token")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop | None, token: object) -> None:
-        self._thread = threading.get_ident()
-        self._loop = loop
-        self._token = token
-
-    def __call__(self, function: Callable[[], T]) -> T:
-        if threading.get_ident() == self._thread:
-            return function()
-        if self._loop is None:
-            import trio
-
-            return trio.from_thread.run_sync(function, trio_token=self._token)  # type: ignore[arg-type]
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        def run() -> None:
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(function())
-                except BaseException as exc:  # handed to the waiting thread
-                    future.set_exception(exc)
-
-        try:
-            self._loop.call_soon_threadsafe(run)
-        except RuntimeError:  # the loop has closed: nothing mutates any more
-            return function()
-        return future.result(timeout=STATS_TIMEOUT)
-
-
-def _loop_caller(loop: asyncio.AbstractEventLoop | None) -> _LoopCaller:
-    if loop is not None:
-        return _LoopCaller(loop, None)
-    import trio
-
-    return _LoopCaller(None, trio.lowlevel.current_trio_token())
-
-
-def _extras(body: object, headers: object, query: object) -> tuple[object, object, object] | None:
-    """A call's ``extra_*`` arguments, or None when it has none (the common case)."""
-    if body is None and headers is None and query is None:
-        return None
-    return (body, headers, query)
+        return self._runtime.stats()
 
 
 def _check_stream_options(options: object) -> None:
     if options is not None and not isinstance(options, Mapping):
         raise InvalidTypeError("stream_options must be a dict", field="stream_options")
-
-
-def _policies(batching: object) -> dict[Any, BatchPolicy]:
-    policies = dict(DEFAULT_BATCH_POLICIES)
-    if batching is None:
-        return policies
-    if not isinstance(batching, Mapping):
-        raise ConfigTypeError("batching must be a mapping of tier to BatchPolicy", field="batching")
-    for tier, policy in batching.items():
-        if not isinstance(policy, BatchPolicy):
-            raise ConfigTypeError("batching values must be BatchPolicy", field="batching")
-        try:
-            policies[parse_priority(tier)] = policy
-        except InvalidRequestError as exc:
-            raise ConfigError(f"batching: {exc}", field="batching") from None
-    return policies

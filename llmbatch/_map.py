@@ -35,7 +35,7 @@ from llmbatch._models import Result, make_result
 from llmbatch._progress import PROGRESS_INTERVAL, ProgressTracker
 from llmbatch._request import CallSpec, Kind, Request
 from llmbatch._submit import Submitter
-from llmbatch._validate import SpecCache
+from llmbatch._validate import CallOptions, SpecCache
 
 __all__ = ["MapInput", "MapRunner", "check_map_options", "kinds_of", "map_spec"]
 
@@ -373,18 +373,15 @@ def map_spec(specs: SpecCache, kind: Kind, priority: object, params: Mapping[str
     """The spec for a map's options (or one dict item's, merged over them): llmbatch's
     own keys taken out, the rest sampling parameters. Raises if they are invalid."""
     sampling = {k: v for k, v in params.items() if k not in _OWN}
-    extras = tuple(sampling.pop(k, None) for k in _EXTRAS)
-    return specs.get(
-        kind,
+    options = CallOptions(
         priority,
-        params.get("max_tokens"),
+        params.get("model"),
         params.get("timeout"),
-        sampling,
-        model=params.get("model"),
-        method="map",
-        extras=None if all(e is None for e in extras) else extras,
-        max_retries=params.get("max_retries"),
+        params.get("max_retries"),
+        params.get("max_tokens"),
+        *(sampling.pop(k, None) for k in _EXTRAS),
     )
+    return specs.get(kind, "map", "batch", options, sampling)
 
 
 def check_map_options(

@@ -19,7 +19,7 @@ from llmbatch._exceptions import (
     LLMBatchError,
 )
 from llmbatch._params import check_extra
-from llmbatch._validate import check_max_retries, check_timeout
+from llmbatch._validate import CallOptions, check_max_retries, check_timeout
 
 __all__ = ["NOT_GIVEN", "CallDefaults", "NotGiven", "check_default_headers"]
 
@@ -114,21 +114,14 @@ class CallDefaults:
             return None
         return cls(**values)
 
-    def fill(
-        self,
-        priority: object,
-        model: object,
-        timeout: object,
-        max_retries: object,
-        extra_headers: object,
-    ) -> tuple[Any, Any, Any, Any, Any]:
+    def fill(self, options: CallOptions) -> CallOptions:
         """A call's options with these defaults filled in where it left them out."""
-        return (
-            self.priority if priority is None else priority,
-            self.model if model is None else model,
-            self.timeout if timeout is None else timeout,
-            self.max_retries if max_retries is None else max_retries,
-            self.merge_headers(extra_headers),
+        return options._replace(
+            priority=self.priority if options.priority is None else options.priority,
+            model=self.model if options.model is None else options.model,
+            timeout=self.timeout if options.timeout is None else options.timeout,
+            max_retries=self.max_retries if options.max_retries is None else options.max_retries,
+            extra_headers=self.merge_headers(options.extra_headers),
         )
 
     def fill_map(self, params: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from llmbatch._config import parse_priority
 from llmbatch._exceptions import InvalidRequestError, InvalidTypeError
@@ -165,6 +165,29 @@ def validate_options(
     )
 
 
+class CallOptions(NamedTuple):
+    """One call's own options, as given (None: left out). Sampling parameters travel
+    beside it as a dict."""
+
+    priority: object = None
+    model: object = None
+    timeout: object = None
+    max_retries: object = None
+    max_tokens: object = None
+    extra_body: object = None
+    extra_headers: object = None
+    extra_query: object = None
+
+    @property
+    def extras(self) -> tuple[object, object, object] | None:
+        """``(extra_body, extra_headers, extra_query)``; None when none is given (the
+        common case, which the spec cache keys cheaply)."""
+        body, headers, query = self.extra_body, self.extra_headers, self.extra_query
+        if body is None and headers is None and query is None:
+            return None
+        return (body, headers, query)
+
+
 class SpecCache:
     """Validated :class:`CallSpec` objects by the options that made them.
 
@@ -187,20 +210,18 @@ class SpecCache:
     def get(
         self,
         kind: Kind,
-        priority: object,
-        max_tokens: object,
-        timeout: object,
+        method: str,
+        tier: str,
+        options: CallOptions,
         params: Mapping[str, Any],
-        stream: bool = False,
         *,
-        model: object = None,
-        method: str = "complete",
-        extras: tuple[object, object, object] | None = None,
-        max_retries: object = None,
+        stream: bool = False,
     ) -> CallSpec:
-        """The spec for these options (validated on first sight; raises if invalid).
-
-        ``extras``: ``(extra_body, extra_headers, extra_query)``, or None."""
+        """The spec for one call's options (validated on first sight; raises if
+        invalid). ``tier`` is the method's own default when the call names none."""
+        priority = tier if options.priority is None else options.priority
+        max_tokens, timeout, max_retries = options.max_tokens, options.timeout, options.max_retries
+        extras = options.extras
         try:
             # The value's type is part of the key: True == 1 == 1.0, but not as JSON.
             key: tuple[object, ...] | None = (
@@ -211,7 +232,7 @@ class SpecCache:
                 type(timeout),
                 timeout,
                 stream,
-                model,
+                options.model,
                 method,
                 type(max_retries),
                 max_retries,
@@ -225,8 +246,7 @@ class SpecCache:
             return spec
         if max_tokens is not None:
             params = {**params, "max_tokens": max_tokens}
-        name = self.model if model is None else model
-        extra_body, extra_headers, extra_query = extras or (None, None, None)
+        name = self.model if options.model is None else options.model
         spec = validate_options(
             kind=kind,
             priority=priority,
@@ -236,9 +256,9 @@ class SpecCache:
             stream=stream,
             max_model_len=self.context_of(name) if isinstance(name, str) else None,
             method=method,
-            extra_body=extra_body,
-            extra_headers=extra_headers,
-            extra_query=extra_query,
+            extra_body=options.extra_body,
+            extra_headers=options.extra_headers,
+            extra_query=options.extra_query,
             max_retries=max_retries,
         )
         if key is not None:

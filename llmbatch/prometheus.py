@@ -43,6 +43,7 @@ from llmbatch._signals import Source
 
 if TYPE_CHECKING:
     from llmbatch._client import Client
+    from llmbatch._runtime import Runtime
     from llmbatch._stats import Histogram, Stats
 
 __all__ = ["LLMBatchCollector", "register", "unregister"]
@@ -58,10 +59,11 @@ class LLMBatchCollector(Collector):
     """
 
     def __init__(self) -> None:
-        self._clients: list[tuple[weakref.ref[Client], tuple[tuple[str, str], ...]]] = []
+        # A client's runtime stands for it and its with_options views alike.
+        self._clients: list[tuple[weakref.ref[Runtime], tuple[tuple[str, str], ...]]] = []
         self._lock = threading.Lock()
 
-    def add(self, client: Client, labels: Mapping[str, str]) -> None:
+    def add(self, client: Runtime, labels: Mapping[str, str]) -> None:
         """Report ``client`` with these constant labels."""
         key = tuple(sorted(labels.items()))
         with self._lock:
@@ -83,7 +85,7 @@ class LLMBatchCollector(Collector):
                     )
             self._clients.append((weakref.ref(client), key))
 
-    def remove(self, client: Client) -> bool:
+    def remove(self, client: Runtime) -> bool:
         """Stop reporting ``client``; False if it was not registered."""
         with self._lock:
             before = len(self._clients)
@@ -147,14 +149,14 @@ def register(
         if collector is None:
             collector = _collectors[target] = LLMBatchCollector()
             target.register(collector)
-    collector.add(client._root, checked)
+    collector.add(client._runtime, checked)
     return collector
 
 
 def unregister(client: Client, registry: CollectorRegistry | None = None) -> bool:
     """Stop reporting ``client`` in ``registry``; False if it was not registered."""
     collector = _collectors.get(REGISTRY if registry is None else registry)
-    return collector is not None and collector.remove(client._root)
+    return collector is not None and collector.remove(client._runtime)
 
 
 _RESERVED = frozenset({"tier", "outcome", "server", "state", "result", "le"})

@@ -365,7 +365,8 @@ async def test_close_drains_queued_work_by_default() -> None:
         async def one() -> None:
             results.append((await c.complete("queued")).text)
 
-        c._task_group.start_soon(one)
+        assert c._runtime.task_group is not None
+        c._runtime.task_group.start_soon(one)
         await anyio.wait_all_tasks_blocked()
     assert results == ["echo:queued:0"]
 
@@ -414,7 +415,7 @@ async def test_env_vars_configure_url_and_key(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("OPENAI_API_KEY", "from-openai")
     c = Client(transport=MockTransport(FakeServer()))
     assert c.base_url == "http://127.0.0.1:7/v1"
-    assert c._api_key == "from-openai"
+    assert c._config.api_key == "from-openai"
 
 
 @pytest.mark.parametrize("url", ["not a url", "ftp://x/v1", "http:///v1", ""])

@@ -76,7 +76,7 @@ def test_base_url_takes_a_list_of_urls_and_replicas_each_with_its_key() -> None:
 def test_the_environment_lists_replicas_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMBATCH_BASE_URL", "http://a:1/v1, http://b:2/v1,")
     client = llmbatch.Client()
-    assert [r.base_url for r in client._replicas] == ["http://a:1/v1", "http://b:2/v1"]
+    assert [r.base_url for r in client._config.replicas] == ["http://a:1/v1", "http://b:2/v1"]
 
 
 @pytest.mark.parametrize(

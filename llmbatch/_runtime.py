@@ -1,0 +1,237 @@
+"""What a client builds when it opens: the fleet of servers, the scheduler and the
+engine, the task group that runs them, and the way in from other threads.
+
+One per client, shared by its ``with_options`` views. ``open`` and ``close`` are the
+client's ``async with``; between them ``submitter()`` hands calls in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+import threading
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from typing import Any, TypeVar
+
+import anyio
+import sniffio
+from anyio.abc import TaskGroup
+
+from llmbatch._clientconfig import ClientConfig
+from llmbatch._clock import loop_clock
+from llmbatch._engine import Engine
+from llmbatch._exceptions import ClientClosedError
+from llmbatch._fleet import Fleet
+from llmbatch._map import MapRunner
+from llmbatch._scheduler import Scheduler
+from llmbatch._shared.budgets import SharedBudgets
+from llmbatch._stats import Stats, StatsRecorder
+from llmbatch._submit import Submitter
+from llmbatch._tracing import Tracer
+from llmbatch._validate import SpecCache
+
+__all__ = ["Runtime", "State"]
+
+#: How long ``stats()`` called from another thread waits for the client's loop.
+STATS_TIMEOUT = 5.0
+
+T = TypeVar("T")
+
+
+class State(enum.Enum):
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class Runtime:
+    """One client's running parts, from ``async with`` to its end."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        self._config = config
+        self.state = State.UNOPENED
+        self.model = config.model
+        """The model every request names (read from the server at open if None)."""
+        self.max_model_len: int | None = None
+        self.fleet: Fleet | None = None
+        self.engine: Engine | None = None
+        self.map: MapRunner | None = None
+        self.task_group: TaskGroup | None = None
+        self._submitter: Submitter | None = None
+        self._recorder: StatsRecorder | None = None
+        self._stack: AsyncExitStack | None = None
+        self._host: asyncio.Task[None] | None = None
+        self._in_loop: _LoopCaller | None = None
+        self._tracer: Tracer | None = None
+        self._shared = SharedBudgets(config.rate_limit, config.shared_in_flight)
+
+    # -- lifetime --------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self.state is not State.UNOPENED:
+            raise ClientClosedError("a Client can be opened only once; make a new one")
+        config = self._config
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            fleet = Fleet(config.server_config())
+            stack.push_async_callback(fleet.aclose)
+            self.model, self.max_model_len = await fleet.open(config.replicas, self.model)
+            now = loop_clock()
+            stats = StatsRecorder(now())
+            scheduler = Scheduler(
+                policies=config.policies, limits=config.limits, rate_limit=config.rate_limit
+            )
+            engine = fleet.start(scheduler, stats, now)
+            self.fleet = fleet
+            loop = (
+                asyncio.get_running_loop() if sniffio.current_async_library() == "asyncio" else None
+            )
+            self._submitter = Submitter(
+                engine, SpecCache(self.model, self.max_model_len), clock=now, loop=loop
+            )
+            if loop is not None:
+                tg = await self._start_host(loop, engine)
+            else:
+                tg = await stack.enter_async_context(anyio.create_task_group())
+                tg.start_soon(engine.run, tg)
+            self.task_group = tg
+            if self._shared:
+                self._shared.start(tg, scheduler, engine.wake, now)
+                engine.shared_stats = self._shared.stats
+                stack.push_async_callback(self._shared.aclose)
+            self._recorder = stats
+            self.map = MapRunner(self._submitter, tg)
+            self.engine = engine
+            self._install_tracer()
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack = stack
+        self._in_loop = _loop_caller(loop)
+        self.state = State.OPEN
+
+    async def close(self, failed: bool) -> None:
+        """Drain (unless ``failed`` or ``on_close="cancel"``), cancel the rest, and
+        release everything; nobody is left waiting."""
+        if self.state is not State.OPEN:
+            return
+        self.state = State.CLOSING
+        engine, stack, tg = self.engine, self._stack, self.task_group
+        assert engine is not None
+        assert stack is not None
+        assert tg is not None
+        try:
+            if self._config.on_close == "drain" and not failed:
+                engine.start_flush()
+                with anyio.move_on_after(self._config.drain_timeout, shield=True):
+                    await engine.wait_idle()
+            engine.cancel_queued()
+            tg.cancel_scope.cancel()
+            if self._host is not None:
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait({self._host})
+                self._host.result()  # a bug in the background work surfaces here
+        finally:
+            self.state = State.CLOSED
+            await stack.aclose()
+
+    async def _start_host(self, loop: asyncio.AbstractEventLoop, engine: Engine) -> TaskGroup:
+        """On asyncio, the client's background work runs in a task group hosted by a
+        task of its own, so the client may be closed from another task than the one
+        that opened it (a notebook runs each cell as a task; a drop-in transport opens
+        its client inside a request). trio has no task without a nursery: there the
+        task group lives in the task that opens the client."""
+        started: asyncio.Future[TaskGroup] = loop.create_future()
+
+        async def host() -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(engine.run, tg)
+                started.set_result(tg)
+                await anyio.sleep_forever()  # until close() cancels the task group
+
+        self._host = loop.create_task(host(), name="llmbatch client")
+        waiting: set[asyncio.Future[Any]] = {self._host, started}
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            self._host.result()  # it failed before starting: raise why
+        return started.result()
+
+    # -- while open ------------------------------------------------------------------
+
+    def submitter(self) -> Submitter:
+        """The way calls go in; raises :class:`ClientClosedError` unless open."""
+        if self.state is not State.OPEN or self._submitter is None:
+            raise ClientClosedError(
+                f"the client is {self.state.value}; use it inside 'async with Client(...)'"
+            )
+        return self._submitter
+
+    def stats(self) -> Stats:
+        """A snapshot, taken on the client's loop (waiting for it from other threads)."""
+        engine = self.engine
+        if engine is None:
+            raise ClientClosedError("stats() is available once the client has been opened")
+        if self.state is State.OPEN and self._in_loop is not None:
+            return self._in_loop(engine.snapshot)
+        return engine.snapshot()
+
+    def set_tracer(self, tracer: Tracer | None) -> None:
+        """Record requests and HTTP requests with ``tracer`` (None: stop), before or
+        after opening."""
+        self._tracer = tracer
+        if self.engine is not None:
+            self._install_tracer()
+
+    def _install_tracer(self) -> None:
+        assert self._submitter is not None
+        assert self._recorder is not None
+        assert self.fleet is not None
+        tracer = self._tracer
+        self._submitter.tracer = self._recorder.tracer = tracer
+        self.fleet.set_tracer(tracer)
+
+
+class _LoopCaller:
+    """Runs a function on the client's event loop from another thread and waits for
+    its result; on the loop's own thread, just runs it."""
+
+    __slots__ = ("_loop", "_thread", "_token")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None, token: object) -> None:
+        self._thread = threading.get_ident()
+        self._loop = loop
+        self._token = token
+
+    def __call__(self, function: Callable[[], T]) -> T:
+        if threading.get_ident() == self._thread:
+            return function()
+        if self._loop is None:
+            import trio
+
+            return trio.from_thread.run_sync(function, trio_token=self._token)  # type: ignore[arg-type]
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(function())
+                except BaseException as exc:  # handed to the waiting thread
+                    future.set_exception(exc)
+
+        try:
+            self._loop.call_soon_threadsafe(run)
+        except RuntimeError:  # the loop has closed: nothing mutates any more
+            return function()
+        return future.result(timeout=STATS_TIMEOUT)
+
+
+def _loop_caller(loop: asyncio.AbstractEventLoop | None) -> _LoopCaller:
+    if loop is not None:
+        return _LoopCaller(loop, None)
+    import trio
+
+    return _LoopCaller(None, trio.lowlevel.current_trio_token())
