@@ -12,9 +12,10 @@ headers, latencies (for the admission controller), and failures (for the circuit
 breaker). When the server is down and worth waiting for, the batch is handed back
 for the queue instead of spending its retries on the outage.
 
-Retries are a plain loop rather than a retry library: the first attempt must cost
-nothing extra (setting up tenacity took ~33 µs per call, a fifth of the
-single-request latency budget), and each resend is charged to the rate limits.
+The first attempt is a plain call: it must cost nothing extra (setting up tenacity
+took ~33 µs per call, a fifth of the single-request latency budget). Only after it
+fails does the retry policy run, on tenacity, with each resend charged to the rate
+limits.
 """
 
 from __future__ import annotations
@@ -448,41 +449,97 @@ class Dispatcher:
     ) -> T:
         """``call()``, retried with backoff on 429, 5xx and network errors; raises
         :class:`_Unavailable` when the server is down and worth waiting for, or when
-        another replica can take the batch at once (failover)."""
+        another replica can take the batch at once (failover).
+
+        The first attempt goes out plain, so it costs nothing when nothing fails; the
+        retry policy after a first failure runs on tenacity (waits with full jitter
+        or the server's Retry-After, each resend charged to the rate limits; stops
+        after ``RetryPolicy.attempts``; a log line before each sleep). tenacity stays
+        private: what a caller sees is the last attempt's own error."""
         attempts = requests[0].spec.attempts or self._retry.attempts
-        attempt = 1
-        while True:
-            retried = attempt > 1
+        try:
+            return await self._attempt(requests, call, retry_if, attempts)
+        except _Unavailable:
+            raise
+        except RequestError as error:
+            if isinstance(error, NotFoundError):
+                raise
+            if attempts <= 1 or not self._retryable(error, requests, _can(retry_if)):
+                raise
+            first = error
+        # Only a failed first attempt gets here, and pays for the retry machinery.
+        import tenacity
+
+        replay: list[RequestError] = [first]
+
+        async def attempt() -> T:
+            if replay:  # tenacity's attempt 1 is the plain one that already failed
+                raise replay.pop()
             for request in requests:
-                request.attempts += 1
-                if retried:
-                    request.retried = True
-            try:
-                return await call()
-            except NotFoundError as error:
-                told = await self._unknown_model(error, requests[0].spec.model)
-                if told is error:
-                    raise
-                raise told from error
-            except RequestError as error:
-                can_retry = retry_if is None or retry_if()
-                unavailable = _is_unavailable(error) and can_retry
-                if unavailable and (
+                request.retried = True
+            return await self._attempt(requests, call, retry_if, attempts)
+
+        retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(attempts),
+            wait=lambda state: self._wait(requests, state.attempt_number, _failure(state)),
+            retry=tenacity.retry_if_exception(
+                lambda exc: (
+                    isinstance(exc, RequestError)
+                    and not isinstance(exc, NotFoundError)
+                    and self._retryable(exc, requests, _can(retry_if))
+                )
+            ),
+            before_sleep=lambda state: self._before_sleep(requests, state, attempts),
+            sleep=anyio.sleep,
+            reraise=True,
+        )
+        result: T = await retrying(attempt)
+        return result
+
+    async def _attempt(
+        self,
+        requests: Sequence[Request],
+        call: Callable[[], Awaitable[T]],
+        retry_if: Callable[[], bool] | None,
+        attempts: int,
+    ) -> T:
+        """One attempt: a failure that says the server is down (and worth waiting for,
+        or another replica is up) becomes :class:`_Unavailable`, a 404 naming a model
+        says which the server has; other failures are raised as they are."""
+        for request in requests:
+            request.attempts += 1
+        try:
+            return await call()
+        except NotFoundError as error:
+            told = await self._unknown_model(error, requests[0].spec.model)
+            if told is error:
+                raise
+            raise told from error
+        except RequestError as error:
+            if (
+                _is_unavailable(error)
+                and _can(retry_if)
+                and (
                     self.server.on_unavailable(self._now(), error)
                     or self._may_fail_over(requests, attempts)
-                ):
-                    raise _Unavailable from error
-                if attempt >= attempts or not self._retryable(error, requests, can_retry):
-                    raise
-                delay = self._backoff(attempt, error)
-                exc = error
-            if self._rate is not None:
-                tokens = sum(r.est_tokens for r in requests)
-                delay = max(delay, self._rate.reserve(self._now(), tokens))
-            self._stats.retries += 1
-            self._log_retry(requests, attempt, attempts, delay, exc)
-            await anyio.sleep(delay)
-            attempt += 1
+                )
+            ):
+                raise _Unavailable from error
+            raise
+
+    def _wait(self, requests: Sequence[Request], attempt: int, error: RequestError) -> float:
+        """Before retry ``attempt + 1``: the backoff, or longer if the rate limits ask
+        (the resend is charged to them now)."""
+        delay = self._backoff(attempt, error)
+        if self._rate is not None:
+            tokens = sum(r.est_tokens for r in requests)
+            delay = max(delay, self._rate.reserve(self._now(), tokens))
+        return delay
+
+    def _before_sleep(self, requests: Sequence[Request], state: Any, attempts: int) -> None:
+        self._stats.retries += 1
+        sleep = state.next_action.sleep if state.next_action is not None else 0.0
+        self._log_retry(requests, state.attempt_number, attempts, sleep, _failure(state))
 
     async def _unknown_model(self, error: NotFoundError, model: str) -> NotFoundError:
         """A 404 that names no route (an OpenAI error object: vLLM's "The model `x`
@@ -662,6 +719,18 @@ class Dispatcher:
         settle = self._stats.settle_error
         for request in requests:
             settle(request, error.for_request(request.id, request.attempts))
+
+
+def _can(retry_if: Callable[[], bool] | None) -> bool:
+    """Whether the exchange may still be retried (a stream: not once it sent text)."""
+    return retry_if is None or retry_if()
+
+
+def _failure(state: Any) -> RequestError:
+    """The error a tenacity attempt ended with."""
+    error = state.outcome.exception()
+    assert isinstance(error, RequestError)
+    return error
 
 
 def _is_unavailable(error: RequestError) -> bool:

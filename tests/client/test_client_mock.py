@@ -155,6 +155,32 @@ async def test_retries_are_bounded_then_the_error_is_typed() -> None:
     assert info.value.attempts == 3
     assert info.value.status_code == 500
     assert len(fake.bodies) == 3
+    # The retry machinery (tenacity) is private: nothing of it reaches the caller.
+    chain = [info.value, info.value.__cause__, info.value.__context__]
+    assert not any(type(e).__module__.startswith("tenacity") for e in chain if e is not None)
+
+
+def test_a_first_attempt_that_succeeds_never_loads_the_retry_machinery() -> None:
+    import subprocess
+    import sys
+
+    # In a fresh interpreter: tenacity is imported only once something has failed.
+    program = (
+        "import sys, anyio, llmbatch\n"
+        "from llmbatch.transports import MockResponse, MockTransport\n"
+        "async def main():\n"
+        "    transport = MockTransport(lambda r: MockResponse(json={'id': 'c', 'object': "
+        "'text_completion', 'created': 0, 'model': 'm', 'choices': [{'index': 0, 'text': "
+        "'ok', 'finish_reason': 'stop'}]}))\n"
+        "    async with llmbatch.Client('http://h/v1', model='m', transport=transport) as c:\n"
+        "        await c.complete('x')\n"
+        "anyio.run(main)\n"
+        "print('tenacity' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "False"
 
 
 async def test_client_errors_are_not_retried() -> None:
