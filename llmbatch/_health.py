@@ -109,11 +109,13 @@ class Health:
         now: float | None = None
         any_live = False
         for server in self.servers:
-            if server.removed:
-                continue
             breaker = server.breaker
             if breaker.state is BreakerState.CLOSED:
-                return False
+                if not server.removed:
+                    return False
+                continue
+            if server.removed:
+                continue
             if now is None:
                 now = self._now()
             if not breaker.outage_over_tolerance(now):

@@ -355,7 +355,7 @@ class MapRunner:
         run.outstanding.add(request)
         request.on_done(run.on_done)
         try:
-            submitter.engine.submit(request)
+            submitter.engine.submit(request, more=True)
         except LLMBatchError as exc:  # pragma: no cover - submit only raises with nowait
             request.set_error(exc)
 
