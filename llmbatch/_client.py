@@ -309,17 +309,23 @@ class Client:
         whole request, queueing included (:class:`DeadlineExceeded`). ``nowait=True``
         raises :class:`QueueFull` instead of waiting when the tier's queue is full.
         """
-        options = CallOptions(
-            priority,
-            model,
-            timeout,
-            max_retries,
-            max_tokens,
-            extra_body,
-            extra_headers,
-            extra_query,
+        # The options value is a temporary: a waiting call's frame does not keep it.
+        submitter, spec = self._spec(
+            "completion",
+            "complete",
+            "normal",
+            CallOptions(
+                priority,
+                model,
+                timeout,
+                max_retries,
+                max_tokens,
+                extra_body,
+                extra_headers,
+                extra_query,
+            ),
+            params,
         )
-        submitter, spec = self._spec("completion", "complete", "normal", options, params)
         value: Completion = await submitter.call(submitter.request(spec, prompt), nowait=nowait)
         return value
 
@@ -347,17 +353,23 @@ class Client:
         where it has that route (vLLM 0.19+) and the call allows it, else one
         request each.
         """
-        options = CallOptions(
-            priority,
-            model,
-            timeout,
-            max_retries,
-            max_tokens,
-            extra_body,
-            extra_headers,
-            extra_query,
+        # The options value is a temporary: a waiting call's frame does not keep it.
+        submitter, spec = self._spec(
+            "chat",
+            "chat",
+            "normal",
+            CallOptions(
+                priority,
+                model,
+                timeout,
+                max_retries,
+                max_tokens,
+                extra_body,
+                extra_headers,
+                extra_query,
+            ),
+            params,
         )
-        submitter, spec = self._spec("chat", "chat", "normal", options, params)
         value: ChatCompletion = await submitter.call(
             submitter.request(spec, messages), nowait=nowait
         )
@@ -418,10 +430,16 @@ class Client:
         ``{"input": text}`` items. Parameters: ``dimensions``, ``encoding_format``,
         ``user`` and vLLM's ``truncate_prompt_tokens``, ``normalize``.
         """
-        options = CallOptions(
-            priority, model, timeout, max_retries, None, extra_body, extra_headers, extra_query
+        # The options value is a temporary: a waiting call's frame does not keep it.
+        submitter, spec = self._spec(
+            "embedding",
+            "embed",
+            "normal",
+            CallOptions(
+                priority, model, timeout, max_retries, None, extra_body, extra_headers, extra_query
+            ),
+            params,
         )
-        submitter, spec = self._spec("embedding", "embed", "normal", options, params)
         if isinstance(input, str):
             value: Embedding = await submitter.call(submitter.request(spec, input), nowait=nowait)
             return value

@@ -262,6 +262,10 @@ class Request:
             self._callback = None
             callback(self)
 
+    def park(self, waiter: asyncio.Future[None]) -> None:
+        """``waiter`` is resolved once the request is settled (it is not yet)."""
+        self._waiter = waiter
+
     async def wait(self, loop: asyncio.AbstractEventLoop | None) -> None:
         """Return once settled. ``loop``: the running asyncio loop, whose bare future is
         the cheapest waiter there; None (trio) uses an anyio event."""

@@ -98,7 +98,17 @@ class Submitter:
         engine = self.engine
         engine.submit(request, nowait=nowait)
         try:
-            await request.wait(self._loop)
+            loop = self._loop
+            if request.done:
+                pass
+            elif loop is not None:
+                # request.wait's body, inline: one coroutine frame less per waiting
+                # call (100,000 gathered calls hold 100,000 of them).
+                future: asyncio.Future[None] = loop.create_future()
+                request.park(future)
+                await future
+            else:
+                await request.wait(None)
         finally:
             if not request.done:
                 engine.abandon(request)
