@@ -165,3 +165,27 @@ def test_aiohttp_connect_timeouts_are_told_from_pool_waits() -> None:
 def test_httpx_errors_map_one_to_one(raised: Exception, expected: type[Exception]) -> None:
     with pytest.raises(expected), httpx_errors():
         raise raised
+
+
+async def test_a_transport_failing_in_background_reads_does_not_take_the_client_down() -> None:
+    """A custom transport must raise only llmbatch's errors; one that raises anything
+    else on /metrics or /health costs those reads, not the client."""
+    from fake_server import FakeServer
+
+    import llmbatch
+    from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
+
+    fake = FakeServer()
+
+    async def handler(request: HTTPRequest) -> MockResponse:
+        if request.method == "GET" and not request.url.endswith("/models"):
+            raise KeyError("a bug in the application's transport")
+        if request.method == "POST":
+            await anyio.sleep(0.7)  # in flight across one /metrics read (every 0.5 s)
+        return fake(request)
+
+    async with llmbatch.Client("http://127.0.0.1:1/v1", transport=MockTransport(handler)) as c:
+        results = await c.map([f"p{i}" for i in range(300)], max_tokens=2)
+        assert all(r.ok for r in results)
+        assert c._runtime.engine is not None
+        assert c._runtime.engine.servers[0].has_metrics is False

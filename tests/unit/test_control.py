@@ -3,13 +3,11 @@ time: they are pure, so every rule is checked exactly."""
 
 from __future__ import annotations
 
-import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmbatch import SLO
-from llmbatch._breaker import Breaker, BreakerState
 from llmbatch._control import AdmissionController
 
 #: The simulator's calibrated step model: 22.25 ms + 1.065 ms per running sequence.
@@ -182,114 +180,6 @@ def test_a_zero_ttft_is_a_fast_answer_not_a_crash() -> None:
     controller.on_ttft(0.0)
     controller.update(1.0)
     assert 1 <= controller.limit <= 8
-
-
-# -- the breaker -----------------------------------------------------------------------
-
-
-def test_consecutive_failures_open_the_breaker_and_a_success_resets_the_count() -> None:
-    breaker = Breaker(failure_threshold=3, probe_interval=1.0)
-    breaker.on_success()
-    assert not breaker.on_failure(0.0, "refused")
-    assert not breaker.on_failure(0.1, "refused")
-    breaker.on_success()
-    assert not breaker.on_failure(0.2, "refused")
-    assert not breaker.on_failure(0.3, "refused")
-    assert breaker.on_failure(0.4, "refused")
-    assert breaker.state is BreakerState.OPEN
-    assert not breaker.allows()
-
-
-def test_answers_to_requests_sent_before_a_failure_do_not_reset_the_count() -> None:
-    # A 503 storm on a busy server: batches sent before it keep finishing with 200
-    # while every new request gets a 503. Only an answer to a request sent after the
-    # latest failure shows the server is back.
-    breaker = Breaker(failure_threshold=3, probe_interval=1.0)
-    breaker.on_success(sent_at=0.0)
-    assert not breaker.on_failure(1.0, "503")
-    breaker.on_success(sent_at=0.5)  # sent before the failure: says nothing since
-    assert not breaker.on_failure(1.1, "503")
-    breaker.on_success(sent_at=0.9)
-    assert breaker.on_failure(1.2, "503")  # the third in a row opens it
-    assert breaker.state is BreakerState.OPEN
-    breaker.on_success(sent_at=1.0)  # an old batch's answer does not close it either
-    assert breaker.state is BreakerState.OPEN
-    breaker.on_probe(2.2, healthy=True)
-    breaker.trial_sent()
-    breaker.on_success(sent_at=2.2)
-    assert breaker.state is BreakerState.CLOSED
-    assert breaker.failures == 0
-    assert not breaker.on_failure(3.0, "503")
-    breaker.on_success(sent_at=3.5)  # sent after it: the count starts over
-    assert not breaker.on_failure(4.0, "503")
-    assert not breaker.on_failure(4.1, "503")
-
-
-def test_an_open_breaker_probes_then_sends_one_trial_batch_then_closes() -> None:
-    breaker = Breaker(failure_threshold=1, probe_interval=1.0)
-    breaker.on_success()
-    breaker.on_failure(10.0, "503")
-    assert breaker.next_probe() == 11.0
-    assert not breaker.probe_due(10.5)
-    assert breaker.probe_due(11.0)
-    breaker.on_probe(11.0, healthy=False)
-    assert breaker.next_probe() == 12.0
-    breaker.on_probe(12.0, healthy=True)
-    assert breaker.state is BreakerState.HALF_OPEN
-    assert breaker.allows()
-    breaker.trial_sent()
-    assert not breaker.allows()  # exactly one trial
-    breaker.on_success()
-    assert breaker.state is BreakerState.CLOSED
-    assert breaker.allows()
-
-
-def test_a_failed_trial_reopens_without_restarting_the_outage_clock() -> None:
-    breaker = Breaker(failure_threshold=1, probe_interval=1.0, outage_tolerance=5.0)
-    breaker.on_success()
-    breaker.on_failure(0.0, "refused")
-    breaker.on_probe(1.0, healthy=True)
-    breaker.trial_sent()
-    breaker.on_failure(1.5, "503")
-    assert breaker.state is BreakerState.OPEN
-    assert breaker.opened_at == 0.0
-    assert not breaker.outage_over_tolerance(5.0)
-    assert breaker.outage_over_tolerance(5.1)
-    assert breaker.opened == 1
-
-
-@pytest.mark.parametrize("threshold", [1, 3])
-def test_the_outage_clock_starts_when_the_breaker_opens(threshold: int) -> None:
-    breaker = Breaker(failure_threshold=threshold, outage_tolerance=120.0)
-    breaker.on_success()
-    for i in range(threshold):
-        breaker.on_failure(float(i), "refused")
-    assert breaker.outage_seconds(100.0) == pytest.approx(100.0 - (threshold - 1))
-
-
-@pytest.mark.anyio
-async def test_a_transport_failing_in_background_reads_does_not_take_the_client_down() -> None:
-    """A custom transport must raise only llmbatch's errors; one that raises anything
-    else on /metrics or /health costs those reads, not the client."""
-    from fake_server import FakeServer
-
-    import llmbatch
-    from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
-
-    fake = FakeServer()
-
-    async def handler(request: HTTPRequest) -> MockResponse:
-        if request.method == "GET" and not request.url.endswith("/models"):
-            raise KeyError("a bug in the application's transport")
-        if request.method == "POST":
-            await anyio.sleep(0.7)  # in flight across one /metrics read (every 0.5 s)
-        return fake(request)
-
-    async with llmbatch.Client("http://127.0.0.1:1/v1", transport=MockTransport(handler)) as c:
-        results = await c.map([f"p{i}" for i in range(300)], max_tokens=2)
-        assert all(r.ok for r in results)
-        assert c._runtime.engine is not None
-        assert c._runtime.engine.servers[0].has_metrics is False
 
 
 def test_the_slo_aim_follows_how_many_realtime_answers_miss() -> None:

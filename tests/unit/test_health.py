@@ -1,0 +1,92 @@
+"""The fleet's health policy on explicit time: which servers take work, ejection of
+a slow one, failover, the outage error."""
+
+from __future__ import annotations
+
+from factories import make_request
+
+from llmbatch import Limits, Replica, RetryPolicy
+from llmbatch._exceptions import ConnectError
+from llmbatch._health import SLOW_FACTOR, Health
+from llmbatch._request import Request
+from llmbatch._scheduler import Scheduler
+from llmbatch._server import Server
+from llmbatch.transports import MockResponse, MockTransport
+
+LIMITS = Limits(max_in_flight=16, reserved_realtime=2)
+
+
+def fleet(n: int, now: list[float]) -> tuple[Health, list[Server]]:
+    scheduler = Scheduler(limits=LIMITS)
+    servers: list[Server] = []
+    transport = MockTransport(lambda request: MockResponse(status=200))
+    for i in range(n):
+        server = Server(
+            Replica(f"http://s{i}:8000/v1"),
+            headers={},
+            transport=transport,
+            limits=LIMITS,
+            retry=RetryPolicy(outage_tolerance=10.0),
+            slo=None,
+        )
+        server.seats = scheduler.seats[0] if i == 0 else scheduler.add_replica()
+        server.patient = True  # one of several: worth waiting for
+        servers.append(server)
+    return Health(servers, scheduler, lambda: now[0]), servers
+
+
+def fail(server: Server, now: float, times: int = 5) -> None:
+    for k in range(times):
+        server.on_unavailable(now + k * 0.01, ConnectError("refused"))
+
+
+def test_a_server_takes_work_as_its_breaker_allows() -> None:
+    now = [0.0]
+    health, (a, b) = fleet(2, now)
+    health.sync(0.0, health.live(), tg=None, wake=lambda: None)  # type: ignore[arg-type]
+    assert a.seats is not None
+    assert a.seats.sendable is None  # closed: freely
+    fail(a, 0.0)
+    assert a.breaker.state.value == "open"
+    assert health.can_fail_over(a)  # b is up
+    assert not health.can_fail_over(b)  # a is not
+
+
+def test_all_over_tolerance_only_when_every_live_server_is() -> None:
+    now = [0.0]
+    health, (a, b) = fleet(2, now)
+    fail(a, 0.0)
+    assert not health.all_over_tolerance()  # b is up
+    fail(b, 0.0)
+    now[0] = 5.0
+    assert not health.all_over_tolerance()  # down, within the tolerance
+    now[0] = 11.0
+    assert health.all_over_tolerance()
+    error = health.outage_error(_request())
+    assert "every server (2;" in str(error)
+    assert "outage tolerance of 10s" in str(error)
+
+
+def test_a_removed_server_does_not_count_either_way() -> None:
+    now = [0.0]
+    health, (a, b) = fleet(2, now)
+    assert b.seats is not None
+    b.seats.active = False  # removed, breaker closed: it serves nobody
+    fail(a, 0.0)
+    now[0] = 11.0
+    assert health.all_over_tolerance()
+    assert health.live() == [a]
+
+
+def test_a_server_far_slower_than_its_peers_is_ejected() -> None:
+    now = [0.0]
+    health, servers = fleet(3, now)
+    for server, step in zip(servers, (0.01, 0.011, 0.01 * SLOW_FACTOR * 1.5), strict=True):
+        server.controller.on_step_time(step)
+    health.control(1.0, health.live(), frozenset())
+    assert [s.ejected for s in servers] == [False, False, True]
+    assert servers[2].breaker.state.value == "open"
+
+
+def _request() -> Request:
+    return make_request()
