@@ -118,6 +118,11 @@ class RedisProcess:
             process.kill()
             process.wait()
 
+    def close(self) -> None:
+        """Stop it and remove its directory (its log goes with it)."""
+        self.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
     def restart(self) -> None:
         """Stop, then start again on the same port (its data is gone: nothing is saved)."""
         self.stop()
@@ -138,8 +143,8 @@ class RedisProcess:
 def run_redis() -> Iterator[RedisProcess]:
     """A redis-server for the duration of the ``with`` block."""
     redis = RedisProcess()
-    redis.start()
     try:
+        redis.start()
         yield redis
     finally:
-        redis.stop()
+        redis.close()
