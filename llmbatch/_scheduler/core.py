@@ -15,8 +15,9 @@ Rules, in order of precedence:
    arrival order and are admitted one per freed place (``nowait=True`` callers get
    :class:`QueueFull` instead).
 3. Within a tier, only compatible requests (same endpoint kind, model and sampling
-   parameters) share a batch; the group whose oldest request waited longest goes
-   first.
+   parameters) share a batch, and the groups with a batch ready take turns: one
+   that has just sent goes behind the others, so no group waits on another that
+   never empties.
 4. A group becomes a batch when it reaches ``max_batch_size`` or ``max_batch_tokens``,
    when its oldest request has waited ``max_wait``, when its tier has nothing in
    flight (``send_when_idle``), or when the scheduler is flushing (shutdown drain).
@@ -433,7 +434,9 @@ class Scheduler:
         self, priority: Priority, group: Group, count: int, tokens: int, seats: Seats
     ) -> Batch:
         tier = self._tiers[priority]
+        key = group.head().group_key
         taken = tuple(tier.pop(group) for _ in range(count))
+        tier.served(group, key)
         index = seats.index
         for request in taken:
             request.state = _IN_FLIGHT

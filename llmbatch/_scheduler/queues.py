@@ -40,14 +40,23 @@ class Group:
 
 
 class TierQueue:
-    """One tier: its compatible groups in arrival order, and the callers waiting for
-    room."""
+    """One tier: its compatible groups, in turn order, and the callers waiting for
+    room.
 
-    __slots__ = ("groups", "policy", "size", "waiting", "waiting_live")
+    Groups take turns: a group that has just sent a batch goes to the back of the
+    line (``served``), and a new group joins just ahead of it (it has had no turn
+    yet; the others have waited longer since theirs). In creation order, a group
+    that never empties (a long map refilling it) would hold every later group of its
+    tier behind it for as long as it runs; in turns, each group with a batch ready
+    waits at most one batch of every other group."""
+
+    __slots__ = ("groups", "last_served", "policy", "size", "waiting", "waiting_live")
 
     def __init__(self, policy: BatchPolicy) -> None:
         self.policy = policy
         self.groups: OrderedDict[str, Group] = OrderedDict()
+        self.last_served: str | None = None
+        """The key of the group that sent the latest batch (the back of the line)."""
         self.size = 0
         self.waiting: deque[Request] = deque()
         self.waiting_live = 0
@@ -56,7 +65,7 @@ class TierQueue:
         key = request.group_key
         group = self.groups.get(key)
         if group is None:
-            group = self.groups[key] = Group()
+            group = self._new_group(key)
         group.items.append(request)
         group.live += 1
         group.tokens += request.est_tokens
@@ -98,10 +107,28 @@ class TierQueue:
                 del self.groups[key]
             for request in moved:
                 request.travel_alone()
-                alone = self.groups[request.group_key] = Group()
+                alone = self._new_group(request.group_key)
                 alone.items.append(request)
                 alone.live = 1
                 alone.tokens = request.est_tokens  # (its batch timer keeps running)
+
+    def _new_group(self, key: str) -> Group:
+        """A group joining the line: ahead of the one served last, behind the rest."""
+        groups = self.groups
+        group = groups[key] = Group()
+        last = self.last_served
+        if last is not None and last in groups:
+            groups.move_to_end(last)
+        return group
+
+    def served(self, group: Group, key: str) -> None:
+        """``group`` (under ``key``) sent a batch: its next turn comes after the
+        others' (if it still has work)."""
+        if group.live and key in self.groups:
+            self.groups.move_to_end(key)
+            self.last_served = key
+        else:
+            self.last_served = None
 
     def unqueue(self, request: Request) -> None:
         """Take a queued request out (lazily: its group skips it later)."""

@@ -1,0 +1,72 @@
+"""Groups of one tier take turns: none waits on another that never empties."""
+
+from __future__ import annotations
+
+from factories import make_request as make
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmbatch import BatchPolicy, Limits, Priority
+from llmbatch._scheduler import Scheduler
+
+BULK = Priority.BATCH
+READY = BatchPolicy(max_batch_size=4, max_wait=0.0, send_when_idle=True)
+
+
+def scheduler(max_in_flight: int) -> Scheduler:
+    return Scheduler(
+        policies={p: READY for p in Priority},
+        limits=Limits(max_in_flight=max_in_flight, reserved_realtime=0),
+    )
+
+
+def test_a_later_group_is_not_held_behind_one_that_keeps_refilling() -> None:
+    """The issue's case: caller A's map refills its group without end; caller B's
+    requests (other parameters, so another group) arrive later."""
+    s = scheduler(max_in_flight=4)
+    for i in range(8):
+        s.add(make(BULK, prompt=f"a{i}", max_tokens=4))
+    (first,) = s.poll(0.0).batches  # A's first batch fills every seat
+    for i in range(3):
+        s.add(make(BULK, prompt=f"b{i}", max_tokens=5))  # B arrives
+    s.finish_batch(first.requests, BULK, 0)
+    for i in range(4):
+        s.add(make(BULK, prompt=f"a-more{i}", max_tokens=4))  # A refills
+    second = s.poll(1.0).batches
+    # B's turn first (all three of its requests); A takes the seat left.
+    assert [len(b.requests) for b in second] == [3, 1]
+    assert {r.spec.params["max_tokens"] for r in second[0].requests} == {5}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    groups=st.integers(min_value=2, max_value=5),
+    seats=st.integers(min_value=1, max_value=8),
+    steps=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 6)), min_size=5, max_size=60),
+)
+def test_a_group_with_work_waits_at_most_one_batch_of_each_other_group(
+    groups: int, seats: int, steps: list[tuple[int, int]]
+) -> None:
+    s = scheduler(max_in_flight=seats)
+    in_flight = []
+    owed: dict[int, int] = {}  # group -> batches of others sent since it was ready
+    queued = dict.fromkeys(range(groups), 0)
+    now = 0.0
+    for group, arrivals in steps:
+        group %= groups
+        for i in range(arrivals):
+            s.add(make(BULK, prompt=f"{group}-{now}-{i}", max_tokens=group + 1), nowait=False)
+            queued[group] += 1
+        for batch in s.poll(now).batches:
+            sent = batch.requests[0].spec.params["max_tokens"] - 1
+            queued[sent] -= len(batch.requests)
+            owed.pop(sent, None)
+            for other in range(groups):
+                if other != sent and queued[other] > 0:
+                    owed[other] = owed.get(other, 0) + 1
+                    assert owed[other] <= groups - 1, (other, owed)
+            in_flight.append(batch)
+        if in_flight:  # the server answers the oldest batch
+            done = in_flight.pop(0)
+            s.finish_batch(done.requests, BULK, 0)
+        now += 1.0
