@@ -338,8 +338,8 @@ class AdmissionController:
         if seats is not None:
             # A realtime request must find a seat on the server, not only in the
             # client: with the server's seats all taken by bulk it waits in the
-            # server's queue until a bulk sequence finishes (on real vLLM, realtime
-            # TTFT p95 0.4 s at 3 ms a token). Bulk leaves the reserve free there.
+            # server's queue until a bulk sequence finishes, a whole generation
+            # (docs/benchmarks.md, "Real vLLM"). Bulk leaves the reserve free there.
             self._limit = min(self._limit, max(1.0, float(seats - self.reserve)))
 
     def _queue_allowance(self) -> float:

@@ -129,7 +129,7 @@ class Engine:
     def _due(self) -> None:
         """A realtime request may be sent. While the loop sleeps, take its turn here,
         in the caller's task: the request then reaches its sender one event-loop
-        iteration sooner (the hop to the loop's task and back was a third of what
+        iteration sooner (the hop to the loop's task was the largest part of what
         llmbatch added to a single call). The loop is woken only if that turn needs
         it: a limit grew, or the next trigger is earlier than the loop's timer.
 
