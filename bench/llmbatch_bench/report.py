@@ -108,6 +108,7 @@ def _bulk(report: Mapping[str, Any]) -> str:
             _ms(r, "batch", "p99"),
             num(r["peak_rss_mb"]),
             num(r["extra"].get("server_running_mean"), 1),
+            _server_cpu_per_prompt(r),
         ]
         for r in runs
     ]
@@ -122,8 +123,23 @@ def _bulk(report: Mapping[str, Any]) -> str:
         "p99 ms",
         "peak RSS MB",
         "server running",
+        "server CPU µs/prompt",
     ]
-    return section("Bulk", table(headers, rows))
+    note = (
+        "'CPU µs/prompt' is the client's; 'server CPU' the server process's when the "
+        "bench started it, or (with --url) the API server's own process_cpu_seconds_total "
+        "from its /metrics (vLLM's engine core, another process, is not in it; '-' where "
+        "the server exports neither)."
+    )
+    return section("Bulk", table(headers, rows), note)
+
+
+def _server_cpu_per_prompt(run: Mapping[str, Any]) -> str:
+    extra = run["extra"]
+    seconds = extra.get("server_cpu_s", extra.get("api_server_cpu_s"))
+    if seconds is None or not run["ok"]:
+        return "-"
+    return num(seconds / run["ok"] * 1e6, 0)
 
 
 def _mixed(report: Mapping[str, Any]) -> str:

@@ -79,7 +79,10 @@ class MetricsSampler:
 
     Reports the mean running and waiting sequences: whether the server was full is
     what explains a throughput number. Any server without those metrics just yields
-    nothing. Also the server process's CPU seconds when it is a local process.
+    nothing. Also the server's CPU seconds: the process's when the harness started it
+    (``server_cpu_s``); for a server at ``--url``, its API server's own count, where
+    its ``/metrics`` exports ``process_cpu_seconds_total`` (``api_server_cpu_s``: vLLM's
+    API server does; its engine core is another process, not counted).
     """
 
     INTERVAL = 0.1
@@ -94,11 +97,14 @@ class MetricsSampler:
         self._waiting: list[float] = []
         self._thread: threading.Thread | None = None
         self._cpu_start: float | None = None
+        self._api_cpu_start: float | None = None
         self._busy_start: float | None = None
         self._wall_start = 0.0
 
     def __enter__(self) -> MetricsSampler:
         self._cpu_start = self._server_cpu()
+        if self._pid is None:
+            self._api_cpu_start = self._api_server_cpu()
         self._busy_start = machine_busy()
         self._wall_start = time.perf_counter()
         self._thread = threading.Thread(target=self._poll, daemon=True)
@@ -118,6 +124,10 @@ class MetricsSampler:
         cpu = self._server_cpu()
         if cpu is not None and self._cpu_start is not None:
             out["server_cpu_s"] = round(cpu - self._cpu_start, 3)
+        if self._api_cpu_start is not None:
+            api = self._api_server_cpu()
+            if api is not None:
+                out["api_server_cpu_s"] = round(api - self._api_cpu_start, 3)
         busy, wall = machine_busy(), time.perf_counter() - self._wall_start
         if busy is not None and self._busy_start is not None and wall > 0:
             # Everything the machine's CPUs did meanwhile, in cores: the client and the
@@ -127,6 +137,15 @@ class MetricsSampler:
 
     def _server_cpu(self) -> float | None:
         return None if self._pid is None else process_cpu(self._pid)
+
+    def _api_server_cpu(self) -> float | None:
+        """``process_cpu_seconds_total`` from the server's ``/metrics`` (None if absent)."""
+        try:
+            text = httpx.get(self._url, headers=self._headers, timeout=5).text
+        except httpx.HTTPError:
+            return None
+        values = parse_metrics(text, ("process_cpu_seconds_total",))
+        return values.get("process_cpu_seconds_total")
 
     def _poll(self) -> None:
         with httpx.Client(headers=self._headers, timeout=5) as http:

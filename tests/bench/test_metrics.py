@@ -218,3 +218,29 @@ def test_within_limit_reports_whether_work_was_cut_short() -> None:
     cut: list[bool] = []
     assert asyncio.run(within_limit(work(5.0, cut), 0.01)) is True
     assert cut == []
+
+
+def test_the_server_cpu_per_prompt_comes_from_the_process_or_the_api_servers_metrics() -> None:
+    from llmbatch_bench.report import _server_cpu_per_prompt
+
+    own = {"ok": 1000, "extra": {"server_cpu_s": 0.5}}
+    remote = {"ok": 1000, "extra": {"api_server_cpu_s": 0.9}}
+    unknown = {"ok": 1000, "extra": {}}
+    assert _server_cpu_per_prompt(own) == "500"
+    assert _server_cpu_per_prompt(remote) == "900"
+    assert _server_cpu_per_prompt(unknown) == "-"
+
+
+def test_the_sampler_reads_a_remote_api_servers_cpu_from_its_metrics() -> None:
+    from llmbatch_bench.server import MetricsSampler, ServerInfo
+    from llmbatch_server.testing import run_simulator
+
+    with run_simulator("--zero-latency") as sim:
+        info = ServerInfo(sim.base_url, "m")  # as with --url: no pid known
+        with MetricsSampler(info) as sampler:
+            deadline = time.process_time() + 0.05
+            while time.process_time() < deadline:
+                pass
+        summary = sampler.summary()
+    assert summary["api_server_cpu_s"] >= 0.0  # the simulator exports it as vLLM does
+    assert "server_cpu_s" not in summary

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -127,6 +128,10 @@ def render(
                 f'http_requests_total{{handler="{handler}",method="{method}",'
                 f'status="{status}"}} {count}'
             )
+    # prometheus_client's process collector, which vLLM's API server exports too: the
+    # CPU seconds of the serving process (a bench at --url reads it per prompt).
+    cpu = time.process_time()
+    out += ["# TYPE process_cpu_seconds_total counter", f"process_cpu_seconds_total {cpu}"]
     return "\n".join(out) + "\n"
 
 
