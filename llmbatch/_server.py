@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
@@ -41,12 +41,13 @@ from llmbatch._signals import Signals, Source
 from llmbatch._transports.base import HTTPRequest, Transport
 
 if TYPE_CHECKING:
-    from llmbatch._dispatcher import Dispatcher
     from llmbatch._replicas import Replica
+    from llmbatch._request import Flight, Request
     from llmbatch._scheduler import Seats
     from llmbatch._serverinfo import ModelList
+    from llmbatch._tracing import Tracer
 
-__all__ = ["Server"]
+__all__ = ["Sender", "Server"]
 
 logger = logging.getLogger("llmbatch")
 
@@ -54,6 +55,15 @@ logger = logging.getLogger("llmbatch")
 METRICS_INTERVAL = 0.5
 #: How long opening waits for each probe of what the server is.
 DETECT_TIMEOUT = 2.0
+
+
+class Sender(Protocol):
+    """What talks to a server (``_dispatcher.Dispatcher``; named here so that the
+    server does not depend on the dispatcher, which depends on it)."""
+
+    tracer: Tracer | None
+
+    async def send(self, requests: Sequence[Request], flight: Flight) -> list[Request]: ...
 
 
 class Server:
@@ -79,7 +89,7 @@ class Server:
         """Why its model list could not be read, last time."""
         self.seats: Seats | None = None
         """Its seats in the scheduler (None until the client starts sending)."""
-        self.dispatcher: Dispatcher | None = None
+        self.dispatcher: Sender | None = None
         """What talks to it (None until the client starts sending)."""
         self.probing = False
         """A health probe of it is under way."""
