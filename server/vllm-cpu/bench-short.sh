@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# CI: the short form of `llmbatch bench` against a real vLLM (issue #22), so that the
+# bench keeps working on the engine itself. Printed, never judged: the machine is
+# shared, and the figures worth reading come from full runs (docs/benchmarks.md).
+# Usage: server/vllm-cpu/bench-short.sh [PYTHON] [VLLM_VENV]
+#   PYTHON: the venv with llmbatch, llmbatch-server and llmbatch-bench (.venv/bin/python)
+#   VLLM_VENV: where install.sh put vLLM (default $LLMBATCH_VLLM_VENV or /work/vllm-venv)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PYTHON="${1:-.venv/bin/python}"
+VENV="${2:-${LLMBATCH_VLLM_VENV:-/work/vllm-venv}}"
+work=$(mktemp -d)
+launcher=""
+cleanup() {
+    # The launcher stops vLLM's whole process group on SIGTERM, then exits.
+    if [ -n "$launcher" ]; then kill -TERM "$launcher" 2>/dev/null || true; wait "$launcher" || true; fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The tiny model the real-vLLM tests use, built by the vLLM venv's torch.
+PYTHONPATH=server "$VENV/bin/python" -c \
+    "import sys; from llmbatch_server.tiny_model import make_tiny_model; make_tiny_model(sys.argv[1])" \
+    "$work/model" >/dev/null
+port=$("$PYTHON" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+VLLM_CPU_KVCACHE_SPACE=1 "$PYTHON" -m llmbatch_server vllm --model "$work/model" \
+    --profile latency --port "$port" --vllm-bin "$VENV/bin/vllm" --startup-timeout 300 \
+    -- --enforce-eager --max-num-seqs 16 --max-model-len 1024 >"$work/vllm.log" 2>&1 &
+launcher=$!
+"$PYTHON" - "$port" <<'PY'
+import sys, time, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}/health"
+deadline = time.monotonic() + 300
+while time.monotonic() < deadline:
+    try:
+        if urllib.request.urlopen(url, timeout=2).status == 200:
+            sys.exit(0)
+    except OSError:
+        time.sleep(1)
+sys.exit("vLLM did not answer /health within 300 s")
+PY
+timeout --kill-after=30 600 "$PYTHON" -m llmbatch_bench --url "http://127.0.0.1:$port/v1" \
+    --scenario bulk,slo --n 300 --max-tokens 4 --clients llmbatch,openai \
+    --slo-baselines '' --realtime-rate 2 --realtime-max-tokens 16 --slo-warmup 3 --slo-duration 8
