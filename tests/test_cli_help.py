@@ -58,6 +58,7 @@ def test_every_command_is_walked() -> None:
         "llmbatch-server sim",
         "llmbatch-server vllm",
         "llmbatch-server tiny-model",
+        "llmbatch-server fit",
     }
 
 

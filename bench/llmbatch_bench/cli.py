@@ -80,6 +80,30 @@ def _configure(p: argparse.ArgumentParser) -> None:
         f"default ARGS: {' '.join(DEFAULT_SIM_ARGS)!r}; write --sim='--speed 50')",
     )
     server.add_argument(
+        "--vllm",
+        metavar="MODEL",
+        help="start a real vLLM serving MODEL (a name or a local directory) through "
+        "`llmbatch-server vllm` for the server and closed-loop scenarios, and count its "
+        "API server's and engine's CPU apart; arguments after `--` go to `vllm serve` "
+        "(default: off)",
+    )
+    server.add_argument(
+        "--vllm-profile",
+        default=d.vllm_profile,
+        choices=("latency", "balanced", "throughput"),
+        help="the launcher profile for --vllm (default: %(default)s)",
+    )
+    server.add_argument(
+        "--vllm-bin", help="the vLLM executable for --vllm (default: `vllm` on PATH)"
+    )
+    server.add_argument(
+        "--prompts",
+        default=d.prompts,
+        choices=("standard", "short"),
+        help="standard prompts (about 40 tokens on a Llama tokenizer) or short ones, where "
+        "the API server rather than the engine limits (default: %(default)s)",
+    )
+    server.add_argument(
         "--api-key", help="bearer token (default: $LLMBATCH_API_KEY, then $OPENAI_API_KEY)"
     )
     server.add_argument("--model", help="model name (default: the server's first)")
@@ -286,8 +310,10 @@ def _configure(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The :class:`BenchConfig` that ``args`` describe."""
-    if args.url and args.sim is not None:
-        raise ValueError("--url and --sim exclude each other")
+    if sum(x is not None for x in (args.url, args.sim, args.vllm)) > 1:
+        raise ValueError("--url, --sim and --vllm exclude each other")
+    if getattr(args, "vllm_args", ()) and not args.vllm:
+        raise ValueError("arguments after `--` go to vLLM: they need --vllm MODEL")
     chosen = {s for group in (args.scenario or [("all",)]) for s in group}
     if "all" in chosen:
         chosen |= {s for s in SCENARIOS if s not in EXTRA_SCENARIOS}
@@ -321,6 +347,11 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(
         url=args.url,
         sim_args=tuple(shlex.split(args.sim)) if args.sim is not None else DEFAULT_SIM_ARGS,
+        vllm_model=args.vllm,
+        vllm_args=tuple(getattr(args, "vllm_args", ())),
+        vllm_profile=args.vllm_profile,
+        vllm_bin=args.vllm_bin,
+        prompts=args.prompts,
         api_key=args.api_key
         or os.environ.get("LLMBATCH_API_KEY")
         or os.environ.get("OPENAI_API_KEY"),
@@ -447,6 +478,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"{args.prog}: {exc}", file=sys.stderr)
         return 2
+    if config.prompts == "short":
+        from llmbatch_bench.jobs import PROMPTS_ENV
+
+        os.environ[PROMPTS_ENV] = "short"  # the workers inherit it
 
     def progress(line: str) -> None:
         if not args.quiet:
@@ -473,5 +508,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None, prog: str = "llmbatch-bench") -> int:
     """``llmbatch-bench``, ``python -m llmbatch_bench`` and ``llmbatch bench``."""
-    args = build_parser(prog).parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after `--` is vLLM's (with --vllm), never the bench's.
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = build_parser(prog).parse_args(argv[:split])
+    args.vllm_args = argv[split + 1 :]
     return run(args)

@@ -44,11 +44,18 @@ def metrics_url(base_url: str) -> str:
 
 @contextlib.asynccontextmanager
 async def own_simulator(job: Job) -> AsyncIterator[Any]:
-    """The job's own simulator, with the admin route (started off the event loop)."""
+    """The job's own simulator, with the admin route, or its own vLLM (started off the
+    event loop)."""
     from llmbatch_server.testing import SimulatorProcess
+    from llmbatch_server.vllm_process import VLLMProcess
 
-    assert job.sim_args is not None, "an outage or control job brings its own simulator"
-    sim = SimulatorProcess((*job.sim_args, "--enable-admin"))
+    sim: SimulatorProcess | VLLMProcess
+    if job.vllm is not None:
+        model, args, profile, vllm_bin = job.vllm
+        sim = VLLMProcess(model, args, profile=profile, vllm_bin=vllm_bin)
+    else:
+        assert job.sim_args is not None, "an outage or control job brings its own server"
+        sim = SimulatorProcess((*job.sim_args, "--enable-admin"))
     await asyncio.to_thread(sim.start)
     try:
         yield sim

@@ -179,13 +179,18 @@ def saturate(runner: Runner, contenders: list[str]) -> None:
 
 def outage(runner: Runner, sim_args: tuple[str, ...] | None) -> None:
     c = runner.config
-    if sim_args is None:
+    vllm = (c.vllm_model, c.vllm_args, c.vllm_profile, c.vllm_bin) if c.vllm_model else None
+    if sim_args is None and vllm is None:
         runner.notes.append("outage: needs the simulator (it kills it); skipped with --url")
         return
-    for mode, label, seconds in (
-        ("503", OUTAGE_503, c.outage_503),
-        ("restart", OUTAGE_RESTART, c.outage_restart),
-    ):
+    modes = [("503", OUTAGE_503, c.outage_503), ("restart", OUTAGE_RESTART, c.outage_restart)]
+    if vllm is not None:
+        # vLLM has no route that makes it answer 503 for a while: kill and restart only.
+        runner.notes.append(
+            "outage: vLLM is killed and restarted; the 503 mode needs the simulator"
+        )
+        modes = modes[1:]
+    for mode, label, seconds in modes:
         runner.run(
             runner.job(
                 kind="outage",
@@ -194,7 +199,8 @@ def outage(runner: Runner, sim_args: tuple[str, ...] | None) -> None:
                 label=label,
                 n=c.outage_n,
                 max_tokens=c.max_tokens,
-                sim_args=sim_args,
+                sim_args=None if vllm else sim_args,
+                vllm=vllm,
                 outage_mode=mode,
                 outage_seconds=seconds,
                 # Generous: the map, the outage, and a slow recovery.
@@ -205,7 +211,7 @@ def outage(runner: Runner, sim_args: tuple[str, ...] | None) -> None:
 
 def control(runner: Runner, sim_args: tuple[str, ...] | None) -> None:
     c = runner.config
-    model = model_of(sim_args, c.max_tokens)
+    model = None if c.vllm_model else model_of(sim_args, c.max_tokens)
     if sim_args is None or model is None:
         runner.notes.append("control: needs the simulator (it takes it down); skipped")
         return

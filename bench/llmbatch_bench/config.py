@@ -66,6 +66,15 @@ class BenchConfig:
 
     url: str | None = None
     sim_args: tuple[str, ...] = DEFAULT_SIM_ARGS
+    #: A real vLLM the bench starts itself (``--vllm MODEL [-- ARGS]``) through
+    #: ``llmbatch-server vllm``, for every server and closed-loop scenario.
+    vllm_model: str | None = None
+    vllm_args: tuple[str, ...] = ()
+    vllm_profile: str = "latency"
+    vllm_bin: str | None = None
+    #: ``standard`` prompts (about 40 tokens on a Llama tokenizer) or ``short`` ones
+    #: (about 15 on the CI's tiny model), where the API server, not the engine, limits.
+    prompts: str = "standard"
     api_key: str | None = None
     model: str | None = None
     scenarios: tuple[str, ...] = tuple(s for s in SCENARIOS if s not in EXTRA_SCENARIOS)

@@ -35,7 +35,7 @@ from llmbatch_bench.config import (
 from llmbatch_bench.contenders import available
 from llmbatch_bench.jobs import HARD_STOP_GRACE, Job
 from llmbatch_bench.metrics import RunMetrics
-from llmbatch_bench.server import MetricsSampler, ServerInfo, discover, simulator, wait_idle
+from llmbatch_bench.server import MetricsSampler, ServerInfo, discover, simulator, vllm, wait_idle
 from llmbatch_bench.summary import summarize
 from llmbatch_bench.targets import capacity, evaluate
 from llmbatch_bench.targets_closed import evaluate_closed
@@ -140,6 +140,16 @@ def _main_server(config: BenchConfig) -> Iterator[ServerInfo]:
     if config.url:
         yield discover(config.url, config.api_key, config.model)
         return
+    if config.vllm_model:
+        with vllm(
+            config.vllm_model,
+            config.vllm_args,
+            profile=config.vllm_profile,
+            vllm_bin=config.vllm_bin,
+            api_key=config.api_key,
+        ) as info:
+            yield info
+        return
     with simulator(config.sim_args) as info:
         yield info
 
@@ -235,7 +245,7 @@ class _Runner:
     def run(self, job: Job, context: dict[str, Any] | None = None) -> RunMetrics | None:
         """Run ``job`` in its worker; ``context`` (what its numbers are judged in)
         joins its ``extra``."""
-        if job.sim_args is not None:
+        if job.sim_args is not None or job.vllm is not None:
             return self._run_own_server(job, context)
         with MetricsSampler(self.server, self.config.api_key) as sampler:
             try:
@@ -336,7 +346,9 @@ def _worker_timeout(job: Job) -> float | None:
     to start, warm up and exit, before it is killed; others run as long as they take."""
     if job.time_limit is None:
         return None
-    return job.time_limit + HARD_STOP_GRACE + 60.0
+    # A job's own vLLM loads twice (start, restart) outside its time limit.
+    starts = 2 * 300.0 if job.vllm is not None else 0.0
+    return job.time_limit + HARD_STOP_GRACE + 60.0 + starts
 
 
 def _line(m: RunMetrics) -> str:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import random
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -141,6 +142,9 @@ class Job:
     # -- jobs that start their own simulator (outage, control) ------------------------
     #: ``llmbatch-server sim`` arguments; None: the job uses ``base_url``.
     sim_args: tuple[str, ...] | None = None
+    #: Or a real vLLM the job starts (and kills): model, ``vllm serve`` arguments,
+    #: launcher profile and vLLM executable (see ``BenchConfig.vllm_*``).
+    vllm: tuple[str, tuple[str, ...], str, str | None] | None = None
     #: ``outage``: ``"503"`` (the simulator answers 503) or ``"restart"`` (it is
     #: killed, and restarted ``outage_seconds`` later).
     outage_mode: Literal["503", "restart"] = "503"
@@ -183,8 +187,15 @@ _FILLER = (
 WARMUP_OFFSET = 50_000_000
 
 
+#: ``llmbatch bench --prompts short`` sets it for the run's worker processes.
+PROMPTS_ENV = "LLMBATCH_BENCH_PROMPTS"
+
+
 def prompt(i: int) -> str:
-    """The ``i``-th benchmark prompt: distinct, about 40 tokens."""
+    """The ``i``-th benchmark prompt: distinct, about 40 tokens (a few with
+    ``--prompts short``, where the API server rather than the engine limits)."""
+    if os.environ.get(PROMPTS_ENV) == "short":
+        return f"Request {i}: hi."
     return f"Request {i}. {_FILLER}"
 
 

@@ -109,6 +109,7 @@ def _bulk(report: Mapping[str, Any]) -> str:
             num(r["peak_rss_mb"]),
             num(r["extra"].get("server_running_mean"), 1),
             _server_cpu_per_prompt(r),
+            _server_cpu_per_prompt(r, "engine_cpu_s"),
         ]
         for r in runs
     ]
@@ -124,19 +125,20 @@ def _bulk(report: Mapping[str, Any]) -> str:
         "peak RSS MB",
         "server running",
         "server CPU µs/prompt",
+        "engine CPU µs/prompt",
     ]
     note = (
-        "'CPU µs/prompt' is the client's; 'server CPU' the server process's when the "
-        "bench started it, or (with --url) the API server's own process_cpu_seconds_total "
-        "from its /metrics (vLLM's engine core, another process, is not in it; '-' where "
-        "the server exports neither)."
+        "'CPU µs/prompt' is the client's; 'server CPU' the simulator's process when the "
+        "bench started it, vLLM's API server process with --vllm, or (with --url) the "
+        "API server's own process_cpu_seconds_total from its /metrics; 'engine CPU' "
+        "vLLM's engine core and workers with --vllm ('-' where not measured)."
     )
     return section("Bulk", table(headers, rows), note)
 
 
-def _server_cpu_per_prompt(run: Mapping[str, Any]) -> str:
+def _server_cpu_per_prompt(run: Mapping[str, Any], key: str = "") -> str:
     extra = run["extra"]
-    seconds = extra.get("server_cpu_s", extra.get("api_server_cpu_s"))
+    seconds = extra.get(key) if key else extra.get("server_cpu_s", extra.get("api_server_cpu_s"))
     if seconds is None or not run["ok"]:
         return "-"
     return num(seconds / run["ok"] * 1e6, 0)

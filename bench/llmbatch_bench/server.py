@@ -8,6 +8,7 @@ never depends on it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import threading
 import time
@@ -28,6 +29,7 @@ __all__ = [
     "process_cpu",
     "read_api_posts",
     "simulator",
+    "vllm",
     "wait_idle",
 ]
 
@@ -42,6 +44,10 @@ class ServerInfo:
     #: The simulator's arguments when the harness started it, else None.
     sim_args: tuple[str, ...] | None = None
     pid: int | None = None
+    #: A vLLM the harness started: its API server's pid and its engine's (engine
+    #: core, workers), whose CPU is counted apart.
+    api_pid: int | None = None
+    engine_pids: tuple[int, ...] = ()
 
 
 def discover(base_url: str, api_key: str | None, model: str | None) -> ServerInfo:
@@ -74,6 +80,32 @@ def simulator(args: Sequence[str]) -> Iterator[ServerInfo]:
         )
 
 
+@contextlib.contextmanager
+def vllm(
+    model: str,
+    args: Sequence[str] = (),
+    *,
+    profile: str = "latency",
+    vllm_bin: str | None = None,
+    api_key: str | None = None,
+) -> Iterator[ServerInfo]:
+    """Run a real vLLM through ``llmbatch-server vllm`` on a free loopback port."""
+    try:
+        from llmbatch_server.vllm_process import VLLMProcess
+    except ImportError as exc:
+        raise RuntimeError(
+            "--vllm needs the llmbatch-server package (pip install -e ./server)"
+        ) from exc
+    server = VLLMProcess(model, args, profile=profile, vllm_bin=vllm_bin)
+    server.start()
+    try:
+        info = discover(server.base_url, api_key, None)
+        api, engine = server.processes()
+        yield dataclasses.replace(info, api_pid=api, engine_pids=tuple(engine))
+    finally:
+        server.stop()
+
+
 class MetricsSampler:
     """Polls a vLLM-style ``/metrics`` in a thread while a job runs.
 
@@ -82,7 +114,8 @@ class MetricsSampler:
     nothing. Also the server's CPU seconds: the process's when the harness started it
     (``server_cpu_s``); for a server at ``--url``, its API server's own count, where
     its ``/metrics`` exports ``process_cpu_seconds_total`` (``api_server_cpu_s``: vLLM's
-    API server does; its engine core is another process, not counted).
+    API server does; its engine core is another process, not counted). For a vLLM
+    the harness started, both by process: ``api_server_cpu_s`` and ``engine_cpu_s``.
     """
 
     INTERVAL = 0.1
@@ -92,6 +125,9 @@ class MetricsSampler:
         self._url = f"{parts.scheme}://{parts.netloc}/metrics"
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._pid = info.pid
+        self._api_pid = info.api_pid
+        self._engine_pids = info.engine_pids
+        self._engine_cpu_start: float | None = None
         self._stop = threading.Event()
         self._running: list[float] = []
         self._waiting: list[float] = []
@@ -103,6 +139,7 @@ class MetricsSampler:
 
     def __enter__(self) -> MetricsSampler:
         self._cpu_start = self._server_cpu()
+        self._engine_cpu_start = self._engine_cpu()
         if self._pid is None:
             self._api_cpu_start = self._api_server_cpu()
         self._busy_start = machine_busy()
@@ -128,6 +165,9 @@ class MetricsSampler:
             api = self._api_server_cpu()
             if api is not None:
                 out["api_server_cpu_s"] = round(api - self._api_cpu_start, 3)
+        engine = self._engine_cpu()
+        if engine is not None and self._engine_cpu_start is not None:
+            out["engine_cpu_s"] = round(engine - self._engine_cpu_start, 3)
         busy, wall = machine_busy(), time.perf_counter() - self._wall_start
         if busy is not None and self._busy_start is not None and wall > 0:
             # Everything the machine's CPUs did meanwhile, in cores: the client and the
@@ -138,8 +178,17 @@ class MetricsSampler:
     def _server_cpu(self) -> float | None:
         return None if self._pid is None else process_cpu(self._pid)
 
+    def _engine_cpu(self) -> float | None:
+        if not self._engine_pids:
+            return None
+        times = [process_cpu(pid) for pid in self._engine_pids]
+        return None if None in times else sum(t for t in times if t is not None)
+
     def _api_server_cpu(self) -> float | None:
-        """``process_cpu_seconds_total`` from the server's ``/metrics`` (None if absent)."""
+        """The API server's CPU seconds: by its pid when the harness started it, else
+        ``process_cpu_seconds_total`` from its ``/metrics`` (None if absent)."""
+        if self._api_pid is not None:
+            return process_cpu(self._api_pid)
         try:
             text = httpx.get(self._url, headers=self._headers, timeout=5).text
         except httpx.HTTPError:

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from llmbatch_server import __version__, tiny_model
+from llmbatch_server.fit import cli as fit_cli
 from llmbatch_server.launcher import cli as launcher_cli
 from llmbatch_server.sim import cli as sim_cli
 
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim_cli.add_parser(sub)
     launcher_cli.add_parser(sub)
     tiny_model.add_parser(sub)
+    fit_cli.add_parser(sub)
     return parser
 
 

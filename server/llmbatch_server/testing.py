@@ -199,6 +199,11 @@ class SimulatorProcess:
         budget never sent more, whatever happened between two scrapes."""
         return _counter(self.metrics(replica), "llmbatch_sim:peak_sequences")
 
+    def peak_running(self, replica: int = 0) -> int:
+        """The most sequences the server has run in one engine step
+        (``llmbatch_sim:peak_running``): never more than its ``max_num_seqs``."""
+        return _counter(self.metrics(replica), "llmbatch_sim:peak_running")
+
     def post_count(self, replica: int = 0) -> int:
         """POST requests the server has answered, by its own count."""
         total = 0

@@ -48,15 +48,15 @@ def test_the_simulators_own_model_gives_the_slo_and_its_bound() -> None:
     # (22.25 ms + 1.065 ms) / 10: one sequence, no prefill.
     assert model.idle_token_seconds == pytest.approx(0.0023315)
     assert model.max_num_seqs == 256
-    # Each sequence is prefilled once in 64 steps: 0.02 ms x 41 / 64 per sequence.
-    assert model.step_seconds(44) == pytest.approx(
-        (0.02225 + 0.001065 * 44 + 0.00002 * 44 * 41 / 64) / 10
+    # Each sequence is prefilled once in 64 steps: 0.2 ms x 41 / 64 per sequence.
+    assert model.step_seconds(39) == pytest.approx(
+        (0.02225 + 0.001065 * 39 + 0.0002 * 39 * 41 / 64) / 10
     )
     bound = model.bound(3 * model.idle_token_seconds)
     assert bound is not None
-    assert bound.sequences == 44
-    assert model.step_seconds(45) > 3 * model.idle_token_seconds >= bound.step_s
-    assert bound.tokens_per_s == pytest.approx(44 / bound.step_s)
+    assert bound.sequences == 39
+    assert model.step_seconds(40) > 3 * model.idle_token_seconds >= bound.step_s
+    assert bound.tokens_per_s == pytest.approx(39 / bound.step_s)
     # The profile's max_num_seqs and the speed follow the simulator's arguments.
     latency = sim_model(["--profile", "latency", "--speed", "20"], 64)
     assert (latency.max_num_seqs, latency.speed) == (64, 20.0)

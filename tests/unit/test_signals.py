@@ -78,8 +78,9 @@ async def test_each_kind_of_server_is_seen_through_what_it_reports(
             busy = client.stats().servers[0]
             # Then one sequence at a time: each step is several times shorter, and the
             # estimate must follow (in 0.2 it froze at its first sample on a server
-            # with vLLM's gauges but no histogram).
-            for i in range(12):
+            # with vLLM's gauges but no histogram). Two dozen calls give the estimate
+            # four reads of /metrics to follow; a dozen left it at the margin.
+            for i in range(24):
                 await client.complete(f"alone {i}", max_tokens=16, ignore_eos=True)
             quiet = client.stats().servers[0]
     assert set(quiet.signals) == live

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from typing import Any
@@ -66,12 +67,43 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="how long to wait for GET /health to answer 200 (default: %(default)g)",
     )
     p.add_argument(
+        "--cpus",
+        type=_cpu_list,
+        metavar="LIST",
+        help="pin vLLM to these CPUs, e.g. 0 or 2-3 or 0,2: its processes run there and its "
+        "CPU backend binds its threads there (VLLM_CPU_OMP_THREADS_BIND), so replicas on one "
+        "machine do not share cores (default: unpinned)",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="print the vllm command and the client settings, start nothing (default: off)",
     )
     p.set_defaults(handler=run)
     return p
+
+
+def _cpu_list(text: str) -> tuple[int, ...]:
+    """``0``, ``2-3``, ``0,2-3`` as the sorted CPUs they name."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            cpus.update(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected CPUs like 0 or 2-3 or 0,2, got {text!r}"
+        ) from None
+    if not cpus or min(cpus) < 0:
+        raise argparse.ArgumentTypeError(f"expected CPUs like 0 or 2-3 or 0,2, got {text!r}")
+    return tuple(sorted(cpus))
+
+
+def pin(cpus: tuple[int, ...]) -> None:
+    """Run this process, and so the vLLM it starts, on ``cpus`` only."""
+    os.sched_setaffinity(0, cpus)
+    # vLLM's CPU backend binds its OpenMP threads itself (to every core by default).
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cpus)
 
 
 def run(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
@@ -95,6 +127,8 @@ def run(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentPar
             settings = suggested_client_settings(argv)
             print(format_client_settings(settings, base_url_for(args.host, args.port)))
             return 0
+        if args.cpus:
+            pin(args.cpus)  # before VLLMServer copies the environment
         server = VLLMServer(
             model=args.model,
             profile=args.profile,
@@ -105,7 +139,7 @@ def run(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentPar
             extra_args=extra,
             startup_timeout=args.startup_timeout,
         )
-    except (LauncherError, ValueError) as exc:
+    except (LauncherError, ValueError, OSError) as exc:
         print(f"llmbatch-server vllm: error: {exc}", file=sys.stderr)
         return 2
     try:

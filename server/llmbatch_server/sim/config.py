@@ -3,8 +3,11 @@
 The step-time constants fit a published throughput-vs-batch table for a 70B
 model on 4xA100 (batch 1: 45 tok/s, 8: 248, 32: 587, 64: 743, 128: 821): a
 decode step costs ``22.25 ms + 1.065 ms`` per running sequence (within 5% of
-every row), plus a small cost per prefill token. ``speed`` divides every modelled
-duration so tests run the same schedule faster.
+every row). Prefill costs 200 µs per prompt token: a forward pass costs about
+2 FLOPs per parameter per token, 140 GFLOP for 70B; four A100s give 4 x 312 TFLOPS
+(dense BF16, NVIDIA's datasheet), so 112 µs per token at full use, and prefill runs
+near 56 % of peak (docs/simulator.md cites the figures). ``speed`` divides every
+modelled duration so tests run the same schedule faster.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ class StepModel:
 
     base: float = 0.02225
     per_sequence: float = 0.001065
-    per_prefill_token: float = 0.000_02
+    per_prefill_token: float = 0.000_2
     #: API-server work per HTTP request and per prompt in it (parsing,
     #: tokenizing, detokenizing): serial, like vLLM's single front-end process.
     per_request: float = 0.0015

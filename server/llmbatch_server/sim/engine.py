@@ -229,6 +229,7 @@ class Engine:
             budget -= chunk
             self._running.append(seq)
             batch.append(seq)
+        self.metrics.peak_running = max(self.metrics.peak_running, len(batch))
         return batch, prefill
 
     def _advance(self, batch: list[Sequence]) -> None:

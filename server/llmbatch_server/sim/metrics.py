@@ -52,6 +52,8 @@ class EngineMetrics:
     aborted: int = 0
     peak_sequences: int = 0
     """The most sequences the server has held at once (running and waiting)."""
+    peak_running: int = 0
+    """The most sequences it has run in one step (at most ``max_num_seqs``)."""
     success: Counter[str] = field(default_factory=Counter)
     e2e: Histogram = field(default_factory=Histogram)
     ttft: Histogram = field(default_factory=Histogram)
@@ -88,6 +90,8 @@ def render(
         # The simulator's own: a high-water mark, which no scrape interval can miss.
         "# TYPE llmbatch_sim:peak_sequences gauge",
         f"llmbatch_sim:peak_sequences{{{labels}}} {metrics.peak_sequences}",
+        "# TYPE llmbatch_sim:peak_running gauge",
+        f"llmbatch_sim:peak_running{{{labels}}} {metrics.peak_running}",
         "# TYPE vllm:kv_cache_usage_perc gauge",
         f"vllm:kv_cache_usage_perc{{{labels}}} {kv_usage}",
         # vLLM's V1 names, in tokens (prometheus_client adds the _total).

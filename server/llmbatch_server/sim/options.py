@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
 
+from llmbatch_server.fit.model import load_fit
 from llmbatch_server.launcher.profiles import PROFILES
 from llmbatch_server.sim.config import (
     DEFAULT_MODEL,
@@ -57,6 +59,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="engine limits of a launcher profile; the flags below override (default: balanced)",
     )
     p.add_argument(
+        "--fitted",
+        metavar="FIT.json",
+        help="serve like a measured engine: the step model and limits `llmbatch-server fit` "
+        "wrote; the flags below and --speed still apply (default: the 70B/4xA100 model)",
+    )
+    p.add_argument(
         "--max-num-seqs", type=int, help="sequences running at once (default: from the profile)"
     )
     p.add_argument(
@@ -70,9 +78,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--kv-cache-tokens",
         type=int,
-        default=400_000,
         help="KV-cache capacity in tokens, shared by running sequences and cached prefixes "
-        "(default: 400000)",
+        "(default: the fit's, else 400000)",
     )
     p.add_argument(
         "--enable-prefix-caching",
@@ -82,7 +89,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(default: on)",
     )
     p.add_argument(
-        "--block-size", type=int, default=16, help="tokens per KV-cache block (default: 16)"
+        "--block-size", type=int, help="tokens per KV-cache block (default: the fit's, else 16)"
     )
     p.add_argument(
         "--enable-prompt-tokens-details",
@@ -223,19 +230,34 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     """Build a validated SimConfig; raises ValueError with a readable message."""
     limits: dict[str, Any] = profile_limits(args.profile)
-    for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "scheduling_policy"):
+    limits |= {"kv_cache_tokens": 400_000, "block_size": 16}
+    step = StepModel(speed=args.speed)
+    if args.speed <= 0:
+        raise ValueError("--speed must be > 0")
+    if args.fitted:
+        fit = load_fit(args.fitted)
+        step = StepModel(**dataclasses.asdict(fit.step), speed=args.speed)
+        limits |= {k: v for k, v in dataclasses.asdict(fit.limits).items() if v is not None}
+    for name in (
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "max_model_len",
+        "scheduling_policy",
+        "kv_cache_tokens",
+        "block_size",
+    ):
         value = getattr(args, name)
         if value is not None:
             limits[name] = value
-    if args.speed <= 0:
-        raise ValueError("--speed must be > 0")
-    step = ZERO_LATENCY if args.zero_latency else StepModel(speed=args.speed)
+    if args.zero_latency:
+        step = ZERO_LATENCY
     return SimConfig(
         model=args.model,
         limits=EngineLimits(
-            **limits,
-            kv_cache_tokens=max(args.kv_cache_tokens, limits["max_model_len"]),
-            block_size=args.block_size,
+            **(
+                limits
+                | {"kv_cache_tokens": max(limits["kv_cache_tokens"], limits["max_model_len"])}
+            ),
             enable_prefix_caching=args.enable_prefix_caching,
             max_num_queued_reqs=args.max_num_queued_reqs,
         ),

@@ -1,0 +1,177 @@
+"""What a fit is: the measured points, the step model fitted to them, the JSON file.
+
+Pure: no I/O beyond reading and writing the file, so the arithmetic is tested on
+numbers. The step model has the simulator's shape (``StepModel``): a decode step
+costs ``base + per_sequence * running``, each prompt token prefilled in a step adds
+``per_prefill_token``, and the API server spends ``per_request + per_prompt * n``
+on each HTTP request before the engine sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: Bumped when a field changes meaning; readers refuse other versions.
+FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class DecodePoint:
+    """Time per output token with ``sequences`` decoding at once (median over them)."""
+
+    sequences: int
+    tpot_s: float
+    #: The most sequences the server reported running meanwhile (None: no /metrics).
+    peak_running: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillPoint:
+    """Latency of one prompt of ``prompt_tokens`` tokens answered with one token."""
+
+    prompt_tokens: int
+    latency_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class FittedStep:
+    """The simulator's step model, in seconds (the field names of ``StepModel``)."""
+
+    base: float
+    per_sequence: float
+    per_prefill_token: float
+    per_request: float
+    per_prompt: float
+
+
+@dataclass(frozen=True, slots=True)
+class FittedLimits:
+    """The engine limits seen from outside; None where the server did not show one."""
+
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    kv_cache_tokens: int | None = None
+    block_size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """One ``llmbatch-server fit`` run: the model, its limits and what they rest on."""
+
+    model: str
+    step: FittedStep
+    limits: FittedLimits
+    idle_ttft_s: float
+    idle_tpot_s: float
+    decode: tuple[DecodePoint, ...] = ()
+    prefill: tuple[PrefillPoint, ...] = ()
+    #: The largest relative gap between a measured point and the fitted line.
+    worst_residual: float = 0.0
+    url: str = ""
+    measured_at: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["format"] = FORMAT
+        return out
+
+    def save(self, path: str | pathlib.Path) -> None:
+        pathlib.Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+
+def load_fit(path: str | pathlib.Path) -> Fit:
+    """Read a fit file; ValueError naming what is wrong with it."""
+    try:
+        raw = json.loads(pathlib.Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read fit file {path}: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"fit file {path} is not JSON: {exc}") from exc
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        found = raw.get("format") if isinstance(raw, dict) else None
+        raise ValueError(f"fit file {path}: format {found!r}, expected {FORMAT}")
+    try:
+        step = FittedStep(**{k: float(v) for k, v in raw["step"].items()})
+        limits = FittedLimits(**raw.get("limits", {}))
+        fit = Fit(
+            model=str(raw["model"]),
+            step=step,
+            limits=limits,
+            idle_ttft_s=float(raw["idle_ttft_s"]),
+            idle_tpot_s=float(raw["idle_tpot_s"]),
+            decode=tuple(DecodePoint(**p) for p in raw.get("decode", ())),
+            prefill=tuple(PrefillPoint(**p) for p in raw.get("prefill", ())),
+            worst_residual=float(raw.get("worst_residual", 0.0)),
+            url=str(raw.get("url", "")),
+            measured_at=str(raw.get("measured_at", "")),
+            extra=dict(raw.get("extra", {})),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"fit file {path}: {exc!r}") from exc
+    for name, value in asdict(step).items():
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"fit file {path}: step.{name} must be a finite number >= 0")
+    return fit
+
+
+def line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``y = a + b * x`` over the points; (a, b)."""
+    if len(xs) != len(ys) or not xs:
+        raise ValueError("need as many x as y, at least one")
+    n = len(xs)
+    mean_x, mean_y = sum(xs) / n, sum(ys) / n
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    if spread == 0:
+        return mean_y, 0.0
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
+    return mean_y - slope * mean_x, slope
+
+
+def fit_step(
+    decode: Sequence[DecodePoint],
+    prefill: Sequence[PrefillPoint],
+    *,
+    batch_prompts: int = 0,
+    batch_latency_s: float = 0.0,
+    batch_prompt_tokens: int = 0,
+) -> tuple[FittedStep, float]:
+    """The step model the points imply, and the worst relative residual.
+
+    Decode: TPOT against running sequences is the line ``base + per_sequence * k``.
+    Prefill: one prompt answered with one token takes the API server's
+    ``per_request``, then one step of one sequence with all its prompt tokens:
+    latency = ``per_request + base + per_sequence + per_prefill_token * tokens``,
+    so the slope is ``per_prefill_token`` and what the decode line does not explain
+    of the intercept is ``per_request``. A batch of ``batch_prompts`` short prompts
+    in one HTTP request, if measured, gives ``per_prompt`` the same way.
+    """
+    if not decode or not prefill:
+        raise ValueError("a fit needs decode and prefill points")
+    base, per_sequence = line([p.sequences for p in decode], [p.tpot_s for p in decode])
+    if per_sequence < 0:  # flat within noise: a step costs the same at any batch
+        base, per_sequence = sum(p.tpot_s for p in decode) / len(decode), 0.0
+    base = max(base, 0.0)
+    intercept, per_token = line([p.prompt_tokens for p in prefill], [p.latency_s for p in prefill])
+    per_token = max(per_token, 0.0)
+    per_request = max(intercept - base - per_sequence, 0.0)
+    per_prompt = 0.0
+    if batch_prompts > 1:
+        step = base + per_sequence * batch_prompts + per_token * batch_prompt_tokens
+        per_prompt = max((batch_latency_s - per_request - step) / batch_prompts, 0.0)
+    residuals = [abs(p.tpot_s - (base + per_sequence * p.sequences)) / p.tpot_s for p in decode] + [
+        abs(p.latency_s - (intercept + per_token * p.prompt_tokens)) / p.latency_s for p in prefill
+    ]
+    fitted = FittedStep(
+        base=base,
+        per_sequence=per_sequence,
+        per_prefill_token=per_token,
+        per_request=per_request,
+        per_prompt=per_prompt,
+    )
+    return fitted, max(residuals)

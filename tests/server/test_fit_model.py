@@ -1,0 +1,123 @@
+"""The fit's arithmetic and its file, on numbers (no server)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmbatch_server.fit.model import (
+    DecodePoint,
+    Fit,
+    FittedLimits,
+    PrefillPoint,
+    fit_step,
+    line,
+    load_fit,
+)
+
+
+def _points(
+    base: float, per_seq: float, per_token: float, per_request: float
+) -> tuple[list[DecodePoint], list[PrefillPoint]]:
+    decode = [DecodePoint(k, base + per_seq * k) for k in (1, 2, 4, 8, 16, 32, 64)]
+    prefill = [
+        PrefillPoint(t, per_request + base + per_seq + per_token * t) for t in (16, 256, 1024)
+    ]
+    return decode, prefill
+
+
+@given(
+    base=st.floats(1e-3, 0.1),
+    per_seq=st.floats(0, 5e-3),
+    per_token=st.floats(0, 1e-3),
+    per_request=st.floats(0, 0.01),
+)
+def test_exact_points_give_back_the_model_they_came_from(
+    base: float, per_seq: float, per_token: float, per_request: float
+) -> None:
+    decode, prefill = _points(base, per_seq, per_token, per_request)
+    step, worst = fit_step(decode, prefill)
+    assert step.base == pytest.approx(base, rel=1e-6, abs=1e-9)
+    assert step.per_sequence == pytest.approx(per_seq, rel=1e-6, abs=1e-9)
+    assert step.per_prefill_token == pytest.approx(per_token, rel=1e-6, abs=1e-9)
+    assert step.per_request == pytest.approx(per_request, rel=1e-5, abs=1e-8)
+    assert worst < 1e-6
+
+
+def test_a_batch_request_gives_the_api_servers_cost_per_prompt() -> None:
+    decode, prefill = _points(0.02, 0.001, 0.0002, 0.002)
+    # 16 prompts of 20 tokens in one request: the request's cost, one step of 16
+    # sequences prefilling 320 tokens, and 100 µs per prompt.
+    latency = 0.002 + (0.02 + 0.001 * 16 + 0.0002 * 320) + 16 * 0.0001
+    step, _ = fit_step(
+        decode, prefill, batch_prompts=16, batch_latency_s=latency, batch_prompt_tokens=320
+    )
+    assert step.per_prompt == pytest.approx(0.0001)
+
+
+def test_noise_never_gives_a_negative_cost() -> None:
+    decode = [DecodePoint(1, 0.010), DecodePoint(4, 0.009), DecodePoint(16, 0.008)]
+    prefill = [PrefillPoint(16, 0.005), PrefillPoint(1024, 0.004)]
+    step, worst = fit_step(decode, prefill)
+    assert (step.per_sequence, step.per_prefill_token, step.per_request) == (0.0, 0.0, 0.0)
+    assert step.base == pytest.approx(0.009)
+    assert worst > 0
+
+
+def test_line_needs_points_and_fits_a_flat_one() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        line([], [])
+    assert line([3, 3], [1.0, 2.0]) == (1.5, 0.0)
+    with pytest.raises(ValueError, match="decode and prefill"):
+        fit_step([], [PrefillPoint(1, 0.1)])
+
+
+def _fit() -> Fit:
+    decode, prefill = _points(0.02, 0.001, 0.0002, 0.002)
+    step, worst = fit_step(decode, prefill)
+    return Fit(
+        model="m",
+        step=step,
+        limits=FittedLimits(max_num_seqs=16, max_model_len=1024),
+        idle_ttft_s=0.03,
+        idle_tpot_s=0.021,
+        decode=tuple(decode),
+        prefill=tuple(prefill),
+        worst_residual=worst,
+    )
+
+
+def test_the_file_round_trips(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "fit.json"
+    fit = _fit()
+    fit.save(path)
+    assert json.loads(path.read_text())["format"] == 1
+    assert load_fit(path) == fit
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda raw: raw | {"format": 2}, "format 2, expected 1"),
+        (lambda raw: {k: v for k, v in raw.items() if k != "step"}, "KeyError"),
+        (lambda raw: raw | {"step": raw["step"] | {"base": -1}}, "step.base must be"),
+        (lambda raw: raw | {"limits": {"max_num_seq": 3}}, "max_num_seq"),
+    ],
+)
+def test_a_bad_file_is_refused_saying_why(
+    tmp_path: pathlib.Path, edit: object, message: str
+) -> None:
+    path = tmp_path / "fit.json"
+    raw = _fit().to_json()
+    path.write_text(json.dumps(edit(raw)))  # type: ignore[operator]
+    with pytest.raises(ValueError, match=message):
+        load_fit(path)
+    with pytest.raises(ValueError, match="cannot read"):
+        load_fit(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match="not JSON"):
+        load_fit(tmp_path / "bad.json")

@@ -1,0 +1,111 @@
+"""``llmbatch-server fit`` against the simulator: it recovers the step model the
+simulator runs, and ``sim --fitted`` serves with what it wrote."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from llmbatch_server.fit.model import load_fit
+from llmbatch_server.sim.config import StepModel
+from llmbatch_server.testing import run_simulator
+
+SPEED = 2.0
+
+
+def test_fit_recovers_the_simulators_step_model_within_ten_percent(
+    tmp_path: pathlib.Path,
+) -> None:
+    out = tmp_path / "fit.json"
+    with run_simulator("--speed", str(SPEED), "--max-model-len", "4096") as sim:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "llmbatch_server",
+                "fit",
+                "--url",
+                sim.base_url,
+                "-o",
+                str(out),
+                "--sequences",
+                "1,4,16,64",
+                "--tokens",
+                "16",
+                "--repeat",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr
+    assert "sim --fitted" in done.stdout
+    fit = load_fit(out)
+    truth = StepModel()
+    assert fit.step.base == pytest.approx(truth.base / SPEED, rel=0.10)
+    assert fit.step.per_sequence == pytest.approx(truth.per_sequence / SPEED, rel=0.10)
+    assert fit.step.per_prefill_token == pytest.approx(truth.per_prefill_token / SPEED, rel=0.10)
+    assert fit.limits.max_model_len == 4096
+    assert [p.sequences for p in fit.decode] == [1, 4, 16, 64]
+
+
+def test_fit_finds_the_servers_sequence_limit(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "fit.json"
+    with run_simulator("--speed", "20", "--max-num-seqs", "8") as sim:
+        done = subprocess.run(
+            [sys.executable, "-m", "llmbatch_server", "fit", "--url", sim.base_url, "-o",
+             str(out), "--sequences", "1,4,32", "--tokens", "40", "--repeat", "1"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    fit = load_fit(out)
+    assert fit.limits.max_num_seqs == 8
+    assert [p.sequences for p in fit.decode] == [1, 4]
+
+
+def test_sim_serves_with_the_fitted_model_and_limits(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "fit.json"
+    raw = {
+        "format": 1,
+        "model": "m",
+        "step": {
+            "base": 0.004,
+            "per_sequence": 0.0001,
+            "per_prefill_token": 0.00014,
+            "per_request": 0.001,
+            "per_prompt": 0.0001,
+        },
+        "limits": {"max_num_seqs": 6, "max_model_len": 1024, "kv_cache_tokens": None},
+        "idle_ttft_s": 0.02,
+        "idle_tpot_s": 0.0041,
+    }
+    path.write_text(json.dumps(raw))
+    with run_simulator("--fitted", str(path), "--enable-admin") as sim:
+        models = httpx.get(sim.base_url + "/models", timeout=10).json()["data"]
+        assert models[0]["max_model_len"] == 1024
+        # Twelve prompts at once, six seats: the server runs six, queues six.
+        body = {"model": models[0]["id"], "prompt": ["x"] * 12, "max_tokens": 30}
+        answer = httpx.post(sim.base_url + "/completions", json=body, timeout=30).json()
+        assert len(answer["choices"]) == 12
+        assert (sim.peak_sequences(), sim.peak_running()) == (12, 6)
+
+
+def test_sim_refuses_a_bad_fit_file(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "fit.json"
+    path.write_text('{"format": 9}')
+    done = subprocess.run(
+        [sys.executable, "-m", "llmbatch_server", "sim", "--fitted", str(path), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "format 9, expected 1" in done.stderr
