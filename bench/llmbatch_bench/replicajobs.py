@@ -50,9 +50,14 @@ STREAM_UNTIL = 0.9
 
 @contextlib.asynccontextmanager
 async def own_fleet(job: Job) -> AsyncIterator[list[Any]]:
-    """``job.replicas`` simulators of the job's own (started off the event loop)."""
+    """``job.replicas`` simulators of the job's own (started off the event loop), or
+    with ``job.vllm`` as many real vLLMs, replica ``i`` pinned to CPU ``i``."""
     from llmbatch_server.testing import run_simulators
 
+    if job.vllm is not None:
+        async with _own_vllms(job) as servers:
+            yield servers
+        return
     assert job.sim_args is not None, "a replicas job brings its own simulators"
     with contextlib.ExitStack() as stack:
         sims = await asyncio.to_thread(
@@ -62,6 +67,36 @@ async def own_fleet(job: Job) -> AsyncIterator[list[Any]]:
             yield sims
         finally:
             await asyncio.to_thread(stack.close)
+
+
+@contextlib.asynccontextmanager
+async def _own_vllms(job: Job) -> AsyncIterator[list[Any]]:
+    """Pinned, so that two replicas on two cores measure scale-out rather than two
+    engines contending for both cores."""
+    from llmbatch_server.vllm_process import VLLMProcess
+
+    assert job.vllm is not None
+    model, args, profile, vllm_bin = job.vllm
+    servers = [
+        VLLMProcess(model, args, profile=profile, vllm_bin=vllm_bin, cpus=str(i))
+        for i in range(job.replicas)
+    ]
+    try:
+        for server in servers:  # one at a time: loading takes both cores anyway
+            await asyncio.to_thread(server.start)
+        yield servers
+    finally:
+        for server in servers:
+            await asyncio.to_thread(server.stop)
+
+
+def _server_pids(server: Any) -> list[int | None]:
+    """A simulator's process, or a vLLM's API server and engine processes."""
+    processes = getattr(server, "processes", None)
+    if processes is None:
+        return [server.pid]
+    api, engine = processes()
+    return [api, *engine]
 
 
 async def run_replicas(job: Job) -> RunMetrics:
@@ -78,7 +113,7 @@ async def run_replicas(job: Job) -> RunMetrics:
         sampler = FleetSampler([metrics_url(url) for url in urls])
         await sampler.read()
         sampling = asyncio.ensure_future(sampler.run())
-        load = _MachineLoad([sim.pid for sim in sims])
+        load = _MachineLoad([pid for sim in sims for pid in _server_pids(sim)])
         try:
             metrics = await workload(job, sims, sampler)
         finally:
@@ -136,6 +171,8 @@ class _MachineLoad:
 
 
 def _model(job: Job) -> SimModel | None:
+    if job.vllm is not None:
+        return None
     assert job.sim_args is not None
     try:
         return sim_model(job.sim_args, job.max_tokens)

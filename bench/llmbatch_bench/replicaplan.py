@@ -18,6 +18,7 @@ stops them after, so no job inherits another's caches or queues:
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from llmbatch_bench.closedplan import Runner, model_of
@@ -88,9 +89,38 @@ def prefix_sizing(
     )
 
 
+def _pinned_vllms(runner: Runner) -> None:
+    """With ``--vllm``: one vLLM pinned to one core, then ``replicas`` of them, each
+    pinned to a core of its own, under the same per-replica load (bulk only: the
+    prefix, failover and SLO jobs need the simulator's knobs)."""
+    c = runner.config
+    runner.notes.append("replicas with --vllm: each vLLM pinned to a core of its own; bulk only")
+    count = min(c.replicas, os.cpu_count() or 1)
+    for replicas, label in ((1, ONE), (count, FLEET)):
+        n = c.replicas_bulk_n * replicas
+        runner.run(
+            runner.job(
+                kind="replicas",
+                scenario="replicas",
+                contender="llmbatch",
+                label=label,
+                workload="uniform",
+                replicas=replicas,
+                n=n,
+                max_tokens=c.max_tokens,
+                vllm=(c.vllm_model, c.vllm_args, c.vllm_profile, c.vllm_bin),
+                priority_scheduling=None,
+                time_limit=120.0 + n / 5,
+            )
+        )
+
+
 def replicas(runner: Runner, sim_args: tuple[str, ...] | None) -> None:
     """Every job of the scenario, in order (none with ``--url``: they start their own)."""
     c = runner.config
+    if c.vllm_model:
+        _pinned_vllms(runner)
+        return
     if sim_args is None:
         runner.notes.append("replicas: needs the simulator (it starts several); skipped")
         return
