@@ -210,6 +210,30 @@ class OpenAIBaseline(GatherBaseline):
         )
         return answer.usage.completion_tokens if answer.usage else 0
 
+    async def bulk_chat(
+        self, chats: Iterable[list[dict[str, str]]], max_tokens: int, rec: Recorder
+    ) -> None:
+        """One ``chat.completions.create`` per conversation, gathered under the
+        semaphore, as the SDK's own examples write it."""
+
+        async def one(messages: list[dict[str, str]]) -> None:
+            async with self._limit():
+                start = time.perf_counter()
+                try:
+                    answer = await self._client.chat.completions.create(
+                        model=self.model,
+                        messages=messages,  # type: ignore[arg-type]
+                        max_tokens=max_tokens,
+                        extra_body=self.params,
+                    )
+                except Exception as exc:
+                    rec.failure(exc)
+                    return
+                tokens = answer.usage.completion_tokens if answer.usage else 0
+                rec.success("batch", time.perf_counter() - start, tokens)
+
+        await asyncio.gather(*(one(m) for m in chats))
+
     async def stream(self, prompt: str, max_tokens: int) -> AsyncIterator[str]:
         chunks = await self._client.completions.create(
             model=self.model,

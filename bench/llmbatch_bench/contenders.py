@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
@@ -126,6 +126,21 @@ class LlmbatchContender:
             rec.success("batch", value.timings.latency, value.usage.completion_tokens)
 
         await asyncio.gather(*(one(p) for p in prompts))
+
+    async def bulk_chat(
+        self, chats: Iterable[list[Mapping[str, Any]]], max_tokens: int, rec: Recorder
+    ) -> None:
+        """A ``map`` of conversations: one chat batch request per batch where the
+        server serves ``/v1/chat/completions/batch``, else one request per chat."""
+        params = {**self.params, "max_tokens": max_tokens}
+        results = self._client.map_unordered(chats, priority="batch", **params)
+        async with contextlib.aclosing(results):
+            async for _, result in results:
+                value = result.value
+                if result.error is not None or value is None:
+                    rec.failure(result.error or "NoValue")
+                else:
+                    rec.success("batch", value.timings.latency, value.usage.completion_tokens)
 
     async def realtime(self, prompt: str, max_tokens: int, rec: Recorder) -> None:
         start = time.perf_counter()

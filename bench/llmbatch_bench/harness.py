@@ -74,7 +74,7 @@ def run_bench(
             servers["server"] = _describe(server, config.url)
             runner = _Runner(config, server, runs, notes, progress)
             for scenario in main:
-                getattr(runner, scenario)(contenders)
+                getattr(runner, scenario.replace("-", "_"))(contenders)
     if closed:
         _closed_loop(config, closed, contenders, runs, notes, progress, servers)
     fleet = "replicas" in config.scenarios
@@ -313,6 +313,22 @@ class _Runner:
             self.run(
                 self.job(
                     kind="bulk", scenario="bulk", contender=name, n=c.n, max_tokens=c.max_tokens
+                )
+            )
+
+    def bulk_chat(self, contenders: Sequence[str]) -> None:
+        """Conversations instead of prompts: llmbatch's ``map`` (the chat batch route
+        where the server has it) against one ``chat.completions.create`` per chat."""
+        c = self.config
+        for name in [n for n in contenders if n in ("llmbatch", "openai")]:
+            self.run(
+                self.job(
+                    kind="bulk",
+                    scenario="bulk-chat",
+                    contender=name,
+                    n=c.n,
+                    max_tokens=c.max_tokens,
+                    inputs="chat",
                 )
             )
 

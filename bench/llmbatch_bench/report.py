@@ -61,6 +61,7 @@ def render(report: Mapping[str, Any]) -> str:
     sections = [
         _sweep(report),
         _bulk(report),
+        _bulk(report, "bulk-chat"),
         _mixed(report),
         *report_closed.sections(report),
         *report_replicas.sections(report),
@@ -90,8 +91,8 @@ def _sweep(report: Mapping[str, Any]) -> str:
     return section("Capacity sweep (lean probe client)", table(headers, rows))
 
 
-def _bulk(report: Mapping[str, Any]) -> str:
-    runs = runs_of(report, "bulk")
+def _bulk(report: Mapping[str, Any], scenario: str = "bulk") -> str:
+    runs = runs_of(report, scenario)
     if not runs:
         return ""
     best = capacity_run(report)
@@ -133,7 +134,13 @@ def _bulk(report: Mapping[str, Any]) -> str:
         "API server's own process_cpu_seconds_total from its /metrics; 'engine CPU' "
         "vLLM's engine core and workers with --vllm ('-' where not measured)."
     )
-    return section("Bulk", table(headers, rows), note)
+    if scenario == "bulk-chat":
+        note = (
+            "The same prompts as one-message conversations: llmbatch's map (the chat "
+            "batch route, one request per batch, where the server serves it) against "
+            "one chat.completions.create per conversation. " + note
+        )
+    return section("Bulk" if scenario == "bulk" else "Bulk chat", table(headers, rows), note)
 
 
 def _server_cpu_per_prompt(run: Mapping[str, Any], key: str = "") -> str:

@@ -21,7 +21,15 @@ from typing import Any
 
 from llmbatch_bench import closedloop, hotpath, program, references, replicajobs
 from llmbatch_bench.contenders import Contender, make_contender
-from llmbatch_bench.jobs import Job, poisson_arrivals, prompt, prompts, watchdog, within_limit
+from llmbatch_bench.jobs import (
+    Job,
+    chat_inputs,
+    poisson_arrivals,
+    prompt,
+    prompts,
+    watchdog,
+    within_limit,
+)
 from llmbatch_bench.metrics import Recorder, RunMetrics, measure
 from llmbatch_bench.trace import Trace, window_summary
 
@@ -72,7 +80,10 @@ async def _bulk(job: Job, contender: Contender) -> RunMetrics:
     rec = Recorder()
     with measure() as meter, watchdog(job, rec, meter):
         async with contender:
-            work = contender.bulk(prompts(job.n), job.max_tokens, rec)
+            if job.inputs == "chat":
+                work = contender.bulk_chat(chat_inputs(job.n), job.max_tokens, rec)  # type: ignore[attr-defined]
+            else:
+                work = contender.bulk(prompts(job.n), job.max_tokens, rec)
             timed_out = await within_limit(work, job.time_limit)
             extra = _extra(contender)
     extra["timed_out"] = timed_out
