@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI: the short form of `llmbatch bench` against a real vLLM (issue #22), so that the
-# bench keeps working on the engine itself. Printed, never judged: the machine is
+# bench keeps working on the engine itself; then `llmbatch-server fit` on it, and the
+# simulator serving that fit. Printed, never judged: the machine is
 # shared, and the figures worth reading come from full runs (docs/benchmarks.md).
 # Usage: server/vllm-cpu/bench-short.sh [PYTHON] [VLLM_VENV]
 #   PYTHON: the venv with llmbatch, llmbatch-server and llmbatch-bench (.venv/bin/python)
@@ -42,3 +43,17 @@ PY
 timeout --kill-after=30 600 "$PYTHON" -m llmbatch_bench --url "http://127.0.0.1:$port/v1" \
     --scenario bulk,slo --n 300 --max-tokens 4 --clients llmbatch,openai \
     --slo-baselines '' --realtime-rate 2 --realtime-max-tokens 16 --slo-warmup 3 --slo-duration 8
+
+# Fit the simulator to this vLLM (reduced probes, ~30 s) and serve one request with it.
+"$PYTHON" -m llmbatch_server fit --url "http://127.0.0.1:$port/v1" -o "$work/fit.json" \
+    --sequences 1,4,16 --tokens 16 --repeat 1 --prompt-lengths 16,256
+"$PYTHON" - "$work/fit.json" <<'PY'
+import sys, httpx
+from llmbatch_server.testing import run_simulator
+with run_simulator("--fitted", sys.argv[1]) as sim:
+    model = httpx.get(sim.base_url + "/models", timeout=10).json()["data"][0]["id"]
+    body = {"model": model, "prompt": "hello", "max_tokens": 4}
+    answer = httpx.post(sim.base_url + "/completions", json=body, timeout=60)
+    answer.raise_for_status()
+    print("sim --fitted answered:", answer.json()["usage"])
+PY
