@@ -100,8 +100,10 @@ def _throughput(runs: Sequence[Run]) -> str:
         "step vs model",
         "wall s",
     ]
+    first = rows_runs[0]
+    tokens = first["output_tokens_per_s"] / first["prompts_per_s"] if first["prompts_per_s"] else 0
     note = (
-        "The same bulk map (64 tokens a prompt) through one llmbatch.Client with the "
+        f"The same bulk map ({tokens:.0f} tokens a prompt) through one llmbatch.Client with the "
         "library's defaults, the prompts per replica the same in both runs; prompts/s "
         "over the map's time. Running counts are each replica's "
         "vllm:num_requests_running, read every 0.2 s."

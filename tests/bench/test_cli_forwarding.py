@@ -47,3 +47,45 @@ def test_other_subcommands_still_reject_unknown_arguments(
         _cli.main(["run", "in.jsonl", "-o", "out.jsonl", "--no-such-flag"])
     assert exit_info.value.code == 2
     assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+
+
+def _config(argv: list[str]) -> object:
+    from llmbatch_bench import cli
+
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = cli.build_parser("llmbatch bench").parse_args(argv[:split])
+    args.vllm_args = argv[split + 1 :]
+    return cli.config_from_args(args)
+
+
+def test_vllm_takes_its_own_arguments_after_the_double_dash() -> None:
+    config = _config(
+        ["--vllm", "/models/tiny", "--vllm-profile", "balanced", "--", "--enforce-eager"]
+    )
+    assert config.vllm_model == "/models/tiny"  # type: ignore[attr-defined]
+    assert config.vllm_args == ("--enforce-eager",)  # type: ignore[attr-defined]
+    assert config.vllm_profile == "balanced"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--vllm", "m", "--url", "http://127.0.0.1:1/v1"], "exclude each other"),
+        (["--vllm", "m", "--sim"], "exclude each other"),
+        (["--n", "5", "--", "--enforce-eager"], "need --vllm MODEL"),
+    ],
+)
+def test_vllm_refuses_what_it_cannot_mean(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _cli.main(["bench", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_short_prompts_are_short(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmbatch_bench import jobs
+
+    standard = jobs.prompt(7)
+    monkeypatch.setenv(jobs.PROMPTS_ENV, "short")
+    assert jobs.prompt(7) == "Request 7: hi."
+    assert len(standard) > 5 * len(jobs.prompt(7))

