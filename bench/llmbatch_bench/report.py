@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from llmbatch_bench import report_closed, report_hot, report_replicas
-from llmbatch_bench.tables import num, section, table
+from llmbatch_bench.tables import num, section, server_cpu_per_prompt, table
 
 __all__ = ["capacity_run", "render", "runs_of", "write_json"]
 
@@ -109,8 +109,8 @@ def _bulk(report: Mapping[str, Any], scenario: str = "bulk") -> str:
             _ms(r, "batch", "p99"),
             num(r["peak_rss_mb"]),
             num(r["extra"].get("server_running_mean"), 1),
-            _server_cpu_per_prompt(r),
-            _server_cpu_per_prompt(r, "engine_cpu_s"),
+            server_cpu_per_prompt(r),
+            server_cpu_per_prompt(r, "engine_cpu_s"),
         ]
         for r in runs
     ]
@@ -143,14 +143,6 @@ def _bulk(report: Mapping[str, Any], scenario: str = "bulk") -> str:
     return section("Bulk" if scenario == "bulk" else "Bulk chat", table(headers, rows), note)
 
 
-def _server_cpu_per_prompt(run: Mapping[str, Any], key: str = "") -> str:
-    extra = run["extra"]
-    seconds = extra.get(key) if key else extra.get("server_cpu_s", extra.get("api_server_cpu_s"))
-    if seconds is None or not run["ok"]:
-        return "-"
-    return num(seconds / run["ok"] * 1e6, 0)
-
-
 def _mixed(report: Mapping[str, Any]) -> str:
     runs = runs_of(report, "mixed")
     if not runs:
@@ -175,6 +167,8 @@ def _mixed(report: Mapping[str, Any]) -> str:
                 _ms(r, "realtime", "p99", "ttft"),
                 _ms(base, "realtime", "p99", "ttft"),
                 f"{censored}/{r['requested']}",
+                server_cpu_per_prompt(r),
+                server_cpu_per_prompt(r, "engine_cpu_s"),
             ]
         )
     headers = [
@@ -188,8 +182,11 @@ def _mixed(report: Mapping[str, Any]) -> str:
         "TTFT p99 ms",
         "idle TTFT p99 ms",
         "unfinished",
+        "server CPU µs/prompt",
+        "engine CPU µs/prompt",
     ]
-    return section("Mixed: realtime streams under saturating bulk", table(headers, rows))
+    note = "Server and engine CPU per answered prompt, as in the bulk table."
+    return section("Mixed: realtime streams under saturating bulk", table(headers, rows), note)
 
 
 def _targets(report: Mapping[str, Any]) -> str:

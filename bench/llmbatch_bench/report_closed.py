@@ -16,7 +16,7 @@ from typing import Any
 
 from llmbatch_bench import closedplan
 from llmbatch_bench.stepmodel import SimModel
-from llmbatch_bench.tables import num, section, table
+from llmbatch_bench.tables import num, section, server_cpu_per_prompt, table
 from llmbatch_bench.targets_closed import bulk_vs_bound, lost, saturate_medians
 from llmbatch_bench.trace import column, window_summary
 
@@ -91,6 +91,8 @@ def _slo(runs: Sequence[Run]) -> str:
                 limits,
                 _ms(ctl.get("step_real_mean_s")),
                 num(step_timing(r), 2, suffix="x"),
+                "-" if is_idle else server_cpu_per_prompt(r),
+                "-" if is_idle else server_cpu_per_prompt(r, "engine_cpu_s"),
             ]
         )
     headers = [
@@ -107,6 +109,8 @@ def _slo(runs: Sequence[Run]) -> str:
         "bulk limit p10/p50/p90",
         "step ms",
         "step vs model",
+        "server CPU µs/prompt",
+        "engine CPU µs/prompt",
     ]
     return section(
         "SLO: realtime per-token time beside saturating bulk",
@@ -135,7 +139,8 @@ def _slo_note(run: Run) -> str:
     return text + (
         " Bulk counts the realtime window only; 'step ms' is the server's real mean step "
         "(its inter-token latency) in the window, 'step vs model' that over the step "
-        "model at the same running batch."
+        "model at the same running batch; server and engine CPU as in the bulk table, "
+        "over the whole run."
     )
 
 
@@ -163,6 +168,8 @@ def _saturate(runs: Sequence[Run]) -> str:
                 num(statistics.median(running), 1) if running else "-",
                 num(statistics.median(waiting), 1) if waiting else "-",
                 str(sum(r["failed"] for r in group)),
+                server_cpu_per_prompt(group[0]),
+                server_cpu_per_prompt(group[0], "engine_cpu_s"),
             ]
         )
     headers = [
@@ -174,10 +181,13 @@ def _saturate(runs: Sequence[Run]) -> str:
         "server running",
         "server waiting",
         "failed",
+        "server CPU µs/prompt",
+        "engine CPU µs/prompt",
     ]
     note = (
         "Medians over interleaved rounds; llmbatch with the library's defaults (no SLO, "
-        "Limits() and priority_scheduling as it decides), the probe as in the sweep."
+        "Limits() and priority_scheduling as it decides), the probe as in the sweep; "
+        "server and engine CPU of the first round, as in the bulk table."
     )
     return section("Saturate: default settings vs the lean probe", table(headers, rows), note)
 

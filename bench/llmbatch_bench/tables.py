@@ -6,7 +6,8 @@ Tables are padded for the terminal and paste as they are into docs/benchmarks.md
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 __all__ = ["num", "section", "table"]
 
@@ -42,3 +43,14 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def section(title: str, body: str, note: str = "") -> str:
     """A ``###`` section: title, table, and an optional line under it."""
     return f"### {title}\n\n{body}" + (f"\n\n{note}" if note else "")
+
+
+def server_cpu_per_prompt(run: Mapping[str, Any], key: str = "") -> str:
+    """A run's server CPU per answered prompt, in µs: ``key`` of its ``extra``
+    (``engine_cpu_s``), else the server's own (the simulator's process, or vLLM's API
+    server: ``server_cpu_s``, then ``api_server_cpu_s``); "-" where not measured."""
+    extra = run["extra"]
+    seconds = extra.get(key) if key else extra.get("server_cpu_s", extra.get("api_server_cpu_s"))
+    if seconds is None or not run["ok"]:
+        return "-"
+    return num(seconds / run["ok"] * 1e6, 0)
