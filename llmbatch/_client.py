@@ -205,6 +205,7 @@ class Client:
         timeout: float | NotGiven | None = NOT_GIVEN,
         max_retries: int | NotGiven | None = NOT_GIVEN,
         default_headers: Mapping[str, str] | NotGiven = NOT_GIVEN,
+        tenant: str | NotGiven | None = NOT_GIVEN,
     ) -> Client:
         """A view of this client whose calls default to other options.
 
@@ -219,8 +220,9 @@ class Client:
         default); ``model`` the model; ``timeout`` each call's deadline in seconds
         (None: none); ``max_retries`` retries after the first attempt;
         ``default_headers`` HTTP headers added to every request (a call's
-        ``extra_headers`` override them). A view of a view keeps the first's options
-        that the second does not set. Bad values raise here.
+        ``extra_headers`` override them); ``tenant`` who its calls are for (see
+        :meth:`complete`). A view of a view keeps the first's options that the second
+        does not set. Bad values raise here.
         """
         options = {
             name: value
@@ -230,6 +232,7 @@ class Client:
                 ("timeout", timeout),
                 ("max_retries", max_retries),
                 ("default_headers", default_headers),
+                ("tenant", tenant),
             )
             if value is not NOT_GIVEN
         }
@@ -296,6 +299,7 @@ class Client:
         extra_body: Mapping[str, Any] | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str] | None = None,
+        tenant: str | None = None,
         **params: Any,
     ) -> Completion:
         """Complete one prompt; batched with compatible prompts of the same tier.
@@ -308,6 +312,10 @@ class Client:
         ``model`` overrides the client's model for this call. ``timeout`` bounds the
         whole request, queueing included (:class:`DeadlineExceeded`). ``nowait=True``
         raises :class:`QueueFull` instead of waiting when the tier's queue is full.
+        ``tenant`` names who the call is for (an agent, a team, a user): within a tier,
+        each tenant's work forms its own groups, and groups take turns, so one
+        tenant's backlog never holds another's; it is sent as OpenAI's ``user`` when
+        the call has no ``user`` of its own. None (the default) is one shared tenant.
         """
         # The options value is a temporary: a waiting call's frame does not keep it.
         submitter, spec = self._spec(
@@ -323,6 +331,7 @@ class Client:
                 extra_body,
                 extra_headers,
                 extra_query,
+                tenant,
             ),
             params,
         )
@@ -342,6 +351,7 @@ class Client:
         extra_body: Mapping[str, Any] | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str] | None = None,
+        tenant: str | None = None,
         **params: Any,
     ) -> ChatCompletion:
         """Answer one conversation (``[{"role": "user", "content": "hi"}]``).
@@ -367,6 +377,7 @@ class Client:
                 extra_body,
                 extra_headers,
                 extra_query,
+                tenant,
             ),
             params,
         )
@@ -388,6 +399,7 @@ class Client:
         extra_body: Mapping[str, Any] | None = ...,
         extra_headers: Mapping[str, str] | None = ...,
         extra_query: Mapping[str, str] | None = ...,
+        tenant: str | None = ...,
         **params: Any,
     ) -> Embedding: ...
 
@@ -404,6 +416,7 @@ class Client:
         extra_body: Mapping[str, Any] | None = ...,
         extra_headers: Mapping[str, str] | None = ...,
         extra_query: Mapping[str, str] | None = ...,
+        tenant: str | None = ...,
         **params: Any,
     ) -> list[Embedding]: ...
 
@@ -419,6 +432,7 @@ class Client:
         extra_body: Mapping[str, Any] | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str] | None = None,
+        tenant: str | None = None,
         **params: Any,
     ) -> Embedding | list[Embedding]:
         """Embed a text (an :class:`Embedding`) or a list of texts (a list, in order).
@@ -436,7 +450,15 @@ class Client:
             "embed",
             "normal",
             CallOptions(
-                priority, model, timeout, max_retries, None, extra_body, extra_headers, extra_query
+                priority,
+                model,
+                timeout,
+                max_retries,
+                None,
+                extra_body,
+                extra_headers,
+                extra_query,
+                tenant,
             ),
             params,
         )
@@ -479,6 +501,7 @@ class Client:
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str] | None = None,
         stream_options: Mapping[str, Any] | None = None,
+        tenant: str | None = None,
         **params: Any,
     ) -> AsyncGenerator[str, None]:
         """Yield text deltas as the server produces them (a prompt, or chat messages).
@@ -500,6 +523,7 @@ class Client:
                 extra_body,
                 extra_headers,
                 extra_query,
+                tenant,
             ),
             stream_options,
             params,
@@ -520,6 +544,7 @@ class Client:
         extra_headers: Mapping[str, str] | None = ...,
         extra_query: Mapping[str, str] | None = ...,
         stream_options: Mapping[str, Any] | None = ...,
+        tenant: str | None = ...,
         **params: Any,
     ) -> AsyncGenerator[CompletionChunk, None]: ...
 
@@ -537,6 +562,7 @@ class Client:
         extra_headers: Mapping[str, str] | None = ...,
         extra_query: Mapping[str, str] | None = ...,
         stream_options: Mapping[str, Any] | None = ...,
+        tenant: str | None = ...,
         **params: Any,
     ) -> AsyncGenerator[ChatCompletionChunk, None]: ...
 
@@ -553,6 +579,7 @@ class Client:
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str] | None = None,
         stream_options: Mapping[str, Any] | None = None,
+        tenant: str | None = None,
         **params: Any,
     ) -> AsyncGenerator[CompletionChunk, None] | AsyncGenerator[ChatCompletionChunk, None]:
         """Yield every event of the stream as a chunk, as openai-python's
@@ -585,6 +612,7 @@ class Client:
                 extra_body,
                 extra_headers,
                 extra_query,
+                tenant,
             ),
             stream_options,
             params,

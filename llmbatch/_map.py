@@ -379,7 +379,10 @@ def map_spec(specs: SpecCache, kind: Kind, priority: object, params: Mapping[str
         params.get("timeout"),
         params.get("max_retries"),
         params.get("max_tokens"),
-        *(sampling.pop(k, None) for k in _EXTRAS),
+        sampling.pop("extra_body", None),
+        sampling.pop("extra_headers", None),
+        sampling.pop("extra_query", None),
+        params.get("tenant"),
     )
     return specs.get(kind, "map", "batch", options, sampling)
 
@@ -422,9 +425,8 @@ def kinds_of(inputs: object) -> tuple[Kind, ...]:
     return kinds if first is None else (first, *(k for k in kinds if k != first))
 
 
-_EXTRAS = ("extra_body", "extra_headers", "extra_query")
 #: Keys that are llmbatch's own, not sampling parameters.
-_OWN = frozenset({"priority", "max_tokens", "timeout", "model", "max_retries"})
+_OWN = frozenset({"priority", "max_tokens", "timeout", "model", "max_retries", "tenant"})
 
 
 _KINDS: dict[str, Kind] = {"prompt": "completion", "messages": "chat", "input": "embedding"}

@@ -19,7 +19,7 @@ from llmbatch._exceptions import (
     LLMBatchError,
 )
 from llmbatch._params import check_extra
-from llmbatch._validate import CallOptions, check_max_retries, check_timeout
+from llmbatch._validate import CallOptions, check_max_retries, check_tenant, check_timeout
 
 __all__ = ["NOT_GIVEN", "CallDefaults", "NotGiven", "check_default_headers"]
 
@@ -42,7 +42,7 @@ NOT_GIVEN = NotGiven()
 class CallDefaults:
     """The options a call gets when it leaves them out (None: not set)."""
 
-    __slots__ = ("headers", "max_retries", "model", "priority", "timeout")
+    __slots__ = ("headers", "max_retries", "model", "priority", "tenant", "timeout")
 
     def __init__(
         self,
@@ -52,8 +52,10 @@ class CallDefaults:
         timeout: float | None = None,
         max_retries: int | None = None,
         headers: Mapping[str, str] | None = None,
+        tenant: str | None = None,
     ) -> None:
         self.priority = priority
+        self.tenant = tenant
         self.model = model
         self.timeout = timeout
         self.max_retries = max_retries
@@ -91,6 +93,7 @@ class CallDefaults:
                 "timeout": base.timeout,
                 "max_retries": base.max_retries,
                 "headers": base.headers,
+                "tenant": base.tenant,
             }
         )
         for name, value in options.items():
@@ -104,6 +107,8 @@ class CallDefaults:
                 values[name] = check_timeout(value)
             elif name == "max_retries":
                 values[name] = check_max_retries(value)
+            elif name == "tenant":
+                values[name] = check_tenant(value)
             elif name == "default_headers":
                 # Headers add to the base's (a view of a view keeps both).
                 merged = {**(values.get("headers") or {}), **check_default_headers(value)}
@@ -122,13 +127,14 @@ class CallDefaults:
             timeout=self.timeout if options.timeout is None else options.timeout,
             max_retries=self.max_retries if options.max_retries is None else options.max_retries,
             extra_headers=self.merge_headers(options.extra_headers),
+            tenant=self.tenant if options.tenant is None else options.tenant,
         )
 
     def fill_map(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A map call's keyword options with these defaults filled in (items may
         still override them one by one)."""
         filled = dict(params)
-        for name in ("model", "timeout", "max_retries"):
+        for name in ("model", "timeout", "max_retries", "tenant"):
             if filled.get(name) is None and getattr(self, name) is not None:
                 filled[name] = getattr(self, name)
         if self.headers is not None:
@@ -149,7 +155,7 @@ class CallDefaults:
         # Header values may hold credentials: show only their names.
         shown = [
             f"{name}={getattr(self, name)!r}"
-            for name in ("priority", "model", "timeout", "max_retries")
+            for name in ("priority", "model", "timeout", "max_retries", "tenant")
             if getattr(self, name) is not None
         ]
         if self.headers:

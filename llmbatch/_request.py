@@ -57,6 +57,7 @@ class CallSpec:
         "priority",
         "query",
         "stream",
+        "tenant",
         "timeout",
     )
 
@@ -75,6 +76,7 @@ class CallSpec:
         headers: tuple[tuple[str, str], ...] = (),
         query: str = "",
         attempts: int | None = None,
+        tenant: str | None = None,
     ) -> None:
         self.kind = kind
         self.priority = priority
@@ -93,6 +95,8 @@ class CallSpec:
         """``extra_query`` as ``?a=1``, appended to the endpoint's path."""
         self.attempts = attempts
         """HTTP attempts for this call (``max_retries + 1``); None: the client's policy."""
+        self.tenant = tenant
+        """Who the call is for (None: the shared default tenant)."""
         # Streams never share an HTTP request: each caller reads its own SSE response.
         self.max_batch = 1 if stream else 1024
         # Only requests with the same endpoint, model, parameters and mode share a batch.
@@ -107,6 +111,8 @@ class CallSpec:
                 repr(headers),
                 query,
                 str(attempts),
+                # Tenants never share a group, so groups' turns are tenants' turns.
+                tenant or "",
             )
         )
         self.body_prefix: bytes | None = None

@@ -115,6 +115,7 @@ class SyncClient:
         timeout: float | NotGiven | None = NOT_GIVEN,
         max_retries: int | NotGiven | None = NOT_GIVEN,
         default_headers: Mapping[str, str] | NotGiven = NOT_GIVEN,
+        tenant: str | NotGiven | None = NOT_GIVEN,
     ) -> SyncClient:
         """A view with other call defaults, sharing this client's loop and engine:
         see :meth:`Client.with_options`."""
@@ -125,6 +126,7 @@ class SyncClient:
             timeout=timeout,
             max_retries=max_retries,
             default_headers=default_headers,
+            tenant=tenant,
         )
         return view
 
@@ -214,6 +216,7 @@ class SyncClient:
         extra_body: Mapping[str, Any] | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str] | None = None,
+        tenant: str | None = None,
         **params: Any,
     ) -> Completion:
         """:meth:`Client.complete`, blocking."""
@@ -233,6 +236,7 @@ class SyncClient:
         extra_body: Mapping[str, Any] | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str] | None = None,
+        tenant: str | None = None,
         **params: Any,
     ) -> ChatCompletion:
         """:meth:`Client.chat`, blocking."""
@@ -252,6 +256,7 @@ class SyncClient:
         extra_body: Mapping[str, Any] | None = ...,
         extra_headers: Mapping[str, str] | None = ...,
         extra_query: Mapping[str, str] | None = ...,
+        tenant: str | None = ...,
         **params: Any,
     ) -> Embedding: ...
 
@@ -268,6 +273,7 @@ class SyncClient:
         extra_body: Mapping[str, Any] | None = ...,
         extra_headers: Mapping[str, str] | None = ...,
         extra_query: Mapping[str, str] | None = ...,
+        tenant: str | None = ...,
         **params: Any,
     ) -> list[Embedding]: ...
 
@@ -283,6 +289,7 @@ class SyncClient:
         extra_body: Mapping[str, Any] | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str] | None = None,
+        tenant: str | None = None,
         **params: Any,
     ) -> Embedding | list[Embedding]:
         """:meth:`Client.embed`, blocking."""
@@ -302,6 +309,7 @@ class SyncClient:
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str] | None = None,
         stream_options: Mapping[str, Any] | None = None,
+        tenant: str | None = None,
         **params: Any,
     ) -> Iterator[str]:
         """:meth:`Client.stream`: text deltas as they arrive."""
@@ -321,6 +329,7 @@ class SyncClient:
         extra_headers: Mapping[str, str] | None = ...,
         extra_query: Mapping[str, str] | None = ...,
         stream_options: Mapping[str, Any] | None = ...,
+        tenant: str | None = ...,
         **params: Any,
     ) -> Iterator[CompletionChunk]: ...
 
@@ -338,6 +347,7 @@ class SyncClient:
         extra_headers: Mapping[str, str] | None = ...,
         extra_query: Mapping[str, str] | None = ...,
         stream_options: Mapping[str, Any] | None = ...,
+        tenant: str | None = ...,
         **params: Any,
     ) -> Iterator[ChatCompletionChunk]: ...
 
@@ -354,6 +364,7 @@ class SyncClient:
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, str] | None = None,
         stream_options: Mapping[str, Any] | None = None,
+        tenant: str | None = None,
         **params: Any,
     ) -> Iterator[CompletionChunk] | Iterator[ChatCompletionChunk]:
         """:meth:`Client.stream_chunks`: every event's chunk as it arrives."""

@@ -106,9 +106,11 @@ def validate_options(
     extra_headers: object = None,
     extra_query: object = None,
     max_retries: object = None,
+    tenant: object = None,
 ) -> CallSpec:
     """Check a call's options and build its :class:`CallSpec`, or raise."""
     tier = parse_priority(priority)
+    who = check_tenant(tenant)
     if not isinstance(model, str) or not model:
         raise _wrong_type("model", "a non-empty str", model)
     checked = {k: v for k, v in params.items() if v is not None}
@@ -118,6 +120,9 @@ def validate_options(
     checked.update(check_extra("extra_body", extra_body))
     headers = tuple(sorted(check_extra("extra_headers", extra_headers, strings=True).items()))
     query = query_string(check_extra("extra_query", extra_query, strings=True))
+    if who is not None and "user" not in checked:
+        # OpenAI's own field for who a request is for: servers can count by it.
+        checked["user"] = who
     if kind == "chat" and "max_tokens" not in checked and "max_completion_tokens" in checked:
         checked["max_tokens"] = checked.pop("max_completion_tokens")
     max_tokens_given = checked.get("max_tokens")
@@ -162,7 +167,26 @@ def validate_options(
         headers=headers,
         query=query,
         attempts=attempts,
+        tenant=who,
     )
+
+
+#: Longer names are refused: a tenant labels stats and metrics.
+MAX_TENANT_LENGTH = 256
+
+
+def check_tenant(value: object) -> str | None:
+    """A call's ``tenant``: None (the shared default tenant) or a printable str."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _wrong_type("tenant", "a str or None", value)
+    if not value or len(value) > MAX_TENANT_LENGTH or not value.isprintable():
+        raise _bad(
+            f"tenant must be 1 to {MAX_TENANT_LENGTH} printable characters, got {value!r:.80}",
+            "tenant",
+        )
+    return value
 
 
 class CallOptions(NamedTuple):
@@ -177,6 +201,7 @@ class CallOptions(NamedTuple):
     extra_body: object = None
     extra_headers: object = None
     extra_query: object = None
+    tenant: object = None
 
     @property
     def extras(self) -> tuple[object, object, object] | None:
@@ -238,6 +263,7 @@ class SpecCache:
                 max_retries,
                 tuple([(k, type(v), v) for k, v in params.items()]),
                 None if extras is None else tuple(_freeze(e) for e in extras),
+                options.tenant,
             )
             spec = self._specs.get(key)  # type: ignore[arg-type]
         except TypeError:  # an unhashable value (a list of stop strings): not cached
@@ -260,6 +286,7 @@ class SpecCache:
             extra_headers=options.extra_headers,
             extra_query=options.extra_query,
             max_retries=max_retries,
+            tenant=options.tenant,
         )
         if key is not None:
             if len(self._specs) >= self._size:

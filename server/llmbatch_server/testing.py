@@ -199,10 +199,21 @@ class SimulatorProcess:
         budget never sent more, whatever happened between two scrapes."""
         return _counter(self.metrics(replica), "llmbatch_sim:peak_sequences")
 
-    def peak_running(self, replica: int = 0) -> int:
+    def peak_running(self, replica: int = 0, *, user: str | None = None) -> int:
         """The most sequences the server has run in one engine step
-        (``llmbatch_sim:peak_running``): never more than its ``max_num_seqs``."""
-        return _counter(self.metrics(replica), "llmbatch_sim:peak_running")
+        (``llmbatch_sim:peak_running``): never more than its ``max_num_seqs``. With
+        ``user``, the most of that OpenAI ``user``'s requests (0 if it sent none), so
+        a test can count per caller at the server."""
+        metrics = self.metrics(replica)
+        if user is None:
+            return _counter(metrics, "llmbatch_sim:peak_running")
+        for line in metrics.splitlines():
+            if line.startswith("llmbatch_sim:peak_running_by_user{"):
+                labels, _, value = line.rpartition(" ")
+                found = _USER.search(labels)
+                if found is not None and found.group(1) == _escape(user):
+                    return int(float(value))
+        return 0
 
     def post_count(self, replica: int = 0) -> int:
         """POST requests the server has answered, by its own count."""
@@ -211,6 +222,13 @@ class SimulatorProcess:
             if line.startswith("http_requests_total{") and 'method="POST"' in line:
                 total += int(float(line.rsplit(" ", 1)[1]))
         return total
+
+
+_USER = re.compile(r'user="((?:[^"\\]|\\.)*)"')
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _counter(metrics: str, name: str) -> int:

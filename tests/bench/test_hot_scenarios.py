@@ -79,6 +79,7 @@ def test_overhead_chat_single_burst_in_worker_processes(tmp_path: Path) -> None:
         assert f"### {title}" in text
 
 
+@pytest.mark.slow  # ~6 s; CI's slow stage runs it (and its hot-path smoke the scenarios)
 def test_dropin_and_embed_count_what_the_server_received(tmp_path: Path) -> None:
     report, text = bench(
         tmp_path, "--in-process", "--scenario", "dropin,embed", "--repeat", "1",
@@ -107,6 +108,7 @@ def test_dropin_and_embed_count_what_the_server_received(tmp_path: Path) -> None
     assert "### Drop-in: 200 concurrent completions.create calls" in text
 
 
+@pytest.mark.slow  # ~5 s; CI's slow stage runs it
 def test_transport_and_scale_in_process(tmp_path: Path) -> None:
     report, text = bench(
         tmp_path, "--in-process", "--scenario", "transport", "--scale", "1000",

@@ -221,14 +221,17 @@ def test_within_limit_reports_whether_work_was_cut_short() -> None:
 
 
 def test_the_server_cpu_per_prompt_comes_from_the_process_or_the_api_servers_metrics() -> None:
-    from llmbatch_bench.report import _server_cpu_per_prompt
+    from llmbatch_bench.tables import server_cpu_per_prompt
 
     own = {"ok": 1000, "extra": {"server_cpu_s": 0.5}}
     remote = {"ok": 1000, "extra": {"api_server_cpu_s": 0.9}}
     unknown = {"ok": 1000, "extra": {}}
-    assert _server_cpu_per_prompt(own) == "500"
-    assert _server_cpu_per_prompt(remote) == "900"
-    assert _server_cpu_per_prompt(unknown) == "-"
+    assert server_cpu_per_prompt(own) == "500"
+    assert server_cpu_per_prompt(remote) == "900"
+    assert server_cpu_per_prompt(unknown) == "-"
+    engine = {"ok": 1000, "extra": {"api_server_cpu_s": 0.9, "engine_cpu_s": 2.0}}
+    assert server_cpu_per_prompt(engine, "engine_cpu_s") == "2,000"
+    assert server_cpu_per_prompt(remote, "engine_cpu_s") == "-"
 
 
 def test_the_sampler_reads_a_remote_api_servers_cpu_from_its_metrics() -> None:

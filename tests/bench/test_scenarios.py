@@ -145,6 +145,7 @@ def test_probe_and_worker_process(zero: Any) -> None:
     assert (m.peak_rss_mb or 0) > 5
 
 
+@pytest.mark.slow  # ~6 s; CI's slow stage runs it (and its bench smoke the command)
 def test_cli_smoke_bulk(tmp_path: Path) -> None:
     """The CI smoke command: a small bulk run on a simulator the harness starts."""
     out = tmp_path / "bench.json"

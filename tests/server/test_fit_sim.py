@@ -18,6 +18,7 @@ from llmbatch_server.testing import run_simulator
 SPEED = 2.0
 
 
+@pytest.mark.slow  # ~6 s of probes; CI's slow stage runs it
 def test_fit_recovers_the_simulators_step_model_within_ten_percent(
     tmp_path: pathlib.Path,
 ) -> None:

@@ -78,6 +78,8 @@ class Group:
     sequences: list[Sequence] = field(default_factory=list)
     pending: int = 0
     aborted: bool = False
+    #: The request's OpenAI ``user``, if it named one.
+    user: str | None = None
 
 
 class Engine:
@@ -108,6 +110,8 @@ class Engine:
         self.steps = 0
         self.busy_seconds = 0.0
         self.in_system = 0
+        #: Whether any request has named a ``user`` (then steps count them).
+        self._users = False
         """Sequences added and not yet finished or aborted (running or waiting)."""
 
     # -- public ----------------------------------------------------------------
@@ -133,6 +137,8 @@ class Engine:
         use_priority = self.limits.scheduling_policy == "priority"
         group.sequences = sequences
         group.pending = len(sequences)
+        if group.user is not None:
+            self._users = True
         self.in_system += len(sequences)
         self.metrics.peak_sequences = max(self.metrics.peak_sequences, self.in_system)
         for seq in sequences:
@@ -230,7 +236,22 @@ class Engine:
             self._running.append(seq)
             batch.append(seq)
         self.metrics.peak_running = max(self.metrics.peak_running, len(batch))
+        if self._users:
+            self._count_users(batch)
         return batch, prefill
+
+    def _count_users(self, batch: list[Sequence]) -> None:
+        """The most sequences each ``user`` has had in one step (only once a request
+        has named a user: the common case pays nothing)."""
+        running: dict[str, int] = {}
+        for seq in batch:
+            user = seq.group.user
+            if user is not None:
+                running[user] = running.get(user, 0) + 1
+        peaks = self.metrics.peak_running_by_user
+        for user, count in running.items():
+            if count > peaks.get(user, 0):
+                peaks[user] = count
 
     def _advance(self, batch: list[Sequence]) -> None:
         now = self._clock()

@@ -68,7 +68,7 @@ async def generate(
         if not done.done():
             done.set_result(None)
 
-    group = Group(on_done=on_done)
+    group = Group(on_done=on_done, user=gen.user)
     sequences = sim.sequences(gen, group)
     admit(sim, group, sequences, gen.priority)
     if not await wait_or_disconnect(done, request.receive):
@@ -123,7 +123,7 @@ def _stream(
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
     sent: dict[int, int] = {}
     total = 0
-    group = Group()
+    group = Group(user=gen.user)
 
     def on_tokens(seq: Sequence, generated: int) -> None:
         nonlocal total

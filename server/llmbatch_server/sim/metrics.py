@@ -54,6 +54,8 @@ class EngineMetrics:
     """The most sequences the server has held at once (running and waiting)."""
     peak_running: int = 0
     """The most sequences it has run in one step (at most ``max_num_seqs``)."""
+    peak_running_by_user: dict[str, int] = field(default_factory=dict)
+    """The same for each ``user`` the requests named."""
     success: Counter[str] = field(default_factory=Counter)
     e2e: Histogram = field(default_factory=Histogram)
     ttft: Histogram = field(default_factory=Histogram)
@@ -92,6 +94,11 @@ def render(
         f"llmbatch_sim:peak_sequences{{{labels}}} {metrics.peak_sequences}",
         "# TYPE llmbatch_sim:peak_running gauge",
         f"llmbatch_sim:peak_running{{{labels}}} {metrics.peak_running}",
+        "# TYPE llmbatch_sim:peak_running_by_user gauge",
+        *(
+            f'llmbatch_sim:peak_running_by_user{{{labels},user="{_label(user)}"}} {peak}'
+            for user, peak in sorted(metrics.peak_running_by_user.items())
+        ),
         "# TYPE vllm:kv_cache_usage_perc gauge",
         f"vllm:kv_cache_usage_perc{{{labels}}} {kv_usage}",
         # vLLM's V1 names, in tokens (prometheus_client adds the _total).
@@ -161,3 +168,8 @@ def load_report(fmt: str, *, waiting: int, kv_usage: float) -> dict[str, str]:
         text = ", ".join(f"named_metrics.{name}={value}" for name, value in named.items())
         return {LOAD_HEADER: "TEXT " + text}
     return {}
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value: backslash, quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

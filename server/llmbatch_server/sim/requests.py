@@ -37,6 +37,8 @@ class Generation:
     cache_salt: str | None = None
     #: Each prompt's token ids, when the caller asked for them (the prefix cache).
     prompt_ids: list[list[int]] | None = None
+    #: OpenAI's ``user``: who the request is for (counted per user at ``/metrics``).
+    user: str | None = None
 
 
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -211,6 +213,9 @@ def _generation(
             "Parameter 'cache_salt' must be a non-empty string if provided.",
             param="cache_salt",
         )
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise ApiError.validation("Parameter 'user' must be a string if provided.", param="user")
     return Generation(
         chat=chat,
         prompts=prompts,
@@ -226,6 +231,7 @@ def _generation(
         include_usage=bool(stream_options.get("include_usage")),
         cache_salt=cache_salt,
         prompt_ids=prompt_ids,
+        user=user,
     )
 
 

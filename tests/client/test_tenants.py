@@ -1,0 +1,119 @@
+"""``tenant=``: who a call is for (issue #23, its first part). Checked like
+``priority`` at the call; sent as OpenAI's ``user`` unless the call has its own; on
+every call, map item, view and the SyncClient; tenants take turns within a tier.
+Against a real simulator process, which counts running sequences per ``user``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+import llmbatch
+from llmbatch import InvalidRequestError, InvalidTypeError
+from llmbatch_server.testing import SimulatorProcess, run_simulator
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimulatorProcess]:
+    with run_simulator("--speed", "100", "--max-num-seqs", "64") as server:
+        yield server
+
+
+@pytest.mark.parametrize(
+    ("tenant", "error"),
+    [
+        (7, InvalidTypeError),
+        ("", InvalidRequestError),
+        ("two\nlines", InvalidRequestError),
+        ("x" * 257, InvalidRequestError),
+    ],
+)
+async def test_a_bad_tenant_fails_the_call_alone(
+    sim: SimulatorProcess, tenant: Any, error: type[Exception]
+) -> None:
+    async with llmbatch.Client(sim.base_url) as client:
+        with pytest.raises(error) as info:
+            await client.complete("hi", tenant=tenant, max_tokens=2)
+        assert info.value.field == "tenant"  # type: ignore[attr-defined]
+        with pytest.raises(error):
+            client.with_options(tenant=tenant)
+        with pytest.raises(error):  # at the call, not once per item
+            await client.map(["a", "b"], tenant=tenant, max_tokens=2)
+        # Nothing else is affected: the next call answers.
+        assert (await client.complete("hi", tenant="ok", max_tokens=2)).text
+
+
+async def test_the_tenant_is_sent_as_user(sim: SimulatorProcess) -> None:
+    async with llmbatch.Client(sim.base_url) as client:
+        await client.complete("hi", tenant="agent-7", max_tokens=2)
+        await client.chat([{"role": "user", "content": "hi"}], tenant="agent-8", max_tokens=2)
+        # A call's own user wins: the tenant still groups it.
+        await client.complete("hi", tenant="agent-9", user="person-1", max_tokens=2)
+        async for _ in client.stream("hi", tenant="agent-10", max_tokens=2):
+            pass
+        view = client.with_options(tenant="agent-11")
+        await view.complete("hi", max_tokens=2)
+        await view.complete("hi", tenant="agent-12", max_tokens=2)  # the call's wins
+    for user in ("agent-7", "agent-8", "person-1", "agent-10", "agent-11", "agent-12"):
+        assert sim.peak_running(user=user) == 1, user
+    assert sim.peak_running(user="agent-9") == 0
+
+
+async def test_maps_take_a_tenant_and_items_their_own(sim: SimulatorProcess) -> None:
+    async with llmbatch.Client(sim.base_url) as client:
+        items: list[Any] = [{"prompt": f"p{i}", "tenant": "item-tenant"} for i in range(3)]
+        results = await client.map([*items, "plain"], tenant="map-tenant", max_tokens=2)
+    assert all(r.ok for r in results)
+    assert sim.peak_running(user="item-tenant") >= 1
+    assert sim.peak_running(user="map-tenant") == 1
+
+
+def test_the_sync_client_takes_a_tenant(sim: SimulatorProcess) -> None:
+    with llmbatch.SyncClient(sim.base_url) as client:
+        client.complete("hi", tenant="sync-1", max_tokens=2)
+        client.with_options(tenant="sync-2").complete("hi", max_tokens=2)
+        assert all(r.ok for r in client.map(["a"], tenant="sync-3", max_tokens=2))
+    for user in ("sync-1", "sync-2", "sync-3"):
+        assert sim.peak_running(user=user) == 1, user
+
+
+async def test_one_tenants_backlog_does_not_hold_anothers(sim: SimulatorProcess) -> None:
+    # A queues 4,000 calls at once; B maps 100 prompts, same tier and parameters,
+    # once A has answers. Without tenants B's requests would queue behind all of A's
+    # in one group; as tenants their groups take turns, so B is done before A is
+    # half done.
+    answered = 0
+    a_half = anyio.Event()
+    a_running = anyio.Event()
+    b_done = 0.0
+    a_half_at = 0.0
+
+    async def one_of_a(i: int) -> None:
+        nonlocal answered, a_half_at
+        await client.complete(f"A {i}", tenant="A", priority="batch", max_tokens=8)
+        answered += 1
+        a_running.set()
+        if answered == 2_000:
+            a_half_at = time.monotonic()
+            a_half.set()
+
+    async def run_b() -> None:
+        nonlocal b_done
+        await a_running.wait()
+        prompts = [f"B {i}" for i in range(100)]
+        results = await client.map(prompts, tenant="B", max_tokens=8)
+        assert all(r.ok for r in results)
+        b_done = time.monotonic()
+
+    async with llmbatch.Client(sim.base_url) as client, anyio.create_task_group() as tg:
+        for i in range(4_000):
+            tg.start_soon(one_of_a, i)
+        tg.start_soon(run_b)
+    assert a_half.is_set()
+    assert b_done < a_half_at
