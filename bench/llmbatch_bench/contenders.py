@@ -106,15 +106,7 @@ class LlmbatchContender:
         client = self._client
         params = {**self.params, "max_tokens": max_tokens}
         if self.mode == "map":
-            # aclosing: a cancelled mixed run must stop the map's feeder right away.
-            results = client.map_unordered(prompts, priority="batch", **params)
-            async with contextlib.aclosing(results):
-                async for _, result in results:
-                    value = result.value
-                    if result.error is not None or value is None:
-                        rec.failure(result.error or "NoValue")
-                    else:
-                        rec.success("batch", value.timings.latency, value.usage.completion_tokens)
+            await self._map(prompts, params, rec)
             return
 
         async def one(prompt: str) -> None:
@@ -132,8 +124,12 @@ class LlmbatchContender:
     ) -> None:
         """A ``map`` of conversations: one chat batch request per batch where the
         server serves ``/v1/chat/completions/batch``, else one request per chat."""
-        params = {**self.params, "max_tokens": max_tokens}
-        results = self._client.map_unordered(chats, priority="batch", **params)
+        await self._map(chats, {**self.params, "max_tokens": max_tokens}, rec)
+
+    async def _map(self, inputs: Iterable[Any], params: dict[str, Any], rec: Recorder) -> None:
+        """``map_unordered`` in the batch tier, each result recorded as it comes."""
+        results = self._client.map_unordered(inputs, priority="batch", **params)
+        # aclosing: a cancelled mixed run must stop the map's feeder right away.
         async with contextlib.aclosing(results):
             async for _, result in results:
                 value = result.value
