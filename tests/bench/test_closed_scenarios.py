@@ -89,6 +89,7 @@ def closed_job(**fields: Any) -> Job:
     return Job(**{**base, **fields})
 
 
+@pytest.mark.slow  # ~9 s; CI's closed-loop smoke runs the scenario, its slow stage this test
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("mode", ["503", "restart"])
 @pytest.mark.anyio

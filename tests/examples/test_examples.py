@@ -40,6 +40,7 @@ def _run(script: str, *args: str, env: dict[str, str] | None = None) -> str:
     return result.stdout
 
 
+@pytest.mark.slow  # ~5 s; CI's demo stage runs the demo itself, its slow stage this test
 def test_demo_starts_its_own_simulator() -> None:
     out = _run("demo.py", "--bulk", "300")
     assert "bulk: 300/300 ok" in out
