@@ -37,6 +37,7 @@ if typing.TYPE_CHECKING:
         RateLimit,
         RetryPolicy,
         SharedInFlight,
+        TenantLimits,
         Timeout,
     )
     from llmbatch._exceptions import (
@@ -65,6 +66,7 @@ if typing.TYPE_CHECKING:
         ServerInfoError,
         ServerOutageError,
         ServiceUnavailableError,
+        TenantQuotaExceeded,
         TimeoutException,
         TransportError,
         UnknownModelError,
@@ -86,7 +88,15 @@ if typing.TYPE_CHECKING:
     )
     from llmbatch._progress import MapProgress, ProgressBar
     from llmbatch._replicas import Replica
-    from llmbatch._stats import Histogram, Percentiles, ServerStats, SharedStats, Stats, TierStats
+    from llmbatch._stats import (
+        Histogram,
+        Percentiles,
+        ServerStats,
+        SharedStats,
+        Stats,
+        TenantStats,
+        TierStats,
+    )
     from llmbatch._sync import SyncClient
 
 #: Where each public name is defined (read by ``__getattr__`` on first use).
@@ -109,6 +119,8 @@ _EXPORTS = {
     "RetryPolicy": "llmbatch._config",
     "SLO": "llmbatch._config",
     "SharedInFlight": "llmbatch._config",
+    "TenantLimits": "llmbatch._config",
+    "TenantQuotaExceeded": "llmbatch._exceptions",
     "Timeout": "llmbatch._config",
     "APIStatusError": "llmbatch._exceptions",
     "AuthenticationError": "llmbatch._exceptions",
@@ -159,6 +171,7 @@ _EXPORTS = {
     "ServerStats": "llmbatch._stats",
     "SharedStats": "llmbatch._stats",
     "Stats": "llmbatch._stats",
+    "TenantStats": "llmbatch._stats",
     "TierStats": "llmbatch._stats",
     "SyncClient": "llmbatch._sync",
 }
@@ -240,6 +253,9 @@ __all__ = [
     "SharedStats",
     "Stats",
     "SyncClient",
+    "TenantLimits",
+    "TenantQuotaExceeded",
+    "TenantStats",
     "TierStats",
     "Timeout",
     "TimeoutException",

@@ -6,7 +6,8 @@ A program's ``POST .../completions`` (or ``/chat/completions``, ``/embeddings``)
 taken apart into calls of the llmbatch client, which batches them with every other
 call; the answer is put back together as the JSON the server would have sent for
 that one request. Everything else (other endpoints, streams) goes to the server
-unchanged. The priority tier comes from the ``x-llmbatch-priority`` request header.
+unchanged. The priority tier comes from the ``x-llmbatch-priority`` request header,
+the tenant (``tenant=``) from ``x-llmbatch-tenant``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from llmbatch._exceptions import (
     ConnectError,
     InvalidRequestError,
     LLMBatchError,
+    QueueFull,
     RemoteProtocolError,
     RequestCancelled,
     RequestError,
@@ -35,12 +37,14 @@ from llmbatch._exceptions import (
 from llmbatch._models import ChatCompletion, Completion, Embedding
 from llmbatch._params import ALLOWED
 
-__all__ = ["PRIORITY_HEADER", "BatchingTransport"]
+__all__ = ["PRIORITY_HEADER", "TENANT_HEADER", "BatchingTransport"]
 
-#: The request header naming a call's tier (``realtime``, ``normal``, ``batch``).
 PRIORITY_HEADER = "x-llmbatch-priority"
 """The request header that names a call's tier (``realtime``, ``normal``, ``batch``);
 llmbatch reads it and does not send it on."""
+TENANT_HEADER = "x-llmbatch-tenant"
+"""The request header that names a call's tenant (``tenant=``: its fair share and
+its ``TenantLimits``); llmbatch reads it and does not send it on."""
 _ROUTES = {"/chat/completions": "chat", "/completions": "completion", "/embeddings": "embedding"}
 _JSON_HEADERS = {"content-type": "application/json"}
 #: Request fields that are not parameters.
@@ -92,10 +96,15 @@ class BatchingTransport(httpx.AsyncBaseTransport):
             return await self._passthrough.handle_async_request(request)
         client = await self._open(request, kind)
         priority = request.headers.get(PRIORITY_HEADER, self._default_priority)
+        tenant = request.headers.get(TENANT_HEADER)
         try:
-            payload = await _call(client, kind, body, priority)
+            payload = await _call(client, kind, body, priority, tenant)
         except APIStatusError as exc:
             return _error_response(request, exc.status_code, exc.body, str(exc.message))
+        except QueueFull as exc:
+            # A tenant at its TenantLimits with overflow="raise": openai's clients
+            # read 429 as "too many requests, later".
+            return _error_response(request, 429, None, str(exc))
         except InvalidRequestError as exc:
             return _error_response(request, 400, None, str(exc))
         except (ConnectError, ServerOutageError) as exc:
@@ -178,11 +187,12 @@ def _arguments(kind: str, body: Mapping[str, Any]) -> tuple[dict[str, Any], dict
 
 
 async def _call(
-    client: Client, kind: str, body: Mapping[str, Any], priority: str
+    client: Client, kind: str, body: Mapping[str, Any], priority: str, tenant: str | None
 ) -> dict[str, Any]:
     params, extra = _arguments(kind, body)
     options: dict[str, Any] = {
         "priority": priority,
+        "tenant": tenant,
         "model": body.get("model"),
         "extra_body": extra or None,
         **params,

@@ -36,6 +36,7 @@ from llmbatch._config import (
     RateLimit,
     RetryPolicy,
     SharedInFlight,
+    TenantLimits,
     Timeout,
     parse_priority,
 )
@@ -101,6 +102,12 @@ class Client:
     On exit, ``on_close="drain"`` (default) finishes queued and in-flight work for up
     to ``drain_timeout`` seconds, then cancels the rest; ``"cancel"`` cancels at once.
     Cancelled requests fail with :class:`RequestCancelled`; no caller waits forever.
+    ``tenants={"agent-7": TenantLimits(max_in_flight=2), "*": TenantLimits(...)}``
+    limits what the calls of one ``tenant=`` may hold and spend (``"*"``: every named
+    tenant not listed; calls without a tenant are never limited), and weighs tenants
+    against each other within a tier (docs/tenants.md). A call's tenant is sent as
+    OpenAI's ``user`` unless the call has one, or ``send_tenant_as_user=False``
+    (then tenants whose calls are otherwise alike share HTTP batches).
     Bad configuration raises :class:`ConfigError` (a :class:`ConfigTypeError`, also a
     ``TypeError``, for a value of the wrong type).
     """
@@ -126,6 +133,8 @@ class Client:
         verify: bool = True,
         on_close: Literal["drain", "cancel"] = "drain",
         drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+        tenants: Mapping[str, TenantLimits] | None = None,
+        send_tenant_as_user: bool = True,
     ) -> None:
         config = ClientConfig.build(
             base_url=base_url,
@@ -145,6 +154,8 @@ class Client:
             verify=verify,
             on_close=on_close,
             drain_timeout=drain_timeout,
+            tenants=tenants,
+            send_tenant_as_user=send_tenant_as_user,
         )
         self._setup(config, Runtime(config), config.call_defaults, view=False)
 

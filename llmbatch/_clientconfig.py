@@ -26,6 +26,7 @@ from llmbatch._config import (
     RateLimit,
     RetryPolicy,
     SharedInFlight,
+    TenantLimits,
     Timeout,
     parse_priority,
 )
@@ -34,6 +35,7 @@ from llmbatch._fleet import ServerConfig
 from llmbatch._options import CallDefaults
 from llmbatch._replicas import Replica, check_api_key, env, resolve
 from llmbatch._transports.base import Transport
+from llmbatch._validate import check_tenant
 from llmbatch._version import __version__
 
 __all__ = ["ClientConfig"]
@@ -62,6 +64,10 @@ class ClientConfig:
     verify: bool
     on_close: Literal["drain", "cancel"]
     drain_timeout: float
+    tenants: Mapping[str, TenantLimits] = dataclasses.field(default_factory=dict)
+    """Each named tenant's limits (``"*"``: every named tenant not listed)."""
+    send_tenant_as_user: bool = True
+    """A call's tenant goes to the server as OpenAI's ``user`` (unless it has one)."""
 
     @classmethod
     def build(
@@ -84,6 +90,8 @@ class ClientConfig:
         verify: object,
         on_close: object,
         drain_timeout: object,
+        tenants: object = None,
+        send_tenant_as_user: object = True,
     ) -> ClientConfig:
         """Check every argument; raises :class:`ConfigError` (or
         :class:`ConfigTypeError`) naming the first that is wrong."""
@@ -151,6 +159,10 @@ class ClientConfig:
             raise ConfigError(
                 "drain_timeout must be a number of seconds >= 0", field="drain_timeout"
             )
+        if not isinstance(send_tenant_as_user, bool):
+            raise ConfigTypeError(
+                "send_tenant_as_user must be True or False", field="send_tenant_as_user"
+            )
         return cls(
             api_key=key,
             replicas=tuple(replicas),
@@ -171,6 +183,8 @@ class ClientConfig:
             verify=bool(verify),
             on_close=on_close,
             drain_timeout=float(drain_timeout),
+            tenants=_tenants(tenants),
+            send_tenant_as_user=send_tenant_as_user,
         )
 
     def headers(self, api_key: str | None) -> dict[str, str]:
@@ -210,6 +224,36 @@ class ClientConfig:
             headers=self.headers,
             make_transport=self.make_transport,
         )
+
+
+def _tenants(tenants: object) -> dict[str, TenantLimits]:
+    """``tenants=``: tenant names (or ``"*"``) to :class:`TenantLimits`."""
+    if tenants is None:
+        return {}
+    if not isinstance(tenants, Mapping):
+        raise ConfigTypeError(
+            "tenants must be a mapping of tenant name to TenantLimits", field="tenants"
+        )
+    checked: dict[str, TenantLimits] = {}
+    for name, limits in tenants.items():
+        if not isinstance(limits, TenantLimits):
+            raise ConfigTypeError(
+                f"tenants[{name!r}] must be a TenantLimits, got {type(limits).__name__}",
+                field="tenants",
+            )
+        if name != "*":
+            try:
+                check_tenant(name)
+            except InvalidRequestError as exc:
+                raise ConfigError(f"tenants: {exc}", field="tenants") from None
+        elif limits.redis_url is not None:
+            raise ConfigError(
+                'tenants["*"] cannot share its rates through Redis (one key would hold '
+                "every tenant's budget); name each shared tenant",
+                field="tenants",
+            )
+        checked[name] = limits
+    return checked
 
 
 def _policies(batching: object) -> dict[Priority, BatchPolicy]:

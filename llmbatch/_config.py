@@ -35,6 +35,7 @@ __all__ = [
     "RateLimit",
     "RetryPolicy",
     "SharedInFlight",
+    "TenantLimits",
     "Timeout",
     "parse_priority",
 ]
@@ -357,6 +358,101 @@ class SharedInFlight:
             f"SharedInFlight(max_in_flight={self.max_in_flight!r}, "
             f"max_in_flight_tokens={self.max_in_flight_tokens!r}, lease={self.lease!r}"
             + _shared_repr(self.redis_url, self.key, self.on_redis_error)
+            + ")"
+        )
+
+
+@config_class
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TenantLimits:
+    """What one tenant (``tenant=`` on a call) may hold and spend, and its weight.
+
+    Given to the client as ``Client(tenants={"agent-7": TenantLimits(...), "*":
+    TenantLimits(...)})``; ``"*"`` applies to every named tenant not listed, never to
+    calls without a tenant. For these limits a request is one prompt (one call or one
+    ``map`` item), however the client batches it over HTTP.
+
+    - ``max_in_flight``: the tenant's prompts queued and in flight at once.
+    - ``max_in_flight_tokens``: their estimated tokens (prompt tokens plus
+      ``max_tokens``): a quota of the server's KV cache.
+    - ``requests_per_minute``, ``tokens_per_minute``: the tenant's rates, charged
+      when a prompt enters its tier's queue, from the same estimate (a token bucket
+      holding one second's worth, as :class:`RateLimit` does).
+    - ``weight``: the tenant's share of a tier against other tenants with work
+      queued in it (the share goes by tokens served: two tenants of weight 1 and 2
+      get a third and two thirds).
+    - ``overflow``: what a call does at a limit: ``"wait"`` (the default) until the
+      tenant has room, ``"raise"`` fails it at once with
+      :class:`TenantQuotaExceeded`. ``map`` items always wait. A call with
+      ``nowait=True`` raises in either mode rather than wait.
+    - ``redis_url`` and ``key``: the tenant's limits are shared through Redis by
+      every process naming the same ``key`` (``pip install 'llmbatch[redis]'``): the
+      two rates as a :class:`RateLimit` with ``redis_url`` shares its own, and, when
+      ``max_in_flight`` is set, ``max_in_flight`` and ``max_in_flight_tokens`` as a
+      :class:`SharedInFlight` shares its own (leased; a killed process's share
+      returns within ten seconds). Without ``max_in_flight``, a
+      ``max_in_flight_tokens`` stays per process.
+
+    A single prompt larger than ``max_in_flight_tokens`` or one minute of
+    ``tokens_per_minute`` could never go, and fails at once with
+    :class:`InvalidRequestError` (``field="max_tokens"``).
+    """
+
+    max_in_flight: int | None = None
+    max_in_flight_tokens: int | None = None
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    weight: float = 1.0
+    overflow: Literal["wait", "raise"] = "wait"
+    redis_url: str | None = field(default=None, repr=False)
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_in_flight", "max_in_flight_tokens"):
+            if getattr(self, name) is not None:
+                _check_int("TenantLimits", name, getattr(self, name), 1)
+        for name in ("requests_per_minute", "tokens_per_minute"):
+            _check_number("TenantLimits", name, getattr(self, name), optional=True)
+        _check_number("TenantLimits", "weight", self.weight)
+        if self.overflow not in ("wait", "raise"):
+            raise ConfigError(
+                f"TenantLimits.overflow must be 'wait' or 'raise', got {self.overflow!r}",
+                field="overflow",
+            )
+        _check_shared("TenantLimits", self.redis_url, self.key, "local")
+        if self.redis_url is not None and not (
+            self.requests_per_minute or self.tokens_per_minute or self.max_in_flight
+        ):
+            raise ConfigError(
+                "TenantLimits with redis_url needs max_in_flight, requests_per_minute or "
+                "tokens_per_minute (the budget to share)",
+                field="redis_url",
+            )
+
+    @property
+    def rate_limit(self) -> RateLimit | None:
+        """The two rates as a :class:`RateLimit` (None: neither is set)."""
+        if not (self.requests_per_minute or self.tokens_per_minute):
+            return None
+        return RateLimit(
+            requests_per_minute=self.requests_per_minute,
+            tokens_per_minute=self.tokens_per_minute,
+            redis_url=self.redis_url,
+            key=self.key,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"TenantLimits(max_in_flight={self.max_in_flight!r}, "
+            f"max_in_flight_tokens={self.max_in_flight_tokens!r}, "
+            f"requests_per_minute={self.requests_per_minute!r}, "
+            f"tokens_per_minute={self.tokens_per_minute!r}, weight={self.weight!r}, "
+            f"overflow={self.overflow!r}"
+            + (
+                ""
+                if self.redis_url is None
+                else f", redis_url={redact_url(self.redis_url)!r}, key={self.key!r}"
+            )
             + ")"
         )
 

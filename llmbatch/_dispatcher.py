@@ -657,6 +657,15 @@ class Dispatcher:
         if self._rate is not None and usage[2]:
             self._rate.correct(sum(r.est_tokens for r in requests), usage[2])
         prompt_parts, completion_parts = split_usage(usage, requests, answers.choices)
+        if usage[2]:
+            for request, prompt, completion in zip(
+                requests, prompt_parts, completion_parts, strict=True
+            ):
+                tenant = request.quota
+                if tenant is not None and tenant.rate is not None:
+                    # Its tenant's token rate was charged the estimate: it gets the
+                    # difference back, as the client's own rate limit does.
+                    tenant.rate.correct(request.est_tokens, prompt + completion)
         values = [
             make_answer(
                 kind, delivery, request.created_at, prompt, completion, request.attempts, choices

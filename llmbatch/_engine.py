@@ -101,11 +101,19 @@ class Engine:
 
     # -- callers ---------------------------------------------------------------------
 
+    def check_tenant_size(self, request: Request) -> None:
+        """Raise :class:`InvalidRequestError` if ``request`` is larger than its
+        tenant's whole token quota (it could never go)."""
+        book = self._scheduler.tenants
+        if book.caps_tokens:
+            book.check_size(request)
+
     def submit(self, request: Request, *, nowait: bool = False, more: bool = False) -> None:
         """Queue ``request`` (it waits for room if its tier is full), or raise
         :class:`QueueFull` if ``nowait`` and the tier is full. Never blocks.
         ``more``: the caller is about to submit others (a map's feeder), so a
-        realtime request waits for the loop's turn too, to share their batch."""
+        realtime request waits for the loop's turn too, to share their batch, and
+        its tenant's limits never refuse it (a map's items wait)."""
         if self.closed:
             # The client is closing: nobody would ever serve the queue.
             self._stats.settle_error(
@@ -120,7 +128,7 @@ class Engine:
             # finds the server back.
             self._stats.settle_error(request, self._health.outage_error(request))
             return
-        if self._scheduler.add(request, nowait=nowait):
+        if self._scheduler.add(request, nowait=nowait, must_wait=more):
             if request.priority is Priority.REALTIME and not more:
                 self._due()
             else:
@@ -357,6 +365,7 @@ class Engine:
             dict(self._scheduler.in_flight_by_tier),
             servers,
             self.shared_stats() if self.shared_stats is not None else None,
+            self._scheduler.tenants.counts(),
         )
 
     def _server_stats(self, server: Server) -> ServerStats:

@@ -8,6 +8,7 @@ The tree::
     │   └── ConfigError                   bad configuration (Client(...), Limits(...), ...)
     │       └── ConfigTypeError (TypeError) a configuration value of the wrong type
     ├── QueueFull                  the tier's queue is full and the caller asked not to wait
+    │   └── TenantQuotaExceeded    the call's tenant is at its TenantLimits and may not wait
     ├── ClientClosedError          the client is not open (not entered yet, or closed)
     ├── ServerInfoError            the server's /v1/models could not be read at start-up,
     │   │                          or says no request can succeed (a base URL without /v1)
@@ -109,6 +110,30 @@ class ConfigTypeError(ConfigError, InvalidTypeError):
 
 class QueueFull(LLMBatchError):
     """The tier's queue is at ``Limits.max_queued`` and the call used ``nowait=True``."""
+
+
+class TenantQuotaExceeded(QueueFull):
+    """A call's tenant is at one of its :class:`TenantLimits` and the call would have
+    to wait: its tenant's ``overflow`` is ``"raise"``, or the call used ``nowait=True``.
+
+    ``tenant`` names the tenant, ``limit`` the limit it is at (``"max_in_flight"``,
+    ``"max_in_flight_tokens"``, ``"requests_per_minute"``, ``"tokens_per_minute"``),
+    ``allowed`` that limit's value and ``held`` what the tenant holds against it now:
+    its requests or tokens queued and in flight (for the two rates, the cost of this
+    request, which the budget has no room for now). Nothing was queued: the call can
+    be retried later.
+    """
+
+    def __init__(self, *, tenant: str, limit: str, allowed: float, held: float) -> None:
+        self.tenant = tenant
+        self.limit = limit
+        self.allowed = allowed
+        self.held = held
+        if limit.endswith("_per_minute"):
+            detail = f"its {limit} ({allowed:g}) has no room now for this request's {held:g}"
+        else:
+            detail = f"it holds {held:g} of its {limit} {allowed:g}"
+        super().__init__(f"tenant {tenant!r} is at its quota: {detail}")
 
 
 class ClientClosedError(LLMBatchError, RuntimeError):

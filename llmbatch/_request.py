@@ -37,6 +37,8 @@ class State:
     IN_FLIGHT = 3
     FINISHED = 4
     """Left the scheduler: answered, or removed because its caller went away."""
+    HELD = 5
+    """Held back by its tenant's limits (``TenantLimits``), before its tier's queue."""
 
 
 class CallSpec:
@@ -58,6 +60,7 @@ class CallSpec:
         "query",
         "stream",
         "tenant",
+        "tenant_suffix",
         "timeout",
     )
 
@@ -111,10 +114,12 @@ class CallSpec:
                 repr(headers),
                 query,
                 str(attempts),
-                # Tenants never share a group, so groups' turns are tenants' turns.
-                tenant or "",
             )
         )
+        # A tenant's requests form groups of their own (each group one tenant, so the
+        # scheduler can weigh tenants against each other); groups that differ only in
+        # their tenant form a family, whose batches may mix tenants.
+        self.tenant_suffix = "" if tenant is None else f"\x00tenant\x00{tenant}"
         self.body_prefix: bytes | None = None
         """The JSON body up to the prompt, made once by the wire module."""
 
@@ -147,9 +152,11 @@ class Request:
         "messages",
         "metadata",
         "might_not_fit",
+        "owner",
         "prefix",
         "priority",
         "prompt",
+        "quota",
         "replica",
         "retried",
         "seq",
@@ -169,9 +176,10 @@ class Request:
     ) -> None:
         self.spec = spec
         self.priority = spec.priority
-        self.group_key = spec.compat_key
-        """Which queue group it joins: its spec's compatibility key, or a key of its own
-        when it must travel alone (a prompt that may be too long for the server)."""
+        self.group_key = spec.compat_key + spec.tenant_suffix
+        """Which queue group it joins: its spec's compatibility key and tenant, or a key
+        of its own when it must travel alone (a prompt that may be too long for the
+        server). It always ends with the tenant's suffix (see :attr:`family_key`)."""
         self.prompt = prompt
         self.messages = messages
         self.est_tokens = est_tokens
@@ -214,10 +222,29 @@ class Request:
         self.prefix: tuple[int, ...] = ()
         """Hashes of its prompt's leading blocks, for prefix affinity (several
         servers only)."""
+        self.owner: Any = None
+        """Its named tenant's state (a ``tenants.Tenant``) while the scheduler holds it,
+        which counts the tenant's queued and in-flight requests; None: no tenant."""
+        self.quota: Any = None
+        """The tenant whose limits count it (a ``tenants.Tenant``), while it is queued
+        or in flight under them."""
 
     def travel_alone(self) -> None:
         """Join a queue group of its own, so it is sent in a batch of one."""
-        self.group_key = f"{self.spec.compat_key}\x00alone\x00{self.seq}"
+        spec = self.spec
+        self.group_key = f"{spec.compat_key}\x00alone\x00{self.seq}{spec.tenant_suffix}"
+
+    def join_prefix_group(self, group: int) -> None:
+        """Batch with the requests that share its hot prefix ``group``."""
+        spec = self.spec
+        self.group_key = f"{spec.compat_key}\x00prefix\x00{group}{spec.tenant_suffix}"
+
+    @property
+    def family_key(self) -> str:
+        """Its group's key without the tenant: requests whose only difference is
+        their tenant may share a batch."""
+        key, suffix = self.group_key, self.spec.tenant_suffix
+        return key[: len(key) - len(suffix)] if suffix else key
 
     @property
     def id(self) -> str:

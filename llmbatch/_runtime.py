@@ -66,7 +66,7 @@ class Runtime:
         self._host: asyncio.Task[None] | None = None
         self._in_loop: _LoopCaller | None = None
         self._tracer: Tracer | None = None
-        self._shared = SharedBudgets(config.rate_limit, config.shared_in_flight)
+        self._shared = SharedBudgets(config.rate_limit, config.shared_in_flight, config.tenants)
 
     # -- lifetime --------------------------------------------------------------------
 
@@ -81,18 +81,22 @@ class Runtime:
             stack.push_async_callback(fleet.aclose)
             self.model, self.max_model_len = await fleet.open(config.replicas, self.model)
             now = loop_clock()
-            stats = StatsRecorder(now())
+            stats = StatsRecorder(now(), frozenset(config.tenants))
             scheduler = Scheduler(
-                policies=config.policies, limits=config.limits, rate_limit=config.rate_limit
+                policies=config.policies,
+                limits=config.limits,
+                rate_limit=config.rate_limit,
+                tenants=config.tenants,
             )
             engine = fleet.start(scheduler, stats, now)
             self.fleet = fleet
             loop = (
                 asyncio.get_running_loop() if sniffio.current_async_library() == "asyncio" else None
             )
-            self._submitter = Submitter(
-                engine, SpecCache(self.model, self.max_model_len), clock=now, loop=loop
+            specs = SpecCache(
+                self.model, self.max_model_len, tenant_as_user=config.send_tenant_as_user
             )
+            self._submitter = Submitter(engine, specs, clock=now, loop=loop)
             if loop is not None:
                 tg = await self._start_host(loop, engine)
             else:
@@ -169,6 +173,11 @@ class Runtime:
                 f"the client is {self.state.value}; use it inside 'async with Client(...)'"
             )
         return self._submitter
+
+    @property
+    def tenant_names(self) -> frozenset[str]:
+        """The tenants named in ``Client(tenants=...)`` (``"*"`` left out)."""
+        return frozenset(self._config.tenants) - {"*"}
 
     def stats(self) -> Stats:
         """A snapshot, taken on the client's loop (waiting for it from other threads)."""

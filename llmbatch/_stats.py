@@ -11,7 +11,7 @@ import json
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from llmbatch._config import Priority
@@ -29,11 +29,19 @@ __all__ = [
     "SharedStats",
     "Stats",
     "StatsRecorder",
+    "TenantStats",
     "TierStats",
 ]
 
 #: Latency samples kept per tier for percentiles (a sliding window, bounded memory).
 SAMPLE_WINDOW = 8192
+#: Latency samples kept per tenant (tenants may be many: each conversation, say).
+TENANT_SAMPLE_WINDOW = 256
+#: Seconds a tenant not named in ``tenants=`` keeps its own counters after its last
+#: request ends (its counts stay in the ``other`` totals, which Prometheus exports).
+TENANT_FORGET_AFTER = 300.0
+#: The label of every tenant not named in ``tenants=`` (bounded metric labels).
+OTHER_TENANTS = "other"
 #: Seconds over which ``Stats`` rates are measured (the most recent ones).
 RATE_WINDOW = 10
 #: Histogram bucket upper bounds. Latency spans a realtime answer (tens of ms) to a
@@ -176,6 +184,23 @@ class TierStats(_Snapshot):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TenantStats(_Snapshot):
+    """One tenant's counters (every tier)."""
+
+    queued: int
+    """Its requests waiting client-side now: queued, waiting for room, or held back
+    by its ``TenantLimits``."""
+    in_flight: int
+    done: int
+    failed: int
+    cancelled: int
+    prompt_tokens: int
+    completion_tokens: int
+    latency: Percentiles
+    """From the call until the answer was complete (its recent successful requests)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ServerStats(_Snapshot):
     """What the client knows and decides about one server (closed-loop admission)."""
 
@@ -286,6 +311,13 @@ class Stats(_Snapshot):
     """Each server's admission state, in the order they were given (one per replica)."""
     shared: SharedStats | None = None
     """The budgets shared through Redis (None: the client shares none)."""
+    tenants: Mapping[str, TenantStats] = field(default_factory=dict)
+    """Per named tenant (``tenant=``): those named in ``Client(tenants=...)`` always,
+    others while active and for five minutes after. Calls without a tenant are in
+    the tiers' counters only."""
+    other_tenants: TenantStats | None = None
+    """Every tenant not named in ``Client(tenants=...)`` together, since the client
+    opened (what Prometheus exports as ``tenant="other"``; None: no such tenant yet)."""
 
     @property
     def server(self) -> ServerStats | None:
@@ -388,11 +420,40 @@ class _TierCounters:
         self.latency_buckets = _Buckets(LATENCY_BOUNDS)
 
 
-class StatsRecorder:
-    """Mutable counters owned by one client; :meth:`snapshot` freezes them."""
+class _TenantCounters:
+    __slots__ = ("cancelled", "completion", "done", "failed", "last", "latency", "prompt")
 
-    def __init__(self, started_at: float) -> None:
+    def __init__(self) -> None:
+        self.done = self.failed = self.cancelled = self.prompt = self.completion = 0
+        self.latency: deque[float] = deque(maxlen=TENANT_SAMPLE_WINDOW)
+        self.last = 0.0
+
+    def frozen(self, queued: int, in_flight: int) -> TenantStats:
+        return TenantStats(
+            queued=queued,
+            in_flight=in_flight,
+            done=self.done,
+            failed=self.failed,
+            cancelled=self.cancelled,
+            prompt_tokens=self.prompt,
+            completion_tokens=self.completion,
+            latency=_percentiles(self.latency),
+        )
+
+
+class StatsRecorder:
+    """Mutable counters owned by one client; :meth:`snapshot` freezes them.
+
+    ``tenants``: the names given to ``Client(tenants=...)``, whose counters are kept
+    for good; other tenants' are kept while they are active, and summed under
+    ``other`` as well."""
+
+    def __init__(self, started_at: float, tenants: frozenset[str] = frozenset()) -> None:
         self._started_at = started_at
+        self._named = tenants - {"*"}
+        self._tenants: dict[str, _TenantCounters] = {}
+        self._other: _TenantCounters | None = None
+        self._next_sweep = started_at + TENANT_FORGET_AFTER
         self._tiers = {p: _TierCounters() for p in Priority}
         self.batches_sent = 0
         self._batch_items = 0
@@ -435,6 +496,10 @@ class StatsRecorder:
         self.prompt_tokens += prompt
         self.completion_tokens += completion
         self._rates.add(request.created_at + latency, completion)
+        if request.spec.tenant is not None:
+            self._tenant_done(
+                request.spec.tenant, latency, prompt, completion, now=request.created_at + latency
+            )
         if self.tracer is not None:
             self.tracer.request_settled(request)
         return True
@@ -455,6 +520,12 @@ class StatsRecorder:
         observe = tier.latency_buckets.observe
         tracer = self.tracer
         settled = retried = prompt_total = completion_total = 0
+        # Per tenant: answers, prompt and completion tokens, latencies; counted into
+        # the tenants' counters once per batch (a batch's requests share a spec, and
+        # with it their tenant, unless the batch mixes tenants).
+        by_tenant: dict[str, list[Any]] | None = None
+        last_spec: object = None
+        entry: list[Any] = []
         for request, value, prompt, completion in zip(
             requests, values, prompts, completions, strict=True
         ):
@@ -467,8 +538,26 @@ class StatsRecorder:
             retried += request.retried
             prompt_total += prompt
             completion_total += completion
+            spec = request.spec
+            if spec.tenant is not None:
+                if spec is not last_spec:
+                    last_spec = spec
+                    if by_tenant is None:
+                        by_tenant = {}
+                    entry = by_tenant.setdefault(spec.tenant, [0, 0, 0, []])
+                entry[0] += 1
+                entry[1] += prompt
+                entry[2] += completion
+                entry[3].append(latency)
             if tracer is not None:
                 tracer.request_settled(request)
+        if by_tenant is not None:
+            for name, (done, prompt, completion, tenant_latencies) in by_tenant.items():
+                for counters in self._tenant_counters(name, now):
+                    counters.done += done
+                    counters.prompt += prompt
+                    counters.completion += completion
+                    counters.latency.extend(tenant_latencies)
         if settled:
             tier.done += settled
             tier.retried += retried
@@ -482,14 +571,70 @@ class StatsRecorder:
         if not request.set_error(error):
             return False
         tier = self._tiers[request.priority]
-        if isinstance(error, RequestCancelled | DeadlineExceeded):
+        cancelled = isinstance(error, RequestCancelled | DeadlineExceeded)
+        if cancelled:
             tier.cancelled += 1
         else:
             tier.failed += 1
+        name = request.spec.tenant
+        if name is not None:
+            for counters in self._tenant_counters(name, request.created_at):
+                if cancelled:
+                    counters.cancelled += 1
+                else:
+                    counters.failed += 1
         tier.retried += request.retried
         if self.tracer is not None:
             self.tracer.request_settled(request)
         return True
+
+    def _tenant_counters(self, name: str, now: float) -> tuple[_TenantCounters, ...]:
+        """The tenant's own counters, and ``other``'s if it is not named in ``tenants=``."""
+        counters = self._tenants.get(name)
+        if counters is None:
+            counters = self._tenants[name] = _TenantCounters()
+        counters.last = now
+        if name in self._named:
+            return (counters,)
+        other = self._other
+        if other is None:
+            other = self._other = _TenantCounters()
+        return counters, other
+
+    def _tenant_done(
+        self, name: str, latency: float, prompt: int, completion: int, *, now: float
+    ) -> None:
+        for counters in self._tenant_counters(name, now):
+            counters.done += 1
+            counters.latency.append(latency)
+            counters.prompt += prompt
+            counters.completion += completion
+
+    def _tenant_stats(
+        self, now: float, counts: Mapping[str, tuple[int, int]]
+    ) -> tuple[dict[str, TenantStats], TenantStats | None]:
+        if now >= self._next_sweep:
+            # Forget tenants idle for a while (not named, nothing queued or in flight).
+            self._next_sweep = now + TENANT_FORGET_AFTER
+            cutoff = now - TENANT_FORGET_AFTER
+            for name in [
+                n
+                for n, c in self._tenants.items()
+                if c.last < cutoff and n not in self._named and n not in counts
+            ]:
+                del self._tenants[name]
+        names = self._named | self._tenants.keys() | counts.keys()
+        idle = _TenantCounters()
+        tenants = {
+            name: self._tenants.get(name, idle).frozen(*counts.get(name, (0, 0)))
+            for name in sorted(names)
+        }
+        other = None
+        if self._other is not None or any(n not in self._named for n in counts):
+            queued = sum(q for n, (q, _) in counts.items() if n not in self._named)
+            flying = sum(f for n, (_, f) in counts.items() if n not in self._named)
+            other = (self._other or idle).frozen(queued, flying)
+        return tenants, other
 
     def snapshot(
         self,
@@ -498,11 +643,15 @@ class StatsRecorder:
         in_flight: Mapping[Priority, int],
         servers: tuple[ServerStats, ...] = (),
         shared: SharedStats | None = None,
+        tenant_counts: Mapping[str, tuple[int, int]] | None = None,
     ) -> Stats:
+        """Freeze the counters; ``tenant_counts``: each named tenant's (queued, in
+        flight) now, from the scheduler."""
         uptime = max(0.0, now - self._started_at)
         window, requests_per_second, tokens_per_second = self._rates.per_second(
             now, self._started_at
         )
+        tenants, other_tenants = self._tenant_stats(now, tenant_counts or {})
         return Stats(
             tiers={
                 p: TierStats(
@@ -533,4 +682,6 @@ class StatsRecorder:
             requests_per_second=requests_per_second,
             servers=servers,
             shared=shared,
+            tenants=tenants,
+            other_tenants=other_tenants,
         )

@@ -42,7 +42,30 @@ def render(stats: Stats) -> str:
     )
     lines.append(f"tokens: {stats.prompt_tokens:,} prompt, {stats.completion_tokens:,} completion")
     lines.extend(_server(server) for server in stats.servers)
+    lines.extend(_tenants(stats))
     return "\n".join(lines)
+
+
+#: Tenants listed by name in the table (the busiest; the rest are summed).
+SHOWN_TENANTS = 8
+
+
+def _tenants(stats: Stats) -> list[str]:
+    """One line per busy tenant (queued and in flight first, then answers)."""
+    if not stats.tenants:
+        return []
+    busiest = sorted(
+        stats.tenants.items(), key=lambda kv: (-(kv[1].queued + kv[1].in_flight), -kv[1].done)
+    )
+    lines = [
+        f"tenant {name}: queued {t.queued:,}, in flight {t.in_flight:,}, done {t.done:,}, "
+        f"failed {t.failed:,}, cancelled {t.cancelled:,}; latency p50/p99 "
+        f"{_duration(t.latency.p50)} / {_duration(t.latency.p99)}"
+        for name, t in busiest[:SHOWN_TENANTS]
+    ]
+    if len(busiest) > SHOWN_TENANTS:
+        lines.append(f"... and {len(busiest) - SHOWN_TENANTS:,} more tenants")
+    return lines
 
 
 def _server(server: ServerStats) -> str:

@@ -60,6 +60,8 @@ class Submitter:
         else:
             messages, est_tokens = check_messages(payload, spec)
             request = Request(spec, None, messages, est_tokens, self.now())
+        if spec.tenant is not None:
+            self.engine.check_tenant_size(request)
         if self.engine.routing:
             self._key(request)
         if self.tracer is not None:
@@ -82,7 +84,7 @@ class Submitter:
         group = self._hot.group_of(keys)
         if group is not None:
             request.prefix = keys
-            request.group_key = f"{request.group_key}\x00prefix\x00{group}"
+            request.join_prefix_group(group)
 
     async def wait(self, request: Request) -> None:
         """Return once ``request`` is settled."""

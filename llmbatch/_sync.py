@@ -33,6 +33,7 @@ from llmbatch._config import (
     RateLimit,
     RetryPolicy,
     SharedInFlight,
+    TenantLimits,
     Timeout,
 )
 from llmbatch._exceptions import ClientClosedError
@@ -81,6 +82,8 @@ class SyncClient:
         verify: bool = True,
         on_close: Literal["drain", "cancel"] = "drain",
         drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+        tenants: Mapping[str, TenantLimits] | None = None,
+        send_tenant_as_user: bool = True,
     ) -> None:
         self._client = Client(**_arguments(locals()))
         self._portal_context: AbstractContextManager[BlockingPortal] | None = None

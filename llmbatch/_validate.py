@@ -107,6 +107,7 @@ def validate_options(
     extra_query: object = None,
     max_retries: object = None,
     tenant: object = None,
+    tenant_as_user: bool = True,
 ) -> CallSpec:
     """Check a call's options and build its :class:`CallSpec`, or raise."""
     tier = parse_priority(priority)
@@ -120,7 +121,7 @@ def validate_options(
     checked.update(check_extra("extra_body", extra_body))
     headers = tuple(sorted(check_extra("extra_headers", extra_headers, strings=True).items()))
     query = query_string(check_extra("extra_query", extra_query, strings=True))
-    if who is not None and "user" not in checked:
+    if who is not None and tenant_as_user and "user" not in checked:
         # OpenAI's own field for who a request is for: servers can count by it.
         checked["user"] = who
     if kind == "chat" and "max_tokens" not in checked and "max_completion_tokens" in checked:
@@ -222,9 +223,18 @@ class SpecCache:
     sets it starts afresh.
     """
 
-    def __init__(self, model: str, max_model_len: int | None, *, size: int = 512) -> None:
+    def __init__(
+        self,
+        model: str,
+        max_model_len: int | None,
+        *,
+        size: int = 512,
+        tenant_as_user: bool = True,
+    ) -> None:
         self.model = model
         self.max_model_len = max_model_len
+        self.tenant_as_user = tenant_as_user
+        """A call's tenant is sent as OpenAI's ``user`` (unless it has its own)."""
         self._size = size
         self._specs: dict[tuple[object, ...], CallSpec] = {}
 
@@ -287,6 +297,7 @@ class SpecCache:
             extra_query=options.extra_query,
             max_retries=max_retries,
             tenant=options.tenant,
+            tenant_as_user=self.tenant_as_user,
         )
         if key is not None:
             if len(self._specs) >= self._size:

@@ -11,6 +11,8 @@ openai's own types. Needs the ``openai`` extra (``pip install 'llmbatch[openai]'
     answer = await client.chat.completions.create(
         model="m", messages=[...], extra_headers={"x-llmbatch-priority": "realtime"}
     )
+    # Every call of one agent as its tenant (fair shares, TenantLimits):
+    agent = AsyncOpenAI(..., default_headers={"x-llmbatch-tenant": "agent-7"})
     await client.close()
 
 See docs/openai.md ("Coming from openai-python").
@@ -30,9 +32,9 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 
 import httpx
 
-from llmbatch._batching_transport import PRIORITY_HEADER, BatchingTransport
+from llmbatch._batching_transport import PRIORITY_HEADER, TENANT_HEADER, BatchingTransport
 
-__all__ = ["PRIORITY_HEADER", "AsyncOpenAI"]
+__all__ = ["PRIORITY_HEADER", "TENANT_HEADER", "AsyncOpenAI"]
 
 
 class AsyncOpenAI(openai.AsyncOpenAI):
@@ -40,7 +42,10 @@ class AsyncOpenAI(openai.AsyncOpenAI):
 
     Takes openai's arguments, plus ``default_priority`` (the tier of calls without an
     ``x-llmbatch-priority`` header; ``"normal"``) and ``llmbatch_options`` (keywords
-    for the :class:`llmbatch.Client` it makes: ``limits=``, ``slo=``, ...).
+    for the :class:`llmbatch.Client` it makes: ``limits=``, ``slo=``, ``tenants=``,
+    ...). An ``x-llmbatch-tenant`` header (``extra_headers`` or ``default_headers``)
+    names the call's tenant; a tenant at its limits with ``overflow="raise"`` gets a
+    429 (openai's ``RateLimitError``).
     ``max_retries`` defaults to 0 because llmbatch retries already (and waits out
     outages); a passed ``http_client`` is used as it is, without batching.
     """

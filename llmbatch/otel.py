@@ -90,6 +90,8 @@ class _SpanTracer:
             attributes["gen_ai.request.max_tokens"] = spec.max_tokens
         if spec.stream:
             attributes["llmbatch.stream"] = True
+        if spec.tenant is not None:
+            attributes["llmbatch.tenant"] = spec.tenant
         request.trace = self._tracer.start_span(
             f"{operation} {spec.model}",
             context=parent,  # type: ignore[arg-type]  # None: the current context

@@ -40,6 +40,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from llmbatch._exceptions import ConfigError, ConfigTypeError
 from llmbatch._signals import Source
+from llmbatch._stats import OTHER_TENANTS
 
 if TYPE_CHECKING:
     from llmbatch._client import Client
@@ -104,12 +105,12 @@ class LLMBatchCollector(Collector):
         with self._lock:
             self._prune()
             clients = [(r(), dict(k)) for r, k in self._clients]
-        snapshots: list[tuple[Stats, dict[str, str]]] = []
+        snapshots: list[tuple[Stats, dict[str, str], frozenset[str]]] = []
         for client, labels in clients:
             if client is None:
                 continue
             try:
-                snapshots.append((client.stats(), labels))
+                snapshots.append((client.stats(), labels, client.tenant_names))
             except Exception:  # not open yet, or closed and gone: nothing to report
                 continue
         names = sorted(snapshots[0][1]) if snapshots else []
@@ -159,7 +160,9 @@ def unregister(client: Client, registry: CollectorRegistry | None = None) -> boo
     return collector is not None and collector.remove(client._runtime)
 
 
-_RESERVED = frozenset({"tier", "outcome", "server", "state", "result", "le"})
+_RESERVED = frozenset(
+    {"tier", "outcome", "server", "state", "result", "le", "tenant", "kind", "source"}
+)
 
 
 def _check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
@@ -177,7 +180,9 @@ def _check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     return dict(labels)
 
 
-def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -> list[Metric]:
+def _families(
+    snapshots: list[tuple[Stats, dict[str, str], frozenset[str]]], names: list[str]
+) -> list[Metric]:
     """Every metric family, one sample per client (and tier, outcome, server...)."""
 
     def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
@@ -249,8 +254,27 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
         "1 for each source that reported on the server lately (0 for the others).",
         (*server, "source"),
     )
+    tenant = ("tenant",)
+    tenant_queued = gauge(
+        "tenant_queued_requests",
+        "A tenant's requests waiting in the client (queued, or held by its limits).",
+        tenant,
+    )
+    tenant_in_flight = gauge(
+        "tenant_in_flight_requests", "A tenant's requests sent and not yet answered.", tenant
+    )
+    tenant_requests = counter(
+        "tenant_requests",
+        "A tenant's requests finished, by outcome (done, failed, cancelled).",
+        (*tenant, "outcome"),
+    )
+    tenant_tokens = counter(
+        "tenant_tokens",
+        "A tenant's answered tokens, by kind (prompt, completion).",
+        (*tenant, "kind"),
+    )
 
-    for stats, labels in snapshots:
+    for stats, labels, named in snapshots:
         own = [labels[n] for n in names]
         for tier, t in stats.tiers.items():
             at = [*own, tier.value]
@@ -289,6 +313,23 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
             unreachable.add_metric(at, 1.0 if s.slo_unreachable else 0.0)
             for source in Source:  # every source, so a series never just disappears
                 signal.add_metric([*at, source.value], 1.0 if source in s.signals else 0.0)
+        # Tenants named in tenants= have series of their own; every other tenant is
+        # summed under "other", so label values stay few and never jump.
+        shown = [(n, stats.tenants[n]) for n in sorted(named) if n in stats.tenants]
+        if stats.other_tenants is not None:
+            shown.append((OTHER_TENANTS, stats.other_tenants))
+        for name, counts in shown:
+            at = [*own, name]
+            tenant_queued.add_metric(at, counts.queued)
+            tenant_in_flight.add_metric(at, counts.in_flight)
+            for outcome, n in (
+                ("done", counts.done),
+                ("failed", counts.failed),
+                ("cancelled", counts.cancelled),
+            ):
+                tenant_requests.add_metric([*at, outcome], n)
+            tenant_tokens.add_metric([*at, "prompt"], counts.prompt_tokens)
+            tenant_tokens.add_metric([*at, "completion"], counts.completion_tokens)
     families: list[Any] = [
         queued,
         in_flight,
@@ -317,6 +358,10 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
         slo,
         unreachable,
         signal,
+        tenant_queued,
+        tenant_in_flight,
+        tenant_requests,
+        tenant_tokens,
     ]
     return families
 

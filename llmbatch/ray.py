@@ -92,6 +92,8 @@ class _Rows:
     _column: str
     _kinds: tuple[Kind, ...]
     """What rows are sent as: the map options are checked against these up front."""
+    _item_key: str
+    """A row's input under this key when it goes as a dict item (with its tenant)."""
 
     def __init__(
         self,
@@ -104,10 +106,16 @@ class _Rows:
         limits: Limits | None,
         client_options: Mapping[str, Any] | None,
         params: dict[str, Any],
+        tenant_column: str | None = None,
     ) -> None:
         if not isinstance(column, str):
             raise ConfigTypeError("the column name must be a str", field="column")
+        if tenant_column is not None and not isinstance(tenant_column, str):
+            raise ConfigTypeError(
+                "tenant_column must be a column name (a str) or None", field="tenant_column"
+            )
         self._column = column
+        self._tenant_column = tenant_column
         options: dict[str, Any] = dict(client_options or {})
         if limits is not None:
             options["limits"] = limits
@@ -128,20 +136,28 @@ class _Rows:
         ``error`` columns added (one bad row gets an ``error``, the others still run)."""
         completions: list[str | None] = []
         errors: list[str | None] = []
-        for value, error in self._answer(_column(batch, self._column)):
+        tenants = None if self._tenant_column is None else _column(batch, self._tenant_column)
+        for value, error in self._answer(_column(batch, self._column), tenants):
             completions.append(None if value is None else value.text)
             errors.append(None if error is None else _message(error))
         return _with_columns(batch, {COMPLETION_COLUMN: completions, ERROR_COLUMN: errors})
 
-    def _answer(self, values: list[Any]) -> list[tuple[Any, LLMBatchError | None]]:
+    def _answer(
+        self, values: list[Any], tenants: list[Any] | None = None
+    ) -> list[tuple[Any, LLMBatchError | None]]:
         """Each row's ``(answer, None)`` or ``(None, error)``, in row order: a row
-        ``_input`` refuses is not sent, the others go out in one ``map``."""
+        ``_input`` refuses is not sent, the others go out in one ``map`` (a row with a
+        tenant as a dict item naming it; a bad tenant fails that row alone)."""
         answers: list[tuple[Any, LLMBatchError | None]] = []
         inputs: list[MapInput] = []
         sent: list[int] = []
         for row, value in enumerate(values):
             try:
-                inputs.append(self._input(value))
+                item = self._input(value)
+                tenant = None if tenants is None else _plain(tenants[row])
+                if tenant is not None:
+                    item = {self._item_key: item, "tenant": tenant}
+                inputs.append(item)
             except LLMBatchError as exc:
                 answers.append((None, exc))
             else:
@@ -185,13 +201,16 @@ class Completions(_Rows):
     ``fn_constructor_kwargs`` are this constructor's arguments: ``base_url`` (one
     server or a list of replicas), ``api_key``, ``model``, ``prompt_column``,
     ``priority``, ``limits`` (this actor's own :class:`~llmbatch.Limits`),
-    ``client_options`` (any other :class:`~llmbatch.SyncClient` argument), and
-    sampling parameters such as ``max_tokens`` or ``temperature``, passed to every
-    request. A row whose prompt is not a string gets an ``error`` and is not sent;
-    options wrong for every row (a misspelt keyword) raise here.
+    ``client_options`` (any other :class:`~llmbatch.SyncClient` argument, such as
+    ``tenants=``), ``tenant`` (every row's tenant) or ``tenant_column`` (a column
+    naming each row's; None in it: the ``tenant``), and sampling parameters such as
+    ``max_tokens`` or ``temperature``, passed to every request. A row whose prompt
+    is not a string gets an ``error`` and is not sent; options wrong for every row (a
+    misspelt keyword) raise here.
     """
 
     _kinds = ("completion",)
+    _item_key = "prompt"
 
     def __init__(
         self,
@@ -203,6 +222,7 @@ class Completions(_Rows):
         priority: PriorityLike = "batch",
         limits: Limits | None = None,
         client_options: Mapping[str, Any] | None = None,
+        tenant_column: str | None = None,
         **params: Any,
     ) -> None:
         super().__init__(
@@ -214,6 +234,7 @@ class Completions(_Rows):
             limits=limits,
             client_options=client_options,
             params=params,
+            tenant_column=tenant_column,
         )
 
     def _input(self, value: Any) -> MapInput:
@@ -235,6 +256,7 @@ class Chat(_Rows):
     """
 
     _kinds = ("chat",)
+    _item_key = "messages"
 
     def __init__(
         self,
@@ -246,6 +268,7 @@ class Chat(_Rows):
         priority: PriorityLike = "batch",
         limits: Limits | None = None,
         client_options: Mapping[str, Any] | None = None,
+        tenant_column: str | None = None,
         **params: Any,
     ) -> None:
         super().__init__(
@@ -257,6 +280,7 @@ class Chat(_Rows):
             limits=limits,
             client_options=client_options,
             params=params,
+            tenant_column=tenant_column,
         )
 
     def _input(self, value: Any) -> MapInput:
@@ -291,6 +315,14 @@ def _column(batch: Any, name: str) -> list[Any]:
         f"(batch_format='numpy' or 'pandas'), got {type(batch).__name__}",
         field="batch",
     )
+
+
+def _plain(value: Any) -> Any:
+    """A tenant cell as the map takes it: a plain str (numpy's str_ is one), and
+    None for a missing value (pandas and Arrow may give NaN)."""
+    if isinstance(value, float) and value != value:
+        return None
+    return str(value) if isinstance(value, str) else value
 
 
 def _is_data_frame(batch: Any) -> bool:

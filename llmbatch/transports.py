@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 from llmbatch._transports import HTTPRequest, HTTPResponse, MockResponse, MockTransport, Transport
 
 if TYPE_CHECKING:
-    from llmbatch._batching_transport import PRIORITY_HEADER, BatchingTransport
+    from llmbatch._batching_transport import PRIORITY_HEADER, TENANT_HEADER, BatchingTransport
 
 __all__ = [
     "PRIORITY_HEADER",
+    "TENANT_HEADER",
     "BatchingTransport",
     "HTTPRequest",
     "HTTPResponse",
@@ -33,7 +34,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     # Imported on first use: it pulls in httpx, which plain llmbatch use does not need.
-    if name in ("BatchingTransport", "PRIORITY_HEADER"):
+    if name in ("BatchingTransport", "PRIORITY_HEADER", "TENANT_HEADER"):
         from llmbatch import _batching_transport
 
         return getattr(_batching_transport, name)

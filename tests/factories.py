@@ -17,6 +17,8 @@ def make_request(
     temperature: float | None = None,
     stream: bool = False,
     model: str = "m",
+    tenant: str | None = None,
+    tenant_as_user: bool = True,
 ) -> Request:
     """A completion request created at ``at`` (its deadline is ``at + timeout``)."""
     spec = validate_options(
@@ -27,5 +29,7 @@ def make_request(
         timeout=timeout,
         stream=stream,
         max_model_len=None,
+        tenant=tenant,
+        tenant_as_user=tenant_as_user,
     )
     return Request(spec, prompt, None, check_prompt(prompt, spec, None), at)

@@ -32,6 +32,7 @@ from llmbatch._jobs.runner import JobConfig, JobRejected, JobSummary, run_job
 from llmbatch._jobs.shards import InputError
 from llmbatch._progress import ProgressBar, ProgressLike
 from llmbatch._replicas import DEFAULT_BASE_URL
+from llmbatch._validate import check_tenant
 from llmbatch.ray import DEFAULT_BATCH_SIZE
 
 __all__ = ["EXIT_FAILURES", "EXIT_OK", "EXIT_REJECTED", "EXIT_STOPPED", "EXIT_USAGE", "add_parser"]
@@ -113,6 +114,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="also send the tier as vLLM's priority field, so the job yields to other "
         "clients' interactive work (server needs --scheduling-policy priority) "
         "(default: off)",
+    )
+    sched.add_argument(
+        "--tenant",
+        type=_tenant,
+        metavar="NAME",
+        help="the tenant every request of the job runs as: sent as OpenAI's user field "
+        "unless a line's body has one, and counted per tenant (default: none)",
     )
     sched.add_argument(
         "--max-in-flight",
@@ -226,6 +234,7 @@ def _config(args: argparse.Namespace, progress: ProgressLike) -> JobConfig:
         model=args.model,
         priority=Priority(args.priority),
         send_priority=args.send_priority,
+        tenant=args.tenant,
         max_in_flight=args.max_in_flight,
         requests_per_minute=args.rpm,
         tokens_per_minute=args.tpm,
@@ -330,6 +339,15 @@ def _say(message: str) -> None:
 def _fail(code: int, message: str) -> int:
     _say(f"llmbatch run: {message}")
     return code
+
+
+def _tenant(text: str) -> str:
+    try:
+        name = check_tenant(text)
+    except InvalidRequestError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    assert name is not None
+    return name
 
 
 def _positive_int(text: str) -> int:

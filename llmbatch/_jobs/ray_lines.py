@@ -116,6 +116,7 @@ class JobLines(_Rows):
         limits: Limits,
         client_options: Mapping[str, Any],
         done: Collection[str] = frozenset(),
+        tenant: str | None = None,
     ) -> None:
         super().__init__(
             base_url,
@@ -125,7 +126,7 @@ class JobLines(_Rows):
             priority=priority,
             limits=limits,
             client_options=client_options,
-            params={},
+            params={} if tenant is None else {"tenant": tenant},
         )
         self._output_dir = Path(output_dir)
         self._model = model

@@ -221,6 +221,7 @@ def _answered(
             "model": model,
             "check_model": config.model is None,
             "priority": config.priority,
+            "tenant": config.tenant,
             # One job is one tier: slots reserved for realtime would only sit idle.
             "limits": Limits(
                 max_in_flight=max(1, config.max_in_flight // share), reserved_realtime=0

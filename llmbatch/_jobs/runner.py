@@ -64,6 +64,7 @@ class JobConfig:
     model: str | None = None
     priority: Priority = Priority.BATCH
     send_priority: bool = False
+    tenant: str | None = None
     max_in_flight: int = DEFAULT_LIMITS.max_in_flight
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
@@ -223,7 +224,7 @@ async def _run(
     )
     async with client:
         async for _index, result in client.map_unordered(
-            inputs, priority=config.priority, progress=config.progress
+            inputs, priority=config.priority, tenant=config.tenant, progress=config.progress
         ):
             if isinstance(result.error, JOB_FATAL):
                 summary.stopped, summary.hint = stop_reason(result.error, config)

@@ -37,6 +37,12 @@ Rules, in order of precedence:
 9. With several servers, the limits of rule 6 hold per server (its :class:`Seats`,
    with its own bulk limit), and a batch goes to one server (``Batch.replica``),
    chosen by prefix affinity balanced by load (``routing``).
+10. Tenants (``tenant=`` on calls): within a tier, the group whose tenant has been
+    served the fewest tokens for its weight goes next (``tenants``: a virtual token
+    counter), and a batch fills up with the same family's requests of other
+    tenants, fewest-served first; each request is charged to its own tenant. A
+    tenant with ``TenantLimits`` enters its tier's queue only within them; the rest
+    of its requests are held, in order, until it has room (or refused at once).
 
 The parts are modules of their own: ``queues`` (tiers and groups), ``seats`` (one
 server's ledger), ``routing`` and ``budgets`` (rate limits, shared in-flight
@@ -50,22 +56,31 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from llmbatch._config import DEFAULT_BATCH_POLICIES, BatchPolicy, Limits, Priority, RateLimit
+from llmbatch._config import (
+    DEFAULT_BATCH_POLICIES,
+    BatchPolicy,
+    Limits,
+    Priority,
+    RateLimit,
+    TenantLimits,
+)
 from llmbatch._exceptions import QueueFull
 from llmbatch._request import Request, State
 from llmbatch._scheduler.budgets import RateBudget, SharedAllowance, settle_credit
 from llmbatch._scheduler.queues import Group, TierQueue
 from llmbatch._scheduler.routing import Router
 from llmbatch._scheduler.seats import Seats
+from llmbatch._scheduler.tenants import TenantBook
 
 __all__ = ["TIERS", "Batch", "Poll", "Scheduler"]
 
 TIERS = (Priority.REALTIME, Priority.NORMAL, Priority.BATCH)
-_WAITING, _QUEUED, _IN_FLIGHT, _FINISHED = (
+_WAITING, _QUEUED, _IN_FLIGHT, _FINISHED, _HELD = (
     State.WAITING,
     State.QUEUED,
     State.IN_FLIGHT,
     State.FINISHED,
+    State.HELD,
 )
 
 
@@ -104,6 +119,7 @@ class Scheduler:
         policies: Mapping[Priority, BatchPolicy] = DEFAULT_BATCH_POLICIES,
         limits: Limits,
         rate_limit: RateLimit | None = None,
+        tenants: Mapping[str, TenantLimits] | None = None,
     ) -> None:
         self.limits = limits
         self._tiers = {p: TierQueue(policies.get(p, DEFAULT_BATCH_POLICIES[p])) for p in TIERS}
@@ -128,32 +144,56 @@ class Scheduler:
         """The server refused a prompt as too long: requests that might not fit go alone."""
         self._planned: float | None = None
         """The last poll's next wake-up: an add that needs an earlier one asks for a poll."""
+        self.tenants = TenantBook(tenants)
+        """Every active tenant's fair-share position, limits and held requests."""
 
     # -- queue -----------------------------------------------------------------------
 
     def queued(self, priority: Priority) -> int:
-        """Requests waiting client-side in ``priority``'s tier (for room, or for a batch)."""
+        """Requests waiting client-side in ``priority``'s tier (for room, for a batch,
+        or held back by their tenant's limits)."""
         tier = self._tiers[priority]
-        return tier.size + tier.waiting_live
+        held = self.tenants.held_count(priority) if self.tenants.holding else 0
+        return tier.size + tier.waiting_live + held
 
     @property
     def idle(self) -> bool:
-        """Nothing queued, waiting for room, or in flight."""
+        """Nothing queued, waiting for room, held, or in flight."""
         return self.in_flight == 0 and not self.has_queued
 
     @property
     def has_queued(self) -> bool:
-        """Something is queued or waiting for room (a freed seat may let it go)."""
-        return any(t.size or t.waiting_live for t in self._tiers.values())
+        """Something is queued, waiting for room or held (a freed seat may let it go)."""
+        return bool(self.tenants.holding) or any(
+            t.size or t.waiting_live for t in self._tiers.values()
+        )
 
-    def add(self, request: Request, *, nowait: bool = False) -> bool:
-        """Queue a request, or hold it until its tier has room (in arrival order).
+    def add(self, request: Request, *, nowait: bool = False, must_wait: bool = False) -> bool:
+        """Queue a request, or hold it until its tier has room (in arrival order), or
+        until its tenant has room under its limits.
 
-        With ``nowait``, a full tier raises :class:`QueueFull` instead. Returns whether
-        a poll is due now: the request started a group (a new timer), filled a batch,
-        or carries a deadline earlier than the next planned wake-up. Otherwise the
-        planned wake-up covers it, which spares the driver a poll per request.
+        With ``nowait``, a full tier raises :class:`QueueFull` instead, and a tenant
+        at its limits :class:`TenantQuotaExceeded` (as it does for a tenant whose
+        ``overflow`` is ``"raise"``, unless ``must_wait``: a map's items wait).
+        Returns whether a poll is due now: the request started a group (a new timer),
+        filled a batch, or carries a deadline earlier than the next planned wake-up.
+        Otherwise the planned wake-up covers it, which spares the driver a poll per
+        request.
         """
+        book = self.tenants
+        name = request.spec.tenant
+        if name is not None:
+            owner = book.tenants.get(name) or book.get(name)
+            held = owner.limits is not None and not book.enter(
+                owner, request, request.created_at, nowait=nowait, must_wait=must_wait
+            )
+            owner.queued += 1
+            request.owner = owner
+            if held:
+                if request.deadline is not None:
+                    self._track_deadline(request)
+                retry = book.next_retry()
+                return retry is not None and (self._planned is None or retry < self._planned)
         tier = self._tiers[request.priority]
         if self._isolating and request.might_not_fit:
             request.travel_alone()
@@ -163,6 +203,11 @@ class Scheduler:
             due = self._planned is None or request.deadline < self._planned
         if tier.size >= self.limits.max_queued or tier.waiting_live:
             if nowait:
+                if request.quota is not None:
+                    request.quota.release(request)
+                if request.owner is not None:
+                    request.owner.queued -= 1
+                    request.owner = None
                 raise QueueFull(
                     f"the {request.priority.value!r} queue is full "
                     f"({self.limits.max_queued} requests waiting)"
@@ -172,6 +217,8 @@ class Scheduler:
             request.state = _WAITING
             return due
         group = tier.enqueue(request, request.created_at)
+        if group.live == 1 and tier.tenanted:
+            book.lift(group.tenant)
         policy = tier.policy
         return (
             due
@@ -186,31 +233,75 @@ class Scheduler:
         state = request.state
         if state == _QUEUED:
             self._tiers[request.priority].unqueue(request)
-            return True
-        if state == _WAITING:
+        elif state == _WAITING:
             self._tiers[request.priority].waiting_live -= 1
             request.state = _FINISHED
-            return True
-        return False
+        elif state == _HELD:
+            self.tenants.unhold(request)
+        else:
+            return False
+        if request.quota is not None:
+            request.quota.release(request)
+        owner = request.owner
+        if owner is not None:
+            owner.queued -= 1
+            request.owner = None
+        return True
 
     def queued_requests(self) -> Iterator[Request]:
-        """Every request queued or waiting for room (for cancellation at close)."""
+        """Every request queued, waiting for room or held (for cancellation at close)."""
         for tier in self._tiers.values():
             for group in tier.groups.values():
                 yield from (r for r in group.items if r.state == _QUEUED)
             yield from (r for r in tier.waiting if r.state == _WAITING)
+        yield from list(self.tenants.held_requests())
 
     def _admit(self, tier: TierQueue, now: float) -> None:
-        """Move callers waiting for room into the queue, one per free place, in order."""
+        """Move callers waiting for room into the queue, one per free place, in
+        order within a tenant, the least-served tenant first."""
         room = self.limits.max_queued - tier.size
         waiting = tier.waiting
+        served = self.tenants.virtual
         while room > 0 and tier.waiting_live:
-            request = waiting.popleft()
-            if request.state != _WAITING:
-                continue  # its caller went away while it waited
+            request = waiting.pop_next(served)
+            if request is None:
+                break
             tier.waiting_live -= 1
             tier.enqueue(request, now)  # its batch timer starts now
             room -= 1
+
+    def _enqueue_admitted(self, request: Request, now: float) -> None:
+        """A request its tenant held back has room now: into its tier's queue (or
+        the wait for room there), its batch timer starting now."""
+        tier = self._tiers[request.priority]
+        if self._isolating and request.might_not_fit:
+            request.travel_alone()
+        if tier.size >= self.limits.max_queued or tier.waiting_live:
+            tier.waiting.append(request)
+            tier.waiting_live += 1
+            request.state = _WAITING
+            return
+        group = tier.enqueue(request, now)
+        if group.live == 1 and tier.tenanted:
+            self.tenants.lift(group.tenant)
+
+    def _fairest(self, ready: Iterator[Group], tenanted: int) -> Group | None:
+        """Of the ready groups, the one whose tenant has been served least for its
+        weight (with ``tenanted``: named tenants are queued), then the one that has
+        sent the fewest tokens itself; the first in turn order among equals."""
+        best: Group | None = None
+        if not tenanted:
+            for group in ready:
+                if best is None or group.served < best.served:
+                    best = group
+            return best
+        virtual = self.tenants.virtual
+        best_key = (0.0, 0.0)
+        for group in ready:
+            key = (virtual(group.tenant), group.served)
+            if best is None or key < best_key:
+                best, best_key = group, key
+        return best
 
     def _track_deadline(self, request: Request) -> None:
         assert request.deadline is not None
@@ -237,6 +328,12 @@ class Scheduler:
                 request.state = _FINISHED
                 count += 1
                 tokens += request.est_tokens
+                if request.quota is not None:
+                    request.quota.release(request)
+                owner = request.owner
+                if owner is not None:
+                    owner.in_flight -= 1
+                    request.owner = None
         if not count:
             return
         self.in_flight -= count
@@ -291,8 +388,15 @@ class Scheduler:
         """In-flight requests whose exchange met an outage go back to the head of
         their queues, to be sent when the server is back (nothing is lost)."""
         live = [r for r in requests if r.state == _IN_FLIGHT and not r.done]
+        quotas = [(r, r.quota) for r in live if r.quota is not None]
+        owners = [(r, r.owner) for r in live if r.owner is not None]
         for request in requests:
             self.finish(request)
+        for request, tenant in quotas:
+            tenant.readmit(request)  # still its tenant's, queued again
+        for request, owner in owners:
+            owner.queued += 1
+            request.owner = owner
         if self._isolating:
             for request in live:
                 if request.might_not_fit:
@@ -310,6 +414,12 @@ class Scheduler:
         their in-flight capacity there. (A server's ``sendable`` says whether it
         takes batches: not while it is unavailable, one while it may be back.)"""
         expired = self._expire(now) if self._deadlines else []
+        book = self.tenants
+        if book.holding:
+            for request in book.admissible(now):
+                self._enqueue_admitted(request, now)
+        if book.tenants:
+            book.sweep(now)
         for tier in self._tiers.values():
             if tier.waiting_live:
                 self._admit(tier, now)
@@ -330,7 +440,7 @@ class Scheduler:
                     continue
                 idle = self.in_flight_by_tier[p] == 0
                 if len(self.seats) == 1:
-                    group = tier.ready_group(now, flush, idle)
+                    group = self._fairest(tier.ready_groups(now, flush, idle), tier.tenanted)
                     if group is None:
                         continue
                     seats = self._router.route(p, group)[0]
@@ -338,7 +448,10 @@ class Scheduler:
                         continue
                     candidates[p] = (group, seats)
                 else:
-                    picked = self._router.pick(p, tier, tier.ready_groups(now, flush, idle))
+                    ready = tier.ready_groups(now, flush, idle)
+                    if tier.tenanted:
+                        ready = iter(sorted(ready, key=lambda g: book.virtual(g.tenant)))
+                    picked = self._router.pick(p, tier, ready)
                     if picked is not None:
                         candidates[p] = picked
             if not candidates:
@@ -346,7 +459,7 @@ class Scheduler:
             owed = [p for p in candidates if self._credit[p] >= 1.0]
             chosen = owed[0] if owed else next(p for p in TIERS if p in candidates)
             group, seats = candidates[chosen]
-            count, tokens = self._plan(chosen, group, seats)
+            count, tokens, mixed = self._plan(chosen, group, seats)
             if count == 0:
                 # A single request larger than the free token room: wait for room.
                 blocked.add(chosen)
@@ -360,7 +473,7 @@ class Scheduler:
                 break
             if self.rate is not None:
                 self.rate.take(tokens)
-            batches.append(self._commit(chosen, group, count, tokens, seats))
+            batches.append(self._commit(chosen, group, count, tokens, seats, mixed, now))
             settle_credit(
                 self._credit, self.limits.min_share, chosen, count, candidates, owed=chosen in owed
             )
@@ -403,8 +516,12 @@ class Scheduler:
         there, none for bulk (evidence for the controller that more would be used)."""
         blocked.update(seats.index for seats in self.seats if seats.bulk_held_back())
 
-    def _plan(self, priority: Priority, group: Group, seats: Seats) -> tuple[int, int]:
-        """How many of the group's oldest requests the next batch takes, and their tokens."""
+    def _plan(
+        self, priority: Priority, group: Group, seats: Seats
+    ) -> tuple[int, int, list[Request] | None]:
+        """How many requests the next batch takes and their tokens: the group's oldest,
+        or, when other tenants' groups of its family are queued too, a mix of them
+        (returned in the order taken)."""
         policy = self._tiers[priority].policy
         room_seqs, room_tokens = seats.room(priority)
         busy = seats.in_flight > 0
@@ -414,6 +531,9 @@ class Scheduler:
             if shared_tokens < room_tokens:
                 room_tokens, busy = int(shared_tokens), self.in_flight > 0
         limit = min(policy.max_batch_size, room_seqs, group.head().spec.max_batch)
+        tier = self._tiers[priority]
+        if tier.tenanted and len(tier.families[group.family]) > 1:
+            return self._plan_mixed(tier, group, limit, room_tokens, busy)
         count = tokens = 0
         for request in group.items:
             if request.state != _QUEUED:
@@ -428,15 +548,87 @@ class Scheduler:
                 break
             count += 1
             tokens += cost
-        return count, tokens
+        return count, tokens, None
+
+    def _plan_mixed(
+        self, tier: TierQueue, first: Group, limit: int, room_tokens: int, busy: bool
+    ) -> tuple[int, int, list[Request]]:
+        """A batch from ``first``'s family: each place goes to the tenant served least
+        for its weight so far (counting what this batch already gives it), ``first``
+        winning ties; within a tenant, oldest first."""
+        policy = tier.policy
+        book = self.tenants
+        members = tier.families[first.family]
+        heads: list[tuple[float, int, Iterator[Request], Request, float]] = []
+        for order, group in enumerate((first, *(g for g in members.values() if g is not first))):
+            members_queued: Iterator[Request] = (r for r in group.items if r.state == _QUEUED)
+            head = next(members_queued, None)
+            if head is not None:
+                tenant = book.get(group.tenant)
+                heads.append((tenant.served, order, members_queued, head, tenant.weight))
+        heapq.heapify(heads)
+        taken: list[Request] = []
+        tokens = 0
+        while heads and len(taken) < limit:
+            served, order, queued, request, weight = heads[0]
+            cost = request.est_tokens
+            over_batch = taken and tokens + cost > policy.max_batch_tokens
+            over_room = tokens + cost > room_tokens and (taken or busy)
+            if over_batch or over_room:
+                break
+            taken.append(request)
+            tokens += cost
+            following = next(queued, None)
+            if following is None:
+                heapq.heappop(heads)
+            else:
+                heapq.heapreplace(heads, (served + cost / weight, order, queued, following, weight))
+        return len(taken), tokens, taken
 
     def _commit(
-        self, priority: Priority, group: Group, count: int, tokens: int, seats: Seats
+        self,
+        priority: Priority,
+        group: Group,
+        count: int,
+        tokens: int,
+        seats: Seats,
+        mixed: list[Request] | None,
+        now: float,
     ) -> Batch:
         tier = self._tiers[priority]
         key = group.head().group_key
-        taken = tuple(tier.pop(group) for _ in range(count))
-        tier.served(group, key)
+        if mixed is None:
+            taken = tuple(tier.pop(group) for _ in range(count))
+            self.tenants.charge(group.tenant, tokens, now)
+            if group.tenant is not None:
+                owner = taken[0].owner
+                owner.queued -= count
+                owner.in_flight += count
+            tier.served(group, key, tokens)
+        else:
+            taken = tuple(mixed)
+            charged: dict[str | None, int] = {}
+            by_group: dict[str, tuple[Group, int]] = {}
+            groups = tier.groups
+            for request in taken:
+                member = groups[request.group_key]
+                tier.pop(member)
+                cost = request.est_tokens
+                spent = by_group.get(request.group_key)
+                by_group[request.group_key] = (member, cost + (0 if spent is None else spent[1]))
+                tenant = request.spec.tenant
+                charged[tenant] = charged.get(tenant, 0) + cost
+                owner = request.owner
+                if owner is not None:
+                    owner.queued -= 1
+                    owner.in_flight += 1
+            for tenant, spent_tokens in charged.items():
+                self.tenants.charge(tenant, spent_tokens, now)
+            for member, spent_tokens in by_group.values():
+                if member is group:
+                    tier.served(group, key, spent_tokens)
+                else:
+                    member.served += spent_tokens
         index = seats.index
         for request in taken:
             request.state = _IN_FLIGHT
@@ -465,6 +657,10 @@ class Scheduler:
 
     def _next_wakeup(self, now: float, rate_wakeup: float | None) -> float | None:
         wakeup = rate_wakeup
+        if self.tenants.holding:
+            retry = self.tenants.next_retry()
+            if retry is not None and retry > now and (wakeup is None or retry < wakeup):
+                wakeup = retry
         for tier in self._tiers.values():
             if tier.groups:
                 trigger = tier.next_trigger()

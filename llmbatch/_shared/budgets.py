@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import anyio
 from anyio.abc import TaskGroup
 
 from llmbatch._clock import Clock
-from llmbatch._config import RateLimit, SharedInFlight
+from llmbatch._config import RateLimit, SharedInFlight, TenantLimits
 from llmbatch._scheduler import Scheduler
+from llmbatch._scheduler.tenants import TenantSeats
 from llmbatch._shared.link import RedisLink, require_redis
 from llmbatch._shared.rate import RateLeaser
 from llmbatch._shared.seats import SeatLeaser
@@ -23,9 +24,20 @@ __all__ = ["SharedBudgets"]
 class SharedBudgets:
     """A client's shared rate limit and shared in-flight budget (either may be unset)."""
 
-    def __init__(self, rate_limit: RateLimit | None, in_flight: SharedInFlight | None) -> None:
+    def __init__(
+        self,
+        rate_limit: RateLimit | None,
+        in_flight: SharedInFlight | None,
+        tenants: Mapping[str, TenantLimits] | None = None,
+    ) -> None:
         self._rate_limit = rate_limit if rate_limit and rate_limit.redis_url else None
         self._in_flight = in_flight
+        self._tenants = {
+            name: limits for name, limits in (tenants or {}).items() if limits.redis_url
+        }
+        """Tenants whose rates are shared through Redis."""
+        self.tenant_rates: dict[str, RateLeaser] = {}
+        self.tenant_seats: dict[str, SeatLeaser] = {}
         if self:
             require_redis()  # at the call that asks for it, not when the client opens
         self._links: dict[str, RedisLink] = {}
@@ -35,7 +47,7 @@ class SharedBudgets:
         self._member = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
 
     def __bool__(self) -> bool:
-        return self._rate_limit is not None or self._in_flight is not None
+        return self._rate_limit is not None or self._in_flight is not None or bool(self._tenants)
 
     def _link(self, url: str) -> RedisLink:
         link = self._links.get(url)
@@ -60,6 +72,40 @@ class SharedBudgets:
                 clock=clock,
             )
             tg.start_soon(self.rate.run)
+        shared_tenants = scheduler.tenants.shared()
+        for name, limits in self._tenants.items():
+            tenant = shared_tenants[name]
+            assert limits.redis_url is not None
+            assert limits.key is not None
+            rate_limit = limits.rate_limit
+            if rate_limit is not None:
+                assert tenant.rate is not None
+                leaser = RateLeaser(
+                    self._link(limits.redis_url),
+                    rate_limit,
+                    tenant.rate.buckets,
+                    member=self._member,
+                    wake=wake,
+                    clock=clock,
+                )
+                self.tenant_rates[name] = leaser
+                tg.start_soon(leaser.run)
+            if limits.max_in_flight is not None:
+                seats = SeatLeaser(
+                    self._link(limits.redis_url),
+                    SharedInFlight(
+                        redis_url=limits.redis_url,
+                        key=limits.key,
+                        max_in_flight=limits.max_in_flight,
+                        max_in_flight_tokens=limits.max_in_flight_tokens,
+                    ),
+                    TenantSeats(tenant),
+                    member=self._member,
+                    wake=wake,
+                    clock=clock,
+                )
+                self.tenant_seats[name] = seats
+                tg.start_soon(seats.run)
         if self._in_flight is not None:
             self.seats = SeatLeaser(
                 self._link(self._in_flight.redis_url),
@@ -76,6 +122,10 @@ class SharedBudgets:
         try:
             if self.rate is not None:
                 await self.rate.aclose()
+            for leaser in self.tenant_rates.values():
+                await leaser.aclose()
+            for seat_leaser in self.tenant_seats.values():
+                await seat_leaser.aclose()
             if self.seats is not None:
                 await self.seats.aclose()
         finally:

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 import anyio
 
 from llmbatch._clock import Clock
 from llmbatch._config import SharedInFlight
-from llmbatch._scheduler import Scheduler
+from llmbatch._scheduler.budgets import SharedAllowance
 from llmbatch._shared.link import RedisLink, SharedBudgetUnreachable
 from llmbatch._shared.scripts import SEAT_LEASE, seat_keys
 
-__all__ = ["SeatLeaser"]
+__all__ = ["SeatHolder", "SeatLeaser"]
 
 logger = logging.getLogger("llmbatch")
 
@@ -34,6 +35,27 @@ RENEW_INTERVAL = 1.0
 MIN_INTERVAL = 0.05
 
 
+class SeatHolder(Protocol):
+    """What holds the seats a lease allows: the scheduler (``SharedInFlight``), or one
+    tenant (``TenantLimits`` with ``redis_url``)."""
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def in_flight_tokens(self) -> int: ...
+
+    def seat_demand(self) -> tuple[int, int]:
+        """Sequences and tokens it would have in flight now if the budget allowed."""
+        ...
+
+    def share_in_flight(
+        self, *, limits_tokens: bool, on_full: Callable[[], None]
+    ) -> SharedAllowance:
+        """From now on send only what the allowance returned allows."""
+        ...
+
+
 class SeatLeaser:
     """Holds one process's share of a shared in-flight budget."""
 
@@ -41,7 +63,7 @@ class SeatLeaser:
         self,
         link: RedisLink,
         config: SharedInFlight,
-        scheduler: Scheduler,
+        scheduler: SeatHolder,
         *,
         member: str,
         wake: Callable[[], None],

@@ -135,6 +135,61 @@ async def test_the_priority_header_picks_the_tier(sim: SimulatorProcess) -> None
     assert tiers == {"realtime": 1, "normal": 0, "batch": 1}
 
 
+async def test_the_tenant_header_names_the_tenant_and_its_limits_hold(
+    sim: SimulatorProcess,
+) -> None:
+    import llmbatch
+
+    tenants = {"strict": llmbatch.TenantLimits(max_in_flight=1, overflow="raise")}
+    agent = AsyncOpenAI(
+        base_url=sim.base_url,
+        api_key="unused",
+        default_headers={"x-llmbatch-tenant": "agent-7"},
+        llmbatch_options={"tenants": tenants},
+    )
+    transport = agent._client._transport  # type: ignore[attr-defined]
+    try:
+        await agent.completions.create(model=MODEL, prompt="a", max_tokens=1)
+        await agent.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "b"}],
+            max_tokens=1,
+            extra_headers={"x-llmbatch-tenant": "agent-8"},
+        )
+        # Two calls of a tenant allowed one at a time, refusing the rest: one 429.
+        strict = {"x-llmbatch-tenant": "strict"}
+        outcomes = await _gather(
+            agent.completions.create(model=MODEL, prompt="c", max_tokens=1, extra_headers=strict),
+            agent.completions.create(model=MODEL, prompt="d", max_tokens=1, extra_headers=strict),
+        )
+        stats = transport._client.stats()
+    finally:
+        await agent.close()
+    assert stats.tenants["agent-7"].done == 1
+    assert stats.tenants["agent-8"].done == 1
+    assert sim.peak_running(user="agent-7") == 1  # sent as OpenAI's user too
+    refused = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(refused) == 1
+    assert isinstance(refused[0], openai.RateLimitError)
+    assert "strict" in str(refused[0])
+
+
+async def _gather(*calls: object) -> list[object]:
+    """Each call's answer or exception, started together."""
+    outcomes: list[object] = [None] * len(calls)
+
+    async def one(i: int, call: object) -> None:
+        try:
+            outcomes[i] = await call  # type: ignore[misc]
+        except Exception as exc:
+            outcomes[i] = exc
+
+    async with anyio.create_task_group() as tg:
+        for i, call in enumerate(calls):
+            tg.start_soon(one, i, call)
+    return outcomes
+
+
 async def test_a_stream_passes_through(sim: SimulatorProcess) -> None:
     wire = Counting()
     client = AsyncOpenAI(

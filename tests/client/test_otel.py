@@ -86,12 +86,14 @@ async def test_a_lone_call_nests_its_http_span_and_failures_are_marked(
     client = make()
     async with client:
         llmbatch.otel.instrument(client, provider)  # after it opened
-        await client.complete("hello", priority="realtime", max_tokens=2)
+        await client.complete("hello", priority="realtime", max_tokens=2, tenant="agent-7")
         with pytest.raises(llmbatch.BadRequestError):
             await client.complete(f"{POISON} prompt", max_tokens=2)
     requests, http = by_kind(exporter.get_finished_spans())
     ok, bad = requests
     assert (ok.attributes or {})["llmbatch.tier"] == "realtime"
+    assert (ok.attributes or {})["llmbatch.tenant"] == "agent-7"
+    assert "llmbatch.tenant" not in (bad.attributes or {})  # a call without a tenant
     assert ok.status.status_code is StatusCode.UNSET
     assert bad.status.status_code is StatusCode.ERROR
     assert (bad.attributes or {})["error.type"] == "BadRequestError"

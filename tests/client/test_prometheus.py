@@ -145,3 +145,36 @@ def test_import_llmbatch_does_not_import_prometheus_client() -> None:
     code = "import sys, llmbatch; print('prometheus_client' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+async def test_tenants_named_in_tenants_have_series_the_rest_are_other(
+    sim: SimulatorProcess, exporter: tuple[CollectorRegistry, str]
+) -> None:
+    registry, url = exporter
+    tenants = {"team-a": llmbatch.TenantLimits(max_in_flight=8)}
+    async with llmbatch.Client(sim.base_url, tenants=tenants) as client:
+        llmbatch.prometheus.register(client, registry)
+        await client.map([f"a {i}" for i in range(20)], tenant="team-a", max_tokens=3)
+        await client.map(["POISON", "fine"], tenant="team-a", max_tokens=3)
+        for i in range(5):
+            await client.complete(f"conversation {i}", tenant=f"chat-{i}", max_tokens=3)
+        await client.complete("nobody's", max_tokens=3)
+        samples = await anyio.to_thread.run_sync(scrape, url)
+        stats = client.stats()
+    assert value(samples, "llmbatch_tenant_requests_total", tenant="team-a", outcome="done") == 21
+    assert value(samples, "llmbatch_tenant_requests_total", tenant="team-a", outcome="failed") == 1
+    assert value(samples, "llmbatch_tenant_requests_total", tenant="other", outcome="done") == 5
+    assert value(samples, "llmbatch_tenant_tokens_total", tenant="team-a", kind="completion") == (
+        stats.tenants["team-a"].completion_tokens
+    )
+    assert value(samples, "llmbatch_tenant_queued_requests", tenant="team-a") == 0
+    labels = {got["tenant"] for got, _ in samples["llmbatch_tenant_requests_total"]}
+    assert labels == {"team-a", "other"}
+    # stats() names every active tenant; the tiers count everything.
+    assert sorted(stats.tenants) == ["chat-0", "chat-1", "chat-2", "chat-3", "chat-4", "team-a"]
+    assert stats.tenants["chat-3"].done == 1
+    assert stats.tenants["team-a"].latency.p50 > 0
+    assert stats.other_tenants is not None
+    assert stats.other_tenants.done == 5
+    assert sum(t.done for t in stats.tiers.values()) == 27
+    assert "tenant team-a" in str(stats)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import llmbatch
@@ -117,3 +118,132 @@ async def test_one_tenants_backlog_does_not_hold_anothers(sim: SimulatorProcess)
         tg.start_soon(run_b)
     assert a_half.is_set()
     assert b_done < a_half_at
+
+
+# -- limits (TenantLimits) -------------------------------------------------------------
+
+
+async def test_max_in_flight_holds_at_the_server_beside_an_unlimited_tenant() -> None:
+    """Counted by the server: a tenant with ``max_in_flight=4`` never has more than 4
+    prompts running there, while a tenant without limits fills the rest."""
+    with run_simulator("--speed", "20", "--max-num-seqs", "64") as server:
+        tenants = {"capped": llmbatch.TenantLimits(max_in_flight=4)}
+        async with llmbatch.Client(server.base_url, tenants=tenants) as client:
+            async with anyio.create_task_group() as tg:
+
+                async def capped_calls() -> None:
+                    async with anyio.create_task_group() as calls:
+                        for i in range(40):
+                            calls.start_soon(
+                                lambda i=i: client.complete(f"c{i}", tenant="capped", max_tokens=8)
+                            )
+
+                tg.start_soon(capped_calls)
+                tg.start_soon(
+                    lambda: client.map(
+                        [f"capped {i}" for i in range(60)], tenant="capped", max_tokens=8
+                    )
+                )
+                tg.start_soon(
+                    lambda: client.map(
+                        [f"free {i}" for i in range(300)], tenant="free", max_tokens=8
+                    )
+                )
+            stats = client.stats()
+        assert server.peak_running(user="capped") == 4
+        assert server.peak_running(user="free") > 4
+    assert stats.tenants["capped"].done == 100
+
+
+async def test_overflow_raise_fails_a_call_at_once_and_affects_nothing_else(
+    sim: SimulatorProcess,
+) -> None:
+    tenants = {"strict": llmbatch.TenantLimits(max_in_flight=1, overflow="raise")}
+    async with llmbatch.Client(sim.base_url, tenants=tenants) as client:
+        first = client.complete("one", tenant="strict", max_tokens=50)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: first)
+            await anyio.lowlevel.checkpoint()  # the first call is queued
+            with pytest.raises(llmbatch.TenantQuotaExceeded) as info:
+                await client.complete("two", tenant="strict", max_tokens=2)
+            assert info.value.tenant == "strict"
+            assert info.value.limit == "max_in_flight"
+            # A map waits instead, and another tenant is not affected.
+            results = await client.map(["a", "b", "c"], tenant="strict", max_tokens=2)
+            assert all(r.ok for r in results)
+            assert (await client.complete("x", tenant="other", max_tokens=2)).text
+
+
+async def test_a_map_item_larger_than_its_tenants_quota_fails_alone(sim: SimulatorProcess) -> None:
+    tenants = {"*": llmbatch.TenantLimits(max_in_flight_tokens=100)}
+    async with llmbatch.Client(sim.base_url, tenants=tenants) as client:
+        with pytest.raises(InvalidRequestError) as info:
+            await client.complete("hi", tenant="t", max_tokens=500)
+        assert info.value.field == "max_tokens"
+        items: list[Any] = ["short", {"prompt": "long", "max_tokens": 500}, "short too"]
+        results = await client.map(items, tenant="t", max_tokens=4)
+    assert [r.ok for r in results] == [True, False, True]
+    assert isinstance(results[1].error, InvalidRequestError)
+
+
+@pytest.mark.parametrize(
+    ("tenants", "error", "field"),
+    [
+        ({"a": 3}, llmbatch.ConfigTypeError, "tenants"),
+        ([("a", 3)], llmbatch.ConfigTypeError, "tenants"),
+        ({"": llmbatch.TenantLimits()}, llmbatch.ConfigError, "tenants"),
+        (
+            {"*": llmbatch.TenantLimits(tokens_per_minute=60, redis_url="redis://x", key="k")},
+            llmbatch.ConfigError,
+            "tenants",
+        ),
+    ],
+)
+def test_bad_tenants_are_refused_naming_the_field(
+    tenants: Any, error: type[llmbatch.ConfigError], field: str
+) -> None:
+    with pytest.raises(error) as info:
+        llmbatch.Client("http://127.0.0.1:9/v1", tenants=tenants)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "field"),
+    [
+        ({"max_in_flight": 0}, llmbatch.ConfigError, "max_in_flight"),
+        ({"max_in_flight": 2.5}, llmbatch.ConfigTypeError, "max_in_flight"),
+        ({"max_in_flight_tokens": -1}, llmbatch.ConfigError, "max_in_flight_tokens"),
+        ({"tokens_per_minute": float("nan")}, llmbatch.ConfigError, "tokens_per_minute"),
+        ({"weight": 0}, llmbatch.ConfigError, "weight"),
+        ({"overflow": "drop"}, llmbatch.ConfigError, "overflow"),
+        ({"redis_url": "redis://localhost"}, llmbatch.ConfigError, "key"),
+        ({"redis_url": "redis://h", "key": "k"}, llmbatch.ConfigError, "redis_url"),
+        ({"max_in_flght": 2}, llmbatch.ConfigTypeError, "max_in_flght"),
+    ],
+)
+def test_bad_limits_are_refused_naming_the_field(
+    kwargs: dict[str, Any], error: type[llmbatch.ConfigError], field: str
+) -> None:
+    with pytest.raises(error) as info:
+        llmbatch.TenantLimits(**kwargs)
+    assert info.value.field == field
+
+
+def test_limits_repr_hides_the_redis_password() -> None:
+    limits = llmbatch.TenantLimits(
+        tokens_per_minute=600, redis_url="redis://u:secret@h:6379/0", key="team-a"
+    )
+    assert "secret" not in repr(limits)
+    assert "team-a" in repr(limits)
+
+
+async def test_send_tenant_as_user_off_lets_tenants_share_batches(sim: SimulatorProcess) -> None:
+    async with llmbatch.Client(sim.base_url, send_tenant_as_user=False) as client:
+        async with anyio.create_task_group() as tg:
+            for i in range(30):
+                tg.start_soon(
+                    lambda i=i: client.complete(f"p{i}", tenant=f"t{i % 10}", max_tokens=2)
+                )
+        stats = client.stats()
+    assert sim.peak_running(user="t1") == 0  # not sent
+    assert stats.batches_sent < 10  # the ten tenants' calls went together

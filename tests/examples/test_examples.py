@@ -84,6 +84,7 @@ def _free_port() -> int:
         return port
 
 
+@pytest.mark.slow  # ~5 s; CI's slow stage runs it
 def test_fastapi_chat_stays_responsive_during_a_bulk_job(sim: SimulatorProcess) -> None:
     port = _free_port()
     app = subprocess.Popen(
@@ -119,6 +120,7 @@ def test_fastapi_chat_stays_responsive_during_a_bulk_job(sim: SimulatorProcess) 
         app.wait(10)
 
 
+@pytest.mark.slow  # ~7 s; CI's slow stage runs it
 def test_label_jsonl_resumes_after_sigkill(tmp_path: Path) -> None:
     source, output = tmp_path / "reviews.jsonl", tmp_path / "labels.jsonl"
     source.write_text("".join(f'{{"id": "r{i}", "text": "review {i}"}}\n' for i in range(3000)))

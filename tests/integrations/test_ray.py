@@ -259,3 +259,24 @@ def test_actor_options_make_a_fixed_pool_of_threaded_actors() -> None:
     assert not single.enable_true_multi_threading
     with pytest.raises(llmbatch.ConfigError):
         llmbatch.ray.actor_options(0)
+
+
+def test_rows_name_their_tenant_by_column_or_all_at_once(sim: SimulatorProcess) -> None:
+    rows = llmbatch.ray.Completions(
+        sim.base_url, tenant_column="who", tenant="everyone", max_tokens=2
+    )
+    try:
+        out = rows({"prompt": ["a", "b", "c", "d"], "who": ["team-a", None, "team-b", 7]})
+        stats = rows._client.stats()
+    finally:
+        rows.close()
+    assert out["error"][:3] == [None, None, None]
+    assert out["error"][3].startswith("InvalidTypeError")
+    assert "tenant" in out["error"][3]
+    assert {name: t.done for name, t in stats.tenants.items()} == {
+        "everyone": 1,
+        "team-a": 1,
+        "team-b": 1,
+    }
+    with pytest.raises(llmbatch.ConfigTypeError):
+        llmbatch.ray.Completions(sim.base_url, tenant_column=3)  # type: ignore[arg-type]

@@ -100,9 +100,13 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit) as info:
         llmbatch_run(str(src), "-o", "x", "--max-in-flight", "0")
     assert info.value.code == 2
+    with pytest.raises(SystemExit) as info:
+        llmbatch_run(str(src), "-o", "x", "--tenant", "")
+    assert info.value.code == 2
     err = capsys.readouterr().err
     assert "must be different files" in err
     assert "base_url must be an http(s) URL" in err
+    assert "tenant must be 1 to 256 printable characters" in err
 
 
 def test_progress_in_a_log_prints_plain_lines(
@@ -141,6 +145,9 @@ def test_options_reach_the_server(sim: SimulatorProcess, tmp_path: Path) -> None
         "600000",
         "--tpm",
         "60000000",
+        "--tenant",
+        "nightly-job",
     )
     assert code == 0
     assert len(id_counts(out)) == 30
+    assert sim.peak_running(user="nightly-job") >= 1  # the tenant went as OpenAI's user

@@ -97,6 +97,7 @@ async def pump(sim: SimulatorProcess, n: int, capsys: pytest.CaptureFixture[str]
     assert mb(rss.peak - rss_at_tenth) < GROWTH_LIMIT_MB
 
 
+@pytest.mark.slow  # ~5 s; CI's slow stage runs it (and the 1M-prompt run beside it)
 async def test_100k_prompts_in_bounded_memory(
     sim: SimulatorProcess, capsys: pytest.CaptureFixture[str]
 ) -> None:

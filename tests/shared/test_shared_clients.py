@@ -255,3 +255,52 @@ def test_a_shared_budget_without_the_redis_package_fails_at_the_call(
     limit = RateLimit(requests_per_minute=60, redis_url="redis://127.0.0.1:1", key="k")
     with pytest.raises(ImportError, match=r"pip install 'llmbatch\[redis\]'"):
         Client("http://127.0.0.1:1/v1", rate_limit=limit)
+
+
+async def test_clients_sharing_a_tenants_rate_share_one_budget(
+    sim: SimulatorProcess, redis_server: RedisProcess
+) -> None:
+    """A tenant's ``requests_per_minute`` held in Redis: three clients mapping for the
+    same tenant send the tenant's budget between them (a prompt is one request for
+    tenants, however batched), while another tenant of the same clients is not held."""
+    key = fresh("tenant-rpm")
+    tenants = {
+        "team": llmbatch.TenantLimits(requests_per_minute=1200, redis_url=redis_server.url, key=key)
+    }
+    async with AsyncExitStack() as stack:
+        clients = await open_clients(stack, 3, sim.base_url, tenants=tenants)
+        started = time.monotonic()
+        await hammer(clients, 2.0, max_tokens=2, tenant="team")
+        elapsed = time.monotonic() - started
+        done = sum(c.stats().tenants["team"].done for c in clients)
+        free = await clients[0].map([f"f{i}" for i in range(500)], tenant="other", max_tokens=2)
+    # 20 a second between them, plus at most one second's bucket at the start.
+    assert done <= 20 * elapsed + 20 + 2
+    assert done >= 20 * elapsed * 0.7
+    assert all(r.ok for r in free)
+
+
+async def test_clients_sharing_a_tenants_in_flight_limit_hold_it_together(
+    slow_sim: SimulatorProcess, redis_server: RedisProcess
+) -> None:
+    """A tenant's ``max_in_flight`` held in Redis: three clients mapping for it never
+    have more than its 4 prompts running at the server between them (counted there),
+    and all of them get work done."""
+    tenant = fresh("agent")
+    tenants = {
+        tenant: llmbatch.TenantLimits(max_in_flight=4, redis_url=redis_server.url, key=tenant)
+    }
+    async with AsyncExitStack() as stack:
+        clients = await open_clients(stack, 3, slow_sim.base_url, tenants=tenants)
+
+        async def one(client: Client) -> None:
+            results = await client.map([f"p{i}" for i in range(12)], tenant=tenant, max_tokens=16)
+            assert all(r.ok for r in results)
+
+        async with anyio.create_task_group() as tg:
+            for client in clients:
+                tg.start_soon(one, client)
+        done = [c.stats().tenants[tenant].done for c in clients]
+    assert done == [12, 12, 12]
+    assert slow_sim.peak_running(user=tenant) <= 4
+    assert slow_sim.peak_running(user=tenant) >= 2  # shared, not one process alone

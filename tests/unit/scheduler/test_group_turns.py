@@ -1,4 +1,5 @@
-"""Groups of one tier take turns: none waits on another that never empties."""
+"""Groups of one tier share it by the tokens each has sent: none waits on another
+that never empties."""
 
 from __future__ import annotations
 
@@ -44,12 +45,18 @@ def test_a_later_group_is_not_held_behind_one_that_keeps_refilling() -> None:
     seats=st.integers(min_value=1, max_value=8),
     steps=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 6)), min_size=5, max_size=60),
 )
-def test_a_group_with_work_waits_at_most_one_batch_of_each_other_group(
+def test_a_group_with_work_waits_a_bounded_number_of_tokens(
     groups: int, seats: int, steps: list[tuple[int, int]]
 ) -> None:
+    """Shares go by tokens, so a group of small requests may send more batches than
+    one of large requests; but while a group has work, no other sends more than one
+    batch of each of the two's tokens before it goes (the waiting group's lead, at
+    most its own last batch, and the sender's batch that overtakes it)."""
     s = scheduler(max_in_flight=seats)
+    batch = READY.max_batch_size
+    sizes = [make(BULK, prompt="0-0.0-0", max_tokens=g + 1).est_tokens for g in range(groups)]
     in_flight = []
-    owed: dict[int, int] = {}  # group -> batches of others sent since it was ready
+    owed: dict[tuple[int, int], int] = {}  # (waiting, sender) -> sender's tokens since
     queued = dict.fromkeys(range(groups), 0)
     now = 0.0
     for group, arrivals in steps:
@@ -57,15 +64,16 @@ def test_a_group_with_work_waits_at_most_one_batch_of_each_other_group(
         for i in range(arrivals):
             s.add(make(BULK, prompt=f"{group}-{now}-{i}", max_tokens=group + 1), nowait=False)
             queued[group] += 1
-        for batch in s.poll(now).batches:
-            sent = batch.requests[0].spec.params["max_tokens"] - 1
-            queued[sent] -= len(batch.requests)
-            owed.pop(sent, None)
+        for sent_batch in s.poll(now).batches:
+            sent = sent_batch.requests[0].spec.params["max_tokens"] - 1
+            queued[sent] -= len(sent_batch.requests)
+            for key in [k for k in owed if k[0] == sent]:
+                del owed[key]
             for other in range(groups):
                 if other != sent and queued[other] > 0:
-                    owed[other] = owed.get(other, 0) + 1
-                    assert owed[other] <= groups - 1, (other, owed)
-            in_flight.append(batch)
+                    n = owed[(other, sent)] = owed.get((other, sent), 0) + sent_batch.tokens
+                    assert n <= batch * (sizes[other] + sizes[sent]), (other, sent, owed)
+            in_flight.append(sent_batch)
         if in_flight:  # the server answers the oldest batch
             done = in_flight.pop(0)
             s.finish_batch(done.requests, BULK, 0)

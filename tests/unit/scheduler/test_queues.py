@@ -61,12 +61,14 @@ def test_triggers_size_wait_and_idle() -> None:
     tier = TierQueue(BatchPolicy(max_batch_size=3, max_wait=1.0, send_when_idle=False))
     tier.enqueue(make(), 0.0)
     tier.enqueue(make(), 0.0)
-    assert tier.ready_group(0.5, flush=False, idle=False) is None
-    assert tier.ready_group(0.5, flush=True, idle=False) is not None
-    assert tier.ready_group(1.0, flush=False, idle=False) is not None  # waited max_wait
+    assert next(tier.ready_groups(0.5, flush=False, idle=False), None) is None
+    assert next(tier.ready_groups(0.5, flush=True, idle=False), None) is not None
+    assert (
+        next(tier.ready_groups(1.0, flush=False, idle=False), None) is not None
+    )  # waited max_wait
     assert tier.next_trigger() == 1.0
     tier.enqueue(make(), 0.0)
-    assert tier.ready_group(0.0, flush=False, idle=False) is not None  # full
+    assert next(tier.ready_groups(0.0, flush=False, idle=False), None) is not None  # full
 
 
 def test_isolation_moves_only_what_might_not_fit_into_groups_of_its_own() -> None:
