@@ -75,7 +75,7 @@ class Tenant:
         """Its requests client-side: held, waiting for room, or queued."""
         self.in_flight = 0
         self.pinned = False
-        """Never forgotten (its rates are leased from Redis by a task that holds it)."""
+        """Never forgotten (its limits are leased from Redis by tasks that hold it)."""
         self.shared: SharedAllowance | None = None
         """Its share of an in-flight budget held in Redis with other processes."""
 

@@ -200,14 +200,19 @@ async def test_fault_matrix(
 
     # Retries stay within the bound: one batch (the same prompts) is sent at most
     # ATTEMPTS times, retried only after a retryable failure, and ends in a 200 or a
-    # 400 (never by running out of attempts).
+    # 400 (never by running out of attempts), unless a run of 503s made the client
+    # hold the server as unavailable: then the batch went back to the queue, and its
+    # prompts were answered in other batches (each exactly once, as checked above).
     sends: dict[tuple[str, ...], list[str]] = defaultdict(list)
     for batch, outcome in recorder.exchanges:
         sends[batch].append(outcome)
     for batch, outcomes in sends.items():
         assert len(outcomes) <= ATTEMPTS, (batch[:2], outcomes)
         assert set(outcomes[:-1]) <= RETRYABLE, outcomes
-        assert outcomes[-1] in ("200", "400"), outcomes
+        handed_back = outcomes[-1] in RETRYABLE and all(
+            ok_count[p] == 1 or alone_400[p] == 1 for p in batch
+        )
+        assert outcomes[-1] in ("200", "400") or handed_back, outcomes
     longest_chain = max(len(o) for o in sends.values())
 
     # The client's view agrees with the server's: each fault the server injected is
