@@ -155,23 +155,32 @@ async def test_max_in_flight_holds_at_the_server_beside_an_unlimited_tenant() ->
     assert stats.tenants["capped"].done == 100
 
 
-async def test_overflow_raise_fails_a_call_at_once_and_affects_nothing_else(
-    sim: SimulatorProcess,
-) -> None:
+async def test_overflow_raise_fails_a_call_at_once_and_affects_nothing_else() -> None:
     tenants = {"strict": llmbatch.TenantLimits(max_in_flight=1, overflow="raise")}
-    async with llmbatch.Client(sim.base_url, tenants=tenants) as client:
-        first = client.complete("one", tenant="strict", max_tokens=50)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: first)
-            await anyio.lowlevel.checkpoint()  # the first call is queued
-            with pytest.raises(llmbatch.TenantQuotaExceeded) as info:
-                await client.complete("two", tenant="strict", max_tokens=2)
-            assert info.value.tenant == "strict"
-            assert info.value.limit == "max_in_flight"
-            # A map waits instead, and another tenant is not affected.
-            results = await client.map(["a", "b", "c"], tenant="strict", max_tokens=2)
-            assert all(r.ok for r in results)
-            assert (await client.complete("x", tenant="other", max_tokens=2)).text
+    with run_simulator() as slow:  # the modelled GPU's own speed: 16 tokens take ~0.3 s
+        async with (
+            llmbatch.Client(slow.base_url, tenants=tenants) as client,
+            anyio.create_task_group() as tg,
+        ):
+            await _refused_while_held(client, tg)
+
+
+async def _refused_while_held(client: llmbatch.Client, tg: Any) -> None:
+    tg.start_soon(lambda: client.complete("one", tenant="strict", max_tokens=16))
+    # Every task blocked: the first call was submitted and awaits its answer, holding
+    # the tenant's one place.
+    with anyio.fail_after(10):
+        await anyio.wait_all_tasks_blocked()
+    strict = client.stats().tenants["strict"]
+    assert strict.in_flight + strict.queued == 1
+    with pytest.raises(llmbatch.TenantQuotaExceeded) as info:
+        await client.complete("two", tenant="strict", max_tokens=2)
+    assert info.value.tenant == "strict"
+    assert info.value.limit == "max_in_flight"
+    # A map waits instead, and another tenant is not affected.
+    results = await client.map(["a", "b", "c"], tenant="strict", max_tokens=2)
+    assert all(r.ok for r in results)
+    assert (await client.complete("x", tenant="other", max_tokens=2)).text
 
 
 async def test_a_map_item_larger_than_its_tenants_quota_fails_alone(sim: SimulatorProcess) -> None:
