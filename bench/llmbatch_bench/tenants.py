@@ -1,7 +1,7 @@
 """Tenants: one caller's backlog beside another's work, measured (issue #23's targets).
 
     python -m llmbatch_bench.tenants --json docs/benchmarks/tenants.json
-    python -m llmbatch_bench.tenants --smoke         # ~1 min, for CI
+    python -m llmbatch_bench.tenants --smoke         # ~1 min, for CI (A 4,000, B 200)
 
 Against ``llmbatch-server sim --speed 10 --max-num-seqs 64`` on 127.0.0.1, one client
 with default settings, as a new user would have it:
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.smoke:
-        args.a_n, args.b_n, args.cpu_n, args.cpu_turns = 4000, 100, 5000, 3
+        args.a_n, args.b_n, args.cpu_n, args.cpu_turns = 4000, 200, 5000, 3
     from llmbatch_server.testing import run_simulator
 
     results: dict[str, Any] = {
