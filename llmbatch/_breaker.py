@@ -85,8 +85,13 @@ class Breaker:
             self.opened_at = self._next_probe = None
             self._trial_out = False
 
-    def on_failure(self, now: float, error: str) -> bool:
-        """A connection failure or a 503; returns True if this opened the breaker."""
+    def on_failure(self, now: float, error: str, *, last: bool = False) -> bool:
+        """A connection failure or a 503; returns True if this opened the breaker.
+
+        ``last``: a request has used its last attempt on such failures. The breaker
+        opens now rather than at its threshold: a batch whose first attempt met a
+        dying engine's 500 has fewer attempts left than the threshold counts, and
+        the server is down, not the request wrong."""
         self.failures += 1
         self._failed_at = now
         self.last_error = error
@@ -96,7 +101,7 @@ class Breaker:
             self._trial_out = False
             self._next_probe = now + self.probe_interval
             return False
-        if self.state is BreakerState.CLOSED and self.failures >= self.failure_threshold:
+        if self.state is BreakerState.CLOSED and (self.failures >= self.failure_threshold or last):
             self.state = BreakerState.OPEN
             self.opened_at = now
             self._next_probe = now + self.probe_interval

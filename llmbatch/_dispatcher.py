@@ -520,7 +520,9 @@ class Dispatcher:
                 _is_unavailable(error)
                 and _can(retry_if)
                 and (
-                    self.server.on_unavailable(self._now(), error)
+                    self.server.on_unavailable(
+                        self._now(), error, last=any(r.attempts >= attempts for r in requests)
+                    )
                     or self._may_fail_over(requests, attempts)
                 )
             ):
