@@ -85,13 +85,8 @@ class Breaker:
             self.opened_at = self._next_probe = None
             self._trial_out = False
 
-    def on_failure(self, now: float, error: str, *, last: bool = False) -> bool:
-        """A connection failure or a 503; returns True if this opened the breaker.
-
-        ``last``: a request has used its last attempt on such failures. The breaker
-        opens now rather than at its threshold: a batch whose first attempt met a
-        dying engine's 500 has fewer attempts left than the threshold counts, and
-        the server is down, not the request wrong."""
+    def on_failure(self, now: float, error: str) -> bool:
+        """A connection failure or a 503; returns True if this opened the breaker."""
         self.failures += 1
         self._failed_at = now
         self.last_error = error
@@ -101,7 +96,7 @@ class Breaker:
             self._trial_out = False
             self._next_probe = now + self.probe_interval
             return False
-        if self.state is BreakerState.CLOSED and (self.failures >= self.failure_threshold or last):
+        if self.state is BreakerState.CLOSED and self.failures >= self.failure_threshold:
             self.state = BreakerState.OPEN
             self.opened_at = now
             self._next_probe = now + self.probe_interval

@@ -520,9 +520,7 @@ class Dispatcher:
                 _is_unavailable(error)
                 and _can(retry_if)
                 and (
-                    self.server.on_unavailable(
-                        self._now(), error, last=any(r.attempts >= attempts for r in requests)
-                    )
+                    self.server.on_unavailable(self._now(), error)
                     or self._may_fail_over(requests, attempts)
                 )
             ):

@@ -177,16 +177,15 @@ class Server:
                 waiting=load.waiting, running=load.running, kv_usage=load.kv_usage
             )
 
-    def on_unavailable(self, now: float, error: RequestError, *, last: bool = False) -> bool:
-        """A connection failure, a dropped connection or a 503 (``last``: the request's
-        last attempt). Returns True when requests should wait for the server rather
-        than retry on their own: the breaker is open (or just opened) and the server
-        has answered before."""
+    def on_unavailable(self, now: float, error: RequestError) -> bool:
+        """A connection failure, a dropped connection or a 503. Returns True when
+        requests should wait for the server rather than retry on their own: the
+        breaker is open (or just opened) and the server has answered before."""
         if not (self.breaker.ever_answered or self.patient) or self.breaker.outage_tolerance <= 0:
             # Never answered: a configuration problem, reported at once. (Or the
             # patience was turned off.)
             return False
-        opened = self.breaker.on_failure(now, str(error), last=last)
+        opened = self.breaker.on_failure(now, str(error))
         if opened:
             self.controller.on_outage()
             logger.warning(

@@ -20,19 +20,6 @@ def test_consecutive_failures_open_the_breaker_and_a_success_resets_the_count() 
     assert not breaker.allows()
 
 
-def test_a_requests_last_attempt_opens_the_breaker_before_the_threshold() -> None:
-    """A batch whose first attempt met a dying engine's 500 has fewer attempts left
-    than the threshold counts: its last failed attempt opens the breaker, so its
-    requests wait for the server instead of failing."""
-    breaker = Breaker(failure_threshold=5, probe_interval=1.0)
-    breaker.on_success()
-    assert not breaker.on_failure(0.0, "refused")
-    assert breaker.on_failure(0.1, "refused", last=True)
-    assert breaker.state is BreakerState.OPEN
-    assert breaker.opened == 1
-    assert not breaker.on_failure(0.2, "refused", last=True)  # already open
-
-
 def test_answers_to_requests_sent_before_a_failure_do_not_reset_the_count() -> None:
     # A 503 storm on a busy server: batches sent before it keep finishing with 200
     # while every new request gets a 503. Only an answer to a request sent after the
