@@ -2,7 +2,8 @@
 # The release as a user installs it: build an sdist and a wheel of each package (the
 # wheel from the sdist, so the sdist is complete), check their metadata, install the
 # three wheels into a fresh venv (not editable, no checkout on the path) and run the
-# demo and a short bench from a scratch directory. Usage: .ci/wheels.sh PYTHON
+# demo and a short bench from a scratch directory; then each wheel in a venv of its own
+# (.ci/alone.sh). Usage: .ci/wheels.sh PYTHON
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -34,3 +35,6 @@ PY
 timeout 300 "$work/venv/bin/python" "$repo/examples/demo.py" --bulk 300
 timeout 300 "$work/venv/bin/llmbatch" bench --scenario bulk,single --n 200 --single-n 100 \
     --repeat 1 --json "$work/bench.json"
+
+# Each wheel alone, with only what it declares (~45 s).
+"$repo/.ci/alone.sh" "$work/dist"
