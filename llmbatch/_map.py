@@ -249,6 +249,8 @@ class MapRunner:
             scope.cancel()
             self._abandon(run)
             if tracker is not None:
+                for _index, left in (*ready, *buffered.items()):
+                    tracker.undelivered(left)
                 tracker.close()
         if run.failure is not None:
             raise run.failure

@@ -15,7 +15,7 @@ from typing import Any
 
 from llmbatch._exceptions import InvalidRequestError, InvalidTypeError
 
-__all__ = ["check_extra", "check_keywords", "query_string"]
+__all__ = ["ALLOWED", "check_extra", "check_keywords", "nearest_parameter", "query_string"]
 
 #: openai.completions.create's body parameters.
 OPENAI_COMPLETIONS = frozenset(
@@ -139,6 +139,12 @@ RESERVED = frozenset(
 )
 
 
+def nearest_parameter(kind: str, name: str) -> str | None:
+    """The endpoint's parameter closest to a misspelt ``name``, if one is close."""
+    close = difflib.get_close_matches(name, ALLOWED[kind], n=1)
+    return close[0] if close else None
+
+
 def check_keywords(kind: str, method: str, params: Iterable[str]) -> None:
     """Raise a ``TypeError`` (:class:`InvalidTypeError`) for a keyword the endpoint
     does not take, suggesting the nearest one."""
@@ -150,8 +156,8 @@ def check_keywords(kind: str, method: str, params: Iterable[str]) -> None:
             raise InvalidRequestError(
                 f"{name!r} is set by llmbatch and cannot be passed as a parameter", field=name
             )
-        close = difflib.get_close_matches(name, allowed, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        close = nearest_parameter(kind, name)
+        hint = f"; did you mean {close!r}?" if close else ""
         raise InvalidTypeError(
             f"{method}() got an unexpected keyword argument {name!r}{hint} "
             "(a server-specific field goes in extra_body={...})",

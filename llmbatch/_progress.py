@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmbatch._clock import Clock
-from llmbatch._exceptions import InvalidTypeError
+from llmbatch._exceptions import InvalidTypeError, RequestCancelled
 from llmbatch._models import Result
 
 __all__ = ["MapProgress", "ProgressBar", "ProgressLike", "ProgressTracker", "make_tracker"]
@@ -36,7 +36,9 @@ class MapProgress:
     done: int
     """Items that succeeded."""
     failed: int
-    """Items that ended with an error (their :class:`Result` holds it)."""
+    """Items that ended with an error (their :class:`Result` holds it). Items
+    cancelled because the map was left or the client closed count as neither done
+    nor failed."""
     in_flight: int
     """Items submitted (queued client-side or on the server) and not yet finished."""
     total: int | None
@@ -106,13 +108,29 @@ class ProgressTracker:
         if self._closed:
             return  # items cancelled after the caller left: the last snapshot is out
         self.in_flight -= 1
-        if result.error is None:
+        error = result.error
+        if error is None:
             self.done += 1
             usage = getattr(result.value, "usage", None)
             if usage is not None:
                 self.tokens += usage.completion_tokens
-        else:
+        elif not isinstance(error, RequestCancelled):
+            # A cancelled item (the map was left, the client closed) did not finish:
+            # it is no longer in flight, and neither done nor failed.
             self.failed += 1
+
+    def undelivered(self, result: Result[Any]) -> None:
+        """A finished item the caller never received (it left the map first): the
+        last snapshot counts only what the caller got."""
+        if self._closed:
+            return
+        if result.error is None:
+            self.done -= 1
+            usage = getattr(result.value, "usage", None)
+            if usage is not None:
+                self.tokens -= usage.completion_tokens
+        elif not isinstance(result.error, RequestCancelled):
+            self.failed -= 1
 
     def maybe_emit(self) -> None:
         """Hand a snapshot to the callback if the last one is old enough."""

@@ -17,6 +17,7 @@ status and the server's error body when the server answered, else it is null.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import time
@@ -25,9 +26,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmbatch._exceptions import APIStatusError, LLMBatchError, RequestError
-from llmbatch._models import ChatCompletion, Completion, Usage
+from llmbatch._exceptions import (
+    APIStatusError,
+    InvalidRequestError,
+    InvalidTypeError,
+    LLMBatchError,
+    RequestError,
+)
+from llmbatch._models import ChatCompletion, Completion, Embedding, Usage
+from llmbatch._params import ALLOWED, nearest_parameter
 from llmbatch._request import Kind
+from llmbatch._validate import check_messages, check_prompt, validate_options
 
 __all__ = [
     "ENDPOINTS",
@@ -40,9 +49,19 @@ __all__ = [
 ]
 
 #: The endpoints a job line may name, and the kind of request each is.
-ENDPOINTS: Mapping[str, Kind] = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
+ENDPOINTS: Mapping[str, Kind] = {
+    "/v1/completions": "completion",
+    "/v1/chat/completions": "chat",
+    "/v1/embeddings": "embedding",
+}
+#: The keys of a line, as OpenAI's Batch API defines them.
+LINE_KEYS = ("custom_id", "method", "url", "body")
+#: The body field that holds a line's input, by kind.
+INPUT_FIELD: Mapping[Kind, str] = {"completion": "prompt", "chat": "messages", "embedding": "input"}
 # Keys a map item dict would read as llmbatch options, not request parameters.
-_UNSUPPORTED_KEYS = ("priority", "timeout", "metadata")
+_UNSUPPORTED_KEYS = ("priority", "timeout", "metadata", "tenant", "max_retries")
+# Body fields the runner sets or drops itself.
+_RUNNER_FIELDS = frozenset({"model", "stream", "stream_options"})
 
 
 class MalformedLine(LLMBatchError):
@@ -66,7 +85,9 @@ class JobLine:
 
 
 def parse_line(raw: bytes, line_no: int) -> JobLine | None:
-    """Parse one input line; None for a blank line, :class:`MalformedLine` if invalid."""
+    """Parse and check one input line; None for a blank line, :class:`MalformedLine`
+    if it could not run as written (its reason in the file's words: ``body.max_tokns
+    is not a parameter of /v1/completions; did you mean max_tokens?``)."""
     if not raw.strip():
         return None
     try:
@@ -75,6 +96,13 @@ def parse_line(raw: bytes, line_no: int) -> JobLine | None:
         raise MalformedLine(line_no, f"not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise MalformedLine(line_no, "not a JSON object")
+    for key in data:
+        if key not in LINE_KEYS:
+            close = difflib.get_close_matches(str(key), LINE_KEYS, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise MalformedLine(
+                line_no, f"unknown key {key!r}{hint} (a line has {', '.join(LINE_KEYS)})"
+            )
     custom_id = data.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise MalformedLine(line_no, "custom_id must be a non-empty string")
@@ -86,42 +114,96 @@ def parse_line(raw: bytes, line_no: int) -> JobLine | None:
         raise MalformedLine(line_no, f"url must be one of {', '.join(ENDPOINTS)}, got {url!r}")
     body = data.get("body")
     if not isinstance(body, dict):
-        raise MalformedLine(line_no, "body must be a JSON object")
-    return JobLine(line_no, custom_id, kind, _check_body(body, kind, line_no), body)
+        raise MalformedLine(line_no, f"body must be a JSON object, got {_json_type(body)}")
+    assert isinstance(url, str)
+    try:
+        model = _check_body(body, kind, url)
+    except (InvalidRequestError, InvalidTypeError) as exc:
+        raise MalformedLine(line_no, _in_body(exc)) from None
+    return JobLine(line_no, custom_id, kind, model, body)
 
 
-def _check_body(body: Mapping[str, Any], kind: Kind, line_no: int) -> str | None:
-    """Reject what llmbatch cannot run faithfully; return the body's model."""
+def _check_body(body: Mapping[str, Any], kind: Kind, url: str) -> str | None:
+    """Check a body as the client would check the call it becomes, so that nothing
+    fails at run time for a reason the file shows; return the body's model."""
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or not model):
-        raise MalformedLine(line_no, "body.model must be a non-empty string")
-    if kind == "completion":
-        if not isinstance(body.get("prompt"), str) or not body["prompt"]:
-            # vLLM also takes lists and token ids; llmbatch batches single str prompts.
-            raise MalformedLine(line_no, "body.prompt must be a non-empty string")
-    else:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise MalformedLine(line_no, "body.messages must be a non-empty list")
-        if body.get("n", 1) != 1:
-            raise MalformedLine(line_no, "chat requests with n > 1 are not supported")
+        raise InvalidTypeError("model must be a non-empty string", field="model")
     if body.get("stream"):
-        raise MalformedLine(line_no, "streaming requests cannot run in a batch job")
-    for key in _UNSUPPORTED_KEYS:
-        if key in body:
-            raise MalformedLine(line_no, f"body.{key} is not supported by llmbatch run")
+        raise InvalidRequestError(
+            "stream must be false or left out: streaming requests cannot run in a batch job",
+            field="stream",
+        )
+    field = INPUT_FIELD[kind]
+    if field not in body:
+        raise InvalidRequestError(f"{field} is missing (a {url} body needs one)", field=field)
+    params: dict[str, Any] = {}
+    for key, value in body.items():
+        if key == field or key in _RUNNER_FIELDS or key == "extra_body":
+            continue
+        if key in _UNSUPPORTED_KEYS:
+            raise InvalidRequestError(f"{key} is not supported by llmbatch run", field=key)
+        if key not in ALLOWED[kind]:
+            close = nearest_parameter(kind, key)
+            hint = f"; did you mean {close}?" if close else ""
+            raise InvalidTypeError(f"{key} is not a parameter of {url}{hint}", field=key)
+        params[key] = value
+    if kind == "chat" and params.get("n", 1) != 1:
+        raise InvalidRequestError("n: chat requests with n > 1 are not supported", field="n")
+    spec = validate_options(
+        kind=kind,
+        priority="batch",
+        model=model or "the job's model",
+        params=params,
+        timeout=None,
+        stream=False,
+        max_model_len=None,
+        method="run",
+        extra_body=body.get("extra_body"),
+    )
+    given = body[field]
+    if kind == "chat":
+        check_messages(given, spec)
+    elif kind == "embedding" and isinstance(given, list):
+        # One line is one result: a list would need its answers joined back together.
+        raise InvalidTypeError(
+            f"input must be one string, got a list of {len(given)} (put each text on a "
+            "line of its own: llmbatch run batches lines itself)",
+            field="input",
+        )
+    else:
+        # vLLM also takes lists and token ids; llmbatch batches single str prompts.
+        check_prompt(given, spec, None, name=field)
     return model
+
+
+def _in_body(error: InvalidRequestError | InvalidTypeError) -> str:
+    """A call-site error in the file's terms: ``body.max_tokens must be ...``."""
+    message = str(error)
+    leading = re.match(r"[A-Za-z_][\w\[\]]*", message)
+    if leading and error.field is not None and leading.group().startswith(error.field):
+        return f"body.{message}"
+    return f"body: {message}"
+
+
+def _json_type(value: object) -> str:
+    names = {str: "a string", list: "an array", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
 
 
 def to_map_input(line: JobLine) -> dict[str, Any]:
     """The ``Client.map`` item for a line; its custom_id rides along as metadata."""
-    item = {k: v for k, v in line.body.items() if k not in ("model", "stream", "stream_options")}
+    item = {k: v for k, v in line.body.items() if k not in _RUNNER_FIELDS}
     item["metadata"] = line.custom_id
     return item
 
 
-def success_record(custom_id: str, value: Completion | ChatCompletion) -> dict[str, Any]:
+def success_record(
+    custom_id: str, value: Completion | ChatCompletion | Embedding
+) -> dict[str, Any]:
     """The output line for an answered request, its body shaped like the server's."""
+    if isinstance(value, Embedding):
+        return _record(custom_id, value.id, _embedding_body(value))
     body: dict[str, Any] = {"id": value.id}
     choices: list[dict[str, Any]]
     if isinstance(value, Completion):
@@ -144,10 +226,29 @@ def success_record(custom_id: str, value: Completion | ChatCompletion) -> dict[s
     body["model"] = value.model
     body["choices"] = choices
     body["usage"] = _usage(value.usage)
+    return _record(custom_id, value.id, body)
+
+
+def _embedding_body(value: Embedding) -> dict[str, Any]:
+    """An /v1/embeddings answer holding the line's one input."""
+    return {
+        "id": value.id,
+        "object": "list",
+        "created": int(time.time()),
+        "model": value.model,
+        "data": [{"object": "embedding", "index": 0, "embedding": value.embedding}],
+        "usage": {
+            "prompt_tokens": value.usage.prompt_tokens,
+            "total_tokens": value.usage.total_tokens,
+        },
+    }
+
+
+def _record(custom_id: str, request_id: str, body: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": _record_id(),
         "custom_id": custom_id,
-        "response": {"status_code": 200, "request_id": value.id, "body": body},
+        "response": {"status_code": 200, "request_id": request_id, "body": body},
         "error": None,
     }
 

@@ -28,7 +28,7 @@ from llmbatch._jobs.output import OutputFile
 from llmbatch._jobs.runner import JOB_FATAL, REPORT_LIMIT, JobConfig, stop_reason
 from llmbatch._jobs.shards import shard_name
 from llmbatch._map import MapInput
-from llmbatch._models import ChatCompletion, Completion
+from llmbatch._models import ChatCompletion, Completion, Embedding
 from llmbatch.ray import _column, _Rows
 
 __all__ = ["COUNTS", "FileCheck", "JobLines", "JobStopped", "check_file"]
@@ -162,7 +162,7 @@ class JobLines(_Rows):
             for line, (value, error) in zip(lines, answers, strict=True):
                 assert out is not None
                 if error is None:
-                    assert isinstance(value, Completion | ChatCompletion)
+                    assert isinstance(value, Completion | ChatCompletion | Embedding)
                     out.write(success_record(line.custom_id, value))
                     counts["done"] += 1
                     counts["prompt_tokens"] += value.usage.prompt_tokens

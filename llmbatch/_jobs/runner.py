@@ -37,7 +37,7 @@ from llmbatch._exceptions import (
 from llmbatch._jobs.format import failure_record, success_record
 from llmbatch._jobs.input import PendingInputs, scan_input
 from llmbatch._jobs.output import OutputFile
-from llmbatch._models import ChatCompletion, Completion, Result
+from llmbatch._models import ChatCompletion, Completion, Embedding, Result
 from llmbatch._progress import ProgressLike
 from llmbatch._transports.base import Transport
 
@@ -238,7 +238,7 @@ def _record(result: Result[Any], out: OutputFile, summary: JobSummary) -> None:
     custom_id = str(result.metadata)
     value, error = result.value, result.error
     if error is None:
-        assert isinstance(value, Completion | ChatCompletion)
+        assert isinstance(value, Completion | ChatCompletion | Embedding)
         out.write(success_record(custom_id, value))
         summary.done += 1
         summary.prompt_tokens += value.usage.prompt_tokens

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from jobfiles import chat_line, completion_line, id_counts, llmbatch_run, write_jsonl
+from jobfiles import chat_line, completion_line, id_counts, llmbatch_run, read_output, write_jsonl
 
 from llmbatch._jobs import cli
 from llmbatch._jobs.output import OutputFile
@@ -151,3 +151,34 @@ def test_options_reach_the_server(sim: SimulatorProcess, tmp_path: Path) -> None
     assert code == 0
     assert len(id_counts(out)) == 30
     assert sim.peak_running(user="nightly-job") >= 1  # the tenant went as OpenAI's user
+
+
+def test_embeddings_lines_run_beside_completions(sim: SimulatorProcess, tmp_path: Path) -> None:
+    embeddings = [
+        {"custom_id": f"e{i}", "url": "/v1/embeddings", "body": {"input": f"text {i}"}}
+        for i in range(30)
+    ]
+    src = write_jsonl(tmp_path / "in.jsonl", [*lines(10), *embeddings])
+    out = tmp_path / "out.jsonl"
+    assert llmbatch_run(str(src), "-o", str(out), "--base-url", sim.base_url) == cli.EXIT_OK
+    records = {r["custom_id"]: r for r in read_output(out)}
+    assert len(records) == 40
+    body = records["e7"]["response"]["body"]
+    assert body["object"] == "list"
+    assert body["data"][0]["object"] == "embedding"
+    assert len(body["data"][0]["embedding"]) > 0
+    assert body["usage"]["prompt_tokens"] > 0
+
+
+def test_a_misspelt_field_is_refused_before_anything_is_sent(
+    sim: SimulatorProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = completion_line("bad", "x", max_tokns=16, model=MODEL)
+    src = write_jsonl(tmp_path / "requests.jsonl", [*lines(6), bad])
+    out = tmp_path / "out.jsonl"
+    assert llmbatch_run(str(src), "-o", str(out), "--base-url", sim.base_url) == cli.EXIT_REJECTED
+    err = capsys.readouterr().err
+    assert (
+        f"{src}:7: body.max_tokns is not a parameter of /v1/completions; did you mean max_tokens?"
+    ) in err
+    assert not out.exists() or out.read_text() == ""

@@ -113,6 +113,9 @@ def test_ctrl_c_reports_what_was_saved_and_what_remains(
     assert match["out"] == str(out)
     assert saved == int(match["this_run"].replace(",", "")) == len(id_counts(out))
     assert 100 <= saved < 1000, "interrupted too late to tell: make the job slower"
+    # The last progress line counts what was saved: requests cancelled in flight are
+    # neither done nor failed.
+    assert f": {saved:,}/1,000 done · 0 failed · 0 in flight · " in err[-2], err[-2:]
     assert int(match["remain"].replace(",", "")) == 1000 - saved
     # As it says: the same command resumes, and sends only what remained.
     code, err = finish(job(src, out, sim, "--max-in-flight", "32"))

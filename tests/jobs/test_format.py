@@ -60,12 +60,34 @@ def test_parses_a_chat_line_without_model_or_method() -> None:
     assert to_map_input(line) == {"messages": messages, "metadata": "c"}
 
 
+def test_a_server_specific_field_goes_in_extra_body() -> None:
+    body = {"prompt": "p", "extra_body": {"my_field": 1}}
+    line = parse_line(raw({**GOOD, "body": body}), 3)
+    assert line is not None
+    assert to_map_input(line) == {**body, "metadata": "x"}
+    with pytest.raises(MalformedLine, match=r"body.extra_body must be a dict, got int"):
+        parse_line(raw({**GOOD, "body": {"prompt": "p", "extra_body": 5}}), 3)
+
+
+def test_parses_an_embeddings_line() -> None:
+    line = parse_line(raw({**EMBED, "body": {"input": "t", "model": "e", "dimensions": 8}}), 2)
+    assert line is not None
+    assert (line.kind, line.model) == ("embedding", "e")
+    assert to_map_input(line) == {"input": "t", "dimensions": 8, "metadata": "x"}
+
+
 @pytest.mark.parametrize("blank", [b"\n", b"   \n", b""])
 def test_blank_lines_are_skipped(blank: bytes) -> None:
     assert parse_line(blank, 3) is None
 
 
 GOOD = {"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": {"prompt": "p"}}
+CHAT = {
+    "custom_id": "x",
+    "url": "/v1/chat/completions",
+    "body": {"messages": [{"role": "user", "content": "x"}]},
+}
+EMBED = {"custom_id": "x", "url": "/v1/embeddings", "body": {"input": "some text"}}
 
 
 @pytest.mark.parametrize(
@@ -77,16 +99,18 @@ GOOD = {"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": {"
         (raw({**GOOD, "custom_id": ""}), "custom_id must be a non-empty string"),
         (raw({**GOOD, "custom_id": 5}), "custom_id must be a non-empty string"),
         (raw({**GOOD, "method": "GET"}), "method must be POST"),
-        (raw({**GOOD, "url": "/v1/embeddings"}), "url must be one of"),
-        (raw({**GOOD, "body": "prompt"}), "body must be a JSON object"),
-        (raw({**GOOD, "body": {"prompt": ["a", "b"]}}), "body.prompt must be a non-empty"),
+        (raw({**GOOD, "url": "/v1/responses"}), "url must be one of"),
+        (raw({**GOOD, "body": "prompt"}), "body must be a JSON object, got a string"),
+        (raw({**GOOD, "body": {"prompt": ["a", "b"]}}), "body.prompt must be a str"),
+        (raw({**GOOD, "body": {"prompt": ""}}), "body.prompt must not be empty"),
+        (raw({**GOOD, "body": {"max_tokens": 3}}), r"body.prompt is missing \(a /v1/completions"),
         (raw({**GOOD, "body": {"prompt": "p", "model": 3}}), "body.model must be"),
-        (raw({**GOOD, "body": {"prompt": "p", "stream": True}}), "streaming"),
+        (raw({**GOOD, "body": {"prompt": "p", "stream": True}}), "body.stream must be false"),
         (raw({**GOOD, "body": {"prompt": "p", "priority": 1}}), "body.priority is not"),
         (raw({**GOOD, "body": {"prompt": "p", "metadata": {}}}), "body.metadata is not"),
         (
             raw({**GOOD, "url": "/v1/chat/completions", "body": {"messages": []}}),
-            "body.messages must be a non-empty list",
+            "body.messages must not be empty",
         ),
         (
             raw(
@@ -98,6 +122,54 @@ GOOD = {"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": {"
             ),
             "n > 1",
         ),
+        # What the client would refuse at run time is refused here, in the file's words.
+        (
+            raw({**GOOD, "body": {"prompt": "p", "max_tokns": 16}}),
+            "^line 42: body.max_tokns is not a parameter of /v1/completions; "
+            "did you mean max_tokens[?]$",
+        ),
+        (
+            raw({**CHAT, "body": {**CHAT["body"], "temprature": 0.5}}),
+            "body.temprature is not a parameter of /v1/chat/completions; did you mean temperature",
+        ),
+        (
+            raw({**GOOD, "body": {"prompt": "p", "max_tokens": -5}}),
+            "body.max_tokens must be a positive int, got -5$",
+        ),
+        (
+            raw({**GOOD, "body": {"prompt": "p", "temperature": 500}}),
+            "body.temperature must be a finite number",
+        ),
+        (raw({**GOOD, "body": {"prompt": "p", "stop": 3}}), "body.stop must be a str or a list"),
+        (
+            raw({**GOOD, "body": {"prompt": "p", "messages": []}}),
+            "body.messages is not a parameter of /v1/completions",
+        ),
+        (
+            raw({**GOOD, "body": {"prompt": "p", "input": "x"}}),
+            "body.input is not a parameter of /v1/completions",
+        ),
+        (
+            raw({**CHAT, "body": {"messages": [{"role": "wizard", "content": "x"}]}}),
+            r"body.messages\[0\] has unknown role 'wizard'",
+        ),
+        (
+            raw({**GOOD, "body": {"prompt": "p", "seed": float("nan")}}),
+            "body: parameters must be JSON-serialisable",
+        ),
+        (
+            raw({"custom_id": "x", "url": "/v1/completions", "bdy": {}}),
+            "unknown key 'bdy'; did you mean body[?]",
+        ),
+        (
+            raw({**EMBED, "body": {"input": ["a", "b"]}}),
+            "body.input must be one string, got a list of 2",
+        ),
+        (
+            raw({**EMBED, "body": {"input": "a", "temperature": 1}}),
+            "body.temperature is not a parameter of /v1/embeddings",
+        ),
+        (raw({**EMBED, "body": {"prompt": "a"}}), "body.input is missing"),
     ],
 )
 def test_malformed_lines_name_their_line_and_reason(line: bytes, reason: str) -> None:

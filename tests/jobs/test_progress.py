@@ -303,3 +303,40 @@ async def test_imap_turns_bad_items_into_results_in_place() -> None:
     assert [r.index for r in results] == [0, 1, 2, 3]
     assert [r.ok for r in results] == [True, False, False, True]
     assert isinstance(results[1].error, InvalidRequestError)
+
+
+class HoldOdd:
+    """Answers even prompts, holds odd ones until the test ends."""
+
+    def __init__(self) -> None:
+        self.fake = FakeServer()
+        self.release = anyio.Event()
+
+    async def __call__(self, request: HTTPRequest) -> MockResponse:
+        body = request.body or b""
+        if body and any(f'"p{i}"'.encode() in body for i in range(1, 40, 2)):
+            await self.release.wait()
+        return self.fake(request)
+
+
+@pytest.mark.parametrize("how", ["leave the loop", "cancel the task"])
+async def test_cancelled_items_are_neither_done_nor_failed(how: str) -> None:
+    """Leaving a map (or cancelling the task that reads it, as Ctrl-C does in
+    `llmbatch run`) cancels what is in flight: the last snapshot counts what was
+    answered, nothing failed, nothing in flight."""
+    holder, seen = HoldOdd(), []
+    with anyio.CancelScope() as scope:
+        async with client(holder, batching=ONE_PER_REQUEST, on_close="cancel") as c:
+            results = c.map_unordered([f"p{i}" for i in range(40)], progress=seen.append)
+            taken = 0
+            async for _ in results:
+                taken += 1
+                if taken == 20:
+                    if how == "leave the loop":
+                        break
+                    scope.cancel()
+            await results.aclose()
+    holder.release.set()
+    last = seen[-1]
+    assert last.finished
+    assert (last.done, last.failed, last.in_flight) == (20, 0, 0)

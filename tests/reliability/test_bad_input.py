@@ -1014,7 +1014,7 @@ SECTIONS: dict[str, list[Case]] = {
         jsonl(
             "jsonl-no-custom-id",
             "no `custom_id`",
-            line("b").replace('"custom_id": "b"', '"x": 1'),
+            line("b").replace('"custom_id": "b", ', ""),
             1,
             "in.jsonl:2: custom_id must be a non-empty string",
         ),
@@ -1028,38 +1028,55 @@ SECTIONS: dict[str, list[Case]] = {
         jsonl(
             "jsonl-unknown-url",
             "unknown `url`",
-            line(url="/v1/embeddings"),
+            line(url="/v1/responses"),
             1,
             "in.jsonl:2: url must be one of /v1/completions, /v1/chat/completions, "
-            "got '/v1/embeddings'",
+            "/v1/embeddings, got '/v1/responses'",
         ),
         jsonl(
             "jsonl-empty-prompt",
             "empty prompt",
             line(prompt=""),
             1,
-            "in.jsonl:2: body.prompt must be a non-empty string",
+            "in.jsonl:2: body.prompt must not be empty",
         ),
         jsonl(
             "jsonl-stream",
             "`stream: true`",
             line(stream=True),
             1,
-            "in.jsonl:2: streaming requests cannot run in a batch job",
+            "in.jsonl:2: body.stream must be false or left out: streaming requests cannot run "
+            "in a batch job",
         ),
         jsonl(
             "jsonl-nan-temperature",
             "NaN `temperature`",
             line(temperature=float("nan")),
             1,
-            "temperature must be a finite number between 0.0 and 100.0, got nan",
+            "in.jsonl:2: body.temperature must be a finite number between 0.0 and 100.0, got nan",
         ),
         jsonl(
             "jsonl-negative-max-tokens",
             "negative `max_tokens`",
             line(max_tokens=-5),
             1,
-            "max_tokens must be a positive int, got -5",
+            "in.jsonl:2: body.max_tokens must be a positive int, got -5",
+        ),
+        jsonl(
+            "jsonl-misspelt-field",
+            "a misspelt body field",
+            line(max_tokns=16),
+            1,
+            "in.jsonl:2: body.max_tokns is not a parameter of /v1/completions; "
+            "did you mean max_tokens?",
+        ),
+        jsonl(
+            "jsonl-misspelt-key",
+            "a misspelt line key",
+            line("b").replace('"body"', '"bdy"'),
+            1,
+            "in.jsonl:2: unknown key 'bdy'; did you mean body? "
+            "(a line has custom_id, method, url, body)",
         ),
         jsonl(
             "jsonl-duplicate-custom-id",
