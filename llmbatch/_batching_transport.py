@@ -24,6 +24,7 @@ from llmbatch._client import Client
 from llmbatch._config import parse_priority
 from llmbatch._exceptions import (
     APIStatusError,
+    ClientClosedError,
     ConnectError,
     InvalidRequestError,
     LLMBatchError,
@@ -36,6 +37,7 @@ from llmbatch._exceptions import (
 )
 from llmbatch._models import ChatCompletion, Completion, Embedding
 from llmbatch._params import ALLOWED
+from llmbatch._stats import Stats
 
 __all__ = ["PRIORITY_HEADER", "TENANT_HEADER", "BatchingTransport"]
 
@@ -83,39 +85,18 @@ class BatchingTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Batch a completions, chat or embeddings request through the client; send
         anything else through the pass-through transport unchanged."""
-        kind = _route(request)
+        kind = route(request)
         if kind is None:
             return await self._passthrough.handle_async_request(request)
         try:
             content = request.content  # a JSON body is already in memory
         except httpx.RequestNotRead:
             content = await request.aread()
-        body = json.loads(content or b"{}")
-        if not isinstance(body, dict) or body.get("stream") or not _batchable(kind, body):
-            # Streams and token-id prompts go as they are (not batched).
+        body = batchable_body(kind, content)
+        if body is None:
             return await self._passthrough.handle_async_request(request)
         client = await self._open(request, kind)
-        priority = request.headers.get(PRIORITY_HEADER, self._default_priority)
-        tenant = request.headers.get(TENANT_HEADER)
-        try:
-            payload = await _call(client, kind, body, priority, tenant)
-        except APIStatusError as exc:
-            return _error_response(request, exc.status_code, exc.body, str(exc.message))
-        except QueueFull as exc:
-            # A tenant at its TenantLimits with overflow="raise": openai's clients
-            # read 429 as "too many requests, later".
-            return _error_response(request, 429, None, str(exc))
-        except InvalidRequestError as exc:
-            return _error_response(request, 400, None, str(exc))
-        except (ConnectError, ServerOutageError) as exc:
-            raise httpx.ConnectError(str(exc), request=request) from exc
-        except TimeoutException as exc:
-            raise httpx.ReadTimeout(str(exc), request=request) from exc
-        except (RemoteProtocolError, RequestCancelled, RequestError) as exc:
-            raise httpx.RemoteProtocolError(str(exc), request=request) from exc
-        return httpx.Response(
-            200, headers=_JSON_HEADERS, content=json.dumps(payload).encode(), request=request
-        )
+        return await answer(client, request, kind, body, self._default_priority)
 
     async def aclose(self) -> None:
         """Close the llmbatch client if this transport made it, and the passthrough."""
@@ -123,6 +104,12 @@ class BatchingTransport(httpx.AsyncBaseTransport):
         if client is not None and self._owns_client:
             await client.__aexit__(None, None, None)
         await self._passthrough.aclose()
+
+    def stats(self) -> Stats:
+        """The llmbatch client's :meth:`Client.stats` (once a call has opened it)."""
+        if self._client is None:
+            raise ClientClosedError(NO_STATS_YET)
+        return self._client.stats()
 
     async def _open(self, request: httpx.Request, kind: str) -> Client:
         if self._client is not None:
@@ -136,18 +123,69 @@ class BatchingTransport(httpx.AsyncBaseTransport):
             self._opening = anyio.Lock()
         async with self._opening:  # the first requests arrive together: open once
             if self._client is None:
-                options = dict(self._options)
-                options.setdefault("base_url", _base_url(request, kind))
-                authorization = request.headers.get("authorization", "")
-                if authorization.lower().startswith("bearer ") and "api_key" not in options:
-                    options["api_key"] = authorization[7:].strip() or None
-                client = Client(**options)
+                client = Client(**client_options(self._options, request, kind))
                 await client.__aenter__()
                 self._client = client
         return self._client
 
 
-def _route(request: httpx.Request) -> str | None:
+#: What ``stats()`` says before the first batched call.
+NO_STATS_YET = (
+    "stats() is available once a completions, chat or embeddings call has opened llmbatch's client"
+)
+
+
+def batchable_body(kind: str, content: bytes) -> dict[str, Any] | None:
+    """The request's JSON body if llmbatch batches it; None for what goes as it is
+    (streams, token-id prompts)."""
+    body = json.loads(content or b"{}")
+    if not isinstance(body, dict) or body.get("stream") or not _batchable(kind, body):
+        return None
+    return body
+
+
+async def answer(
+    client: Client, request: httpx.Request, kind: str, body: dict[str, Any], priority: str
+) -> httpx.Response:
+    """One batched request's response, as the server would have sent it; llmbatch's
+    errors become the server's error responses or httpx's transport errors.
+    ``priority``: the tier of a request without the priority header."""
+    priority = request.headers.get(PRIORITY_HEADER, priority)
+    tenant = request.headers.get(TENANT_HEADER)
+    try:
+        payload = await _call(client, kind, body, priority, tenant)
+    except APIStatusError as exc:
+        return _error_response(request, exc.status_code, exc.body, str(exc.message))
+    except QueueFull as exc:
+        # A tenant at its TenantLimits with overflow="raise": openai's clients
+        # read 429 as "too many requests, later".
+        return _error_response(request, 429, None, str(exc))
+    except InvalidRequestError as exc:
+        return _error_response(request, 400, None, str(exc))
+    except (ConnectError, ServerOutageError) as exc:
+        raise httpx.ConnectError(str(exc), request=request) from exc
+    except TimeoutException as exc:
+        raise httpx.ReadTimeout(str(exc), request=request) from exc
+    except (RemoteProtocolError, RequestCancelled, RequestError) as exc:
+        raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+    return httpx.Response(
+        200, headers=_JSON_HEADERS, content=json.dumps(payload).encode(), request=request
+    )
+
+
+def client_options(options: Mapping[str, Any], request: httpx.Request, kind: str) -> dict[str, Any]:
+    """The client's keywords: ``options``, with the base URL and API key of the
+    first request where they are not given."""
+    made = dict(options)
+    made.setdefault("base_url", _base_url(request, kind))
+    authorization = request.headers.get("authorization", "")
+    if authorization.lower().startswith("bearer ") and "api_key" not in made:
+        made["api_key"] = authorization[7:].strip() or None
+    return made
+
+
+def route(request: httpx.Request) -> str | None:
+    """The kind of call a request is, if llmbatch batches its endpoint."""
     if request.method != "POST":
         return None
     path = request.url.path

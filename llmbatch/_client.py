@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any, Literal, overload
 
 import anyio
+from sniffio import current_async_library
 
 from llmbatch._arguments import checked_arguments
 from llmbatch._chunks import ChatCompletionChunk, CompletionChunk
@@ -52,7 +53,7 @@ from llmbatch._options import NOT_GIVEN, CallDefaults, NotGiven
 from llmbatch._progress import ProgressLike, make_tracker
 from llmbatch._replicas import Replica
 from llmbatch._request import CallSpec, Kind
-from llmbatch._runtime import Runtime
+from llmbatch._runtime import Runtime, State
 from llmbatch._stats import Stats
 from llmbatch._submit import Submitter
 from llmbatch._tracing import Tracer
@@ -69,11 +70,16 @@ class Client:
     """An async client that queues, batches, prioritises and retries LLM requests.
 
     Use it as an async context manager; it owns one task group for its background
-    work and refuses use outside ``async with``::
+    work, which ends with the ``async with``::
 
         async with llmbatch.Client(base_url="http://127.0.0.1:8000/v1") as client:
             answer = await client.complete("Hello", priority="realtime", max_tokens=64)
             print(answer.text)
+
+    On asyncio it may also be used as ``AsyncOpenAI`` is, without ``async with``: its
+    first call opens it, and ``await client.close()`` closes it (a client collected
+    while open warns with a ``ResourceWarning``). On trio, where nothing may outlive
+    the nursery that runs it, ``async with`` is required.
 
     ``base_url`` and ``api_key`` default to ``LLMBATCH_BASE_URL``/``LLMBATCH_API_KEY``,
     then ``OPENAI_BASE_URL``/``OPENAI_API_KEY``. ``model=None`` uses the server's
@@ -272,12 +278,27 @@ class Client:
         if not self._view:
             await self._runtime.close(failed=exc_type is not None)
 
+    async def close(self) -> None:
+        """Close a client used without ``async with`` (its first call opened it):
+        finish or cancel its work as ``on_close`` says and release its connections.
+        Closing twice, or closing a client never used, is harmless; a closed client
+        cannot be used again."""
+        if self._view:
+            raise ClientClosedError(
+                "a with_options() view shares its client's lifetime: close the client"
+            )
+        await self._runtime.close(failed=False)
+
+    async def aclose(self) -> None:
+        """The same as :meth:`close` (for ``contextlib.aclosing``)."""
+        await self.close()
+
     def _set_tracer(self, tracer: Tracer | None) -> None:
         """Record this client's requests and HTTP requests with ``tracer`` (None: stop);
         ``llmbatch.otel.instrument`` calls it, before or after the client opens."""
         self._runtime.set_tracer(tracer)
 
-    def _spec(
+    async def _spec(
         self,
         kind: Kind,
         method: str,
@@ -288,8 +309,11 @@ class Client:
         stream: bool = False,
     ) -> tuple[Submitter, CallSpec]:
         """Where a call goes in, and its checked options (the view's defaults filled
-        in where the call left them out)."""
-        submitter = self._runtime.submitter()
+        in where the call left them out). The first call opens an unopened client."""
+        runtime = self._runtime
+        if runtime.state is not State.OPEN:
+            await runtime.open_on_first_use()
+        submitter = runtime.submitter()
         defaults = self._defaults
         if defaults is not None:
             options = defaults.fill(options)
@@ -329,7 +353,7 @@ class Client:
         the call has no ``user`` of its own. None (the default) is one shared tenant.
         """
         # The options value is a temporary: a waiting call's frame does not keep it.
-        submitter, spec = self._spec(
+        submitter, spec = await self._spec(
             "completion",
             "complete",
             "normal",
@@ -375,7 +399,7 @@ class Client:
         request each.
         """
         # The options value is a temporary: a waiting call's frame does not keep it.
-        submitter, spec = self._spec(
+        submitter, spec = await self._spec(
             "chat",
             "chat",
             "normal",
@@ -456,7 +480,7 @@ class Client:
         ``user`` and vLLM's ``truncate_prompt_tokens``, ``normalize``.
         """
         # The options value is a temporary: a waiting call's frame does not keep it.
-        submitter, spec = self._spec(
+        submitter, spec = await self._spec(
             "embedding",
             "embed",
             "normal",
@@ -647,7 +671,7 @@ class Client:
         kind: Kind = "completion" if isinstance(prompt, str) else "chat"
         _check_stream_options(stream_options)
         method = "stream_chunks" if chunks else "stream"
-        submitter, spec = self._spec(kind, method, "realtime", options, params, stream=True)
+        submitter, spec = await self._spec(kind, method, "realtime", options, params, stream=True)
         request = submitter.request(spec, prompt)
         send, receive = anyio.create_memory_object_stream[Any](64)
         request.deltas = send
@@ -687,6 +711,7 @@ class Client:
         terminal); a callable receives a :class:`MapProgress` snapshot at most every
         0.2 s and once at the end.
         """
+        await self._open_on_first_use()
         runner, tier, size, tracker, params = self._map_call(
             inputs, priority, window, progress, params
         )
@@ -706,12 +731,31 @@ class Client:
         Memory stays bounded by ``window`` however long ``inputs`` is (a generator of
         millions of prompts is fine). Leaving the loop early cancels what is left once
         the generator is closed; ``async with contextlib.aclosing(...)`` closes it at
-        once. ``progress`` works as in :meth:`map`.
+        once. ``progress`` works as in :meth:`map`. Its options are checked at the
+        call, or, on a client that its first call will open, when iteration starts.
         """
+        if self._runtime.state is State.UNOPENED and current_async_library() == "asyncio":
+            return self._open_then_map_unordered(inputs, priority, window, progress, params)
         runner, tier, size, tracker, params = self._map_call(
             inputs, priority, window, progress, params
         )
         return runner.iterate(inputs, tier, size, params, ordered=False, tracker=tracker)
+
+    async def _open_then_map_unordered(
+        self,
+        inputs: Iterable[MapInput] | AsyncIterable[MapInput],
+        priority: PriorityLike | None,
+        window: int | None,
+        progress: ProgressLike,
+        params: dict[str, Any],
+    ) -> AsyncGenerator[tuple[int, Result[Any]], None]:
+        await self._open_on_first_use()
+        results = self.map_unordered(
+            inputs, priority=priority, window=window, progress=progress, **params
+        )
+        async with contextlib.aclosing(results):
+            async for item in results:
+                yield item
 
     async def imap(
         self,
@@ -730,6 +774,7 @@ class Client:
         :meth:`map_unordered` for throughput, ``imap`` when order matters and the
         input is too large for :meth:`map`'s list.
         """
+        await self._open_on_first_use()
         runner, tier, size, tracker, params = self._map_call(
             inputs, priority, window, progress, params
         )
@@ -737,6 +782,10 @@ class Client:
         async with contextlib.aclosing(results):
             async for _index, result in results:
                 yield result
+
+    async def _open_on_first_use(self) -> None:
+        if self._runtime.state is not State.OPEN:
+            await self._runtime.open_on_first_use()
 
     def _map_call(
         self,

@@ -2,15 +2,19 @@
 engine, the task group that runs them, and the way in from other threads.
 
 One per client, shared by its ``with_options`` views. ``open`` and ``close`` are the
-client's ``async with``; between them ``submitter()`` hands calls in.
+client's ``async with``; between them ``submitter()`` hands calls in. On asyncio a
+client may also be opened by its first call (``open_on_first_use``), as
+``AsyncOpenAI`` is, and closed by ``await client.close()``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import enum
 import threading
+import warnings
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
@@ -38,6 +42,8 @@ __all__ = ["Runtime", "State"]
 STATS_TIMEOUT = 5.0
 
 T = TypeVar("T")
+#: Closings of clients collected while open, kept until they finish.
+_ABANDONED: set[asyncio.Task[None]] = set()
 
 
 class State(enum.Enum):
@@ -64,13 +70,22 @@ class Runtime:
         self._recorder: StatsRecorder | None = None
         self._stack: AsyncExitStack | None = None
         self._host: asyncio.Task[None] | None = None
+        self._opening: asyncio.Task[None] | None = None
+        """The first call's opening, which later first calls wait for too."""
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._in_loop: _LoopCaller | None = None
         self._tracer: Tracer | None = None
         self._shared = SharedBudgets(config.rate_limit, config.shared_in_flight, config.tenants)
 
     # -- lifetime --------------------------------------------------------------------
 
-    async def open(self) -> None:
+    async def open(self, *, first_call: bool = False) -> None:
+        """Open (``async with``), or for a first call made without it (``first_call``)."""
+        if self.state is State.OPEN or (self._opening is not None and not first_call):
+            raise ClientClosedError(
+                "the client is open already (its first call opened it): use it without "
+                "'async with', and close it with 'await client.close()'"
+            )
         if self.state is not State.UNOPENED:
             raise ClientClosedError("a Client can be opened only once; make a new one")
         config = self._config
@@ -115,12 +130,56 @@ class Runtime:
             await stack.aclose()
             raise
         self._stack = stack
+        self._loop = loop
         self._in_loop = _loop_caller(loop)
         self.state = State.OPEN
+
+    async def open_on_first_use(self) -> None:
+        """Open for a call made without ``async with`` (asyncio only). The opening
+        runs in a task of its own, so a first caller that is cancelled does not
+        abandon it half-done for the calls waiting on it; the background work then
+        lives in the host task (``_start_host``) until ``close()``."""
+        if self.state is State.OPEN:
+            return
+        if self.state is not State.UNOPENED:
+            raise self.not_open()
+        if sniffio.current_async_library() != "asyncio":
+            raise self.not_open()
+        opening = self._opening
+        if opening is None:
+            opening = asyncio.get_running_loop().create_task(
+                self.open(first_call=True), name="llmbatch client open"
+            )
+            self._opening = opening
+            opening.add_done_callback(self._opened)
+        await asyncio.shield(opening)
+
+    def _opened(self, task: asyncio.Task[None]) -> None:
+        self._opening = None
+        if not task.cancelled():
+            # Retrieved here too, for when every caller waiting on it was cancelled.
+            # Not opened (the server could not be read, say): the next call tries again.
+            task.exception()
+
+    def not_open(self) -> ClientClosedError:
+        """The error for a call on a client that is not open, saying what to do."""
+        if self.state is State.UNOPENED:
+            return ClientClosedError(
+                "the client is unopened; on trio use it inside 'async with Client(...)' "
+                "(nothing may outlive the nursery that runs it; on asyncio its first "
+                "call opens it)"
+            )
+        return ClientClosedError(f"the client is {self.state.value}; make a new one")
 
     async def close(self, failed: bool) -> None:
         """Drain (unless ``failed`` or ``on_close="cancel"``), cancel the rest, and
         release everything; nobody is left waiting."""
+        if self._opening is not None:  # a first call is opening it: let it finish
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._opening)
+        if self.state is State.UNOPENED:
+            self.state = State.CLOSED  # never opened: nothing to release, nothing to use
+            return
         if self.state is not State.OPEN:
             return
         self.state = State.CLOSING
@@ -169,10 +228,30 @@ class Runtime:
     def submitter(self) -> Submitter:
         """The way calls go in; raises :class:`ClientClosedError` unless open."""
         if self.state is not State.OPEN or self._submitter is None:
-            raise ClientClosedError(
-                f"the client is {self.state.value}; use it inside 'async with Client(...)'"
-            )
+            raise self.not_open()
         return self._submitter
+
+    def __del__(self) -> None:
+        # Collected open: nobody can call it or close it any more. Say so, as an
+        # unclosed file does, and release what it holds on its loop.
+        if self.state is not State.OPEN:
+            return
+        warnings.warn(
+            "an llmbatch Client was garbage-collected while open: close it with "
+            "'await client.close()', or use 'async with Client(...)'",
+            ResourceWarning,
+            stacklevel=1,
+        )
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._close_abandoned, loop)
+
+    def _close_abandoned(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.state is State.OPEN:
+            closing = loop.create_task(self.close(failed=True))
+            _ABANDONED.add(closing)  # the loop keeps only a weak reference to a task
+            closing.add_done_callback(_ABANDONED.discard)
 
     @property
     def tenant_names(self) -> frozenset[str]:

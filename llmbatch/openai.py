@@ -1,9 +1,12 @@
-"""A one-line drop-in for openai-python: ``from llmbatch.openai import AsyncOpenAI``.
+"""A one-line drop-in for openai-python: ``from llmbatch.openai import AsyncOpenAI``
+(or ``OpenAI`` for sync code).
 
-It is openai's own ``AsyncOpenAI``, whose HTTP client sends completions, chat and
-embeddings calls through llmbatch (batching, tiers, fault isolation, retries, the
-closed-loop admission) and everything else to the server unchanged; calls return
-openai's own types. Needs the ``openai`` extra (``pip install 'llmbatch[openai]'``).
+It is openai's own ``AsyncOpenAI`` (``OpenAI``), whose HTTP client sends
+completions, chat and embeddings calls through llmbatch (batching, tiers, fault
+isolation, retries, the closed-loop admission) and everything else to the server
+unchanged; calls return openai's own types. ``client.stats()`` is the llmbatch
+client's :class:`llmbatch.Stats`. Needs the ``openai`` extra (``pip install
+'llmbatch[openai]'``).
 
     from llmbatch.openai import AsyncOpenAI
 
@@ -13,6 +16,7 @@ openai's own types. Needs the ``openai`` extra (``pip install 'llmbatch[openai]'
     )
     # Every call of one agent as its tenant (fair shares, TenantLimits):
     agent = AsyncOpenAI(..., default_headers={"x-llmbatch-tenant": "agent-7"})
+    print(client.stats().batches_sent)
     await client.close()
 
 See docs/openai.md ("Coming from openai-python").
@@ -33,8 +37,16 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 import httpx
 
 from llmbatch._batching_transport import PRIORITY_HEADER, TENANT_HEADER, BatchingTransport
+from llmbatch._exceptions import ClientClosedError
+from llmbatch._stats import Stats
+from llmbatch._sync_batching_transport import SyncBatchingTransport
 
-__all__ = ["PRIORITY_HEADER", "TENANT_HEADER", "AsyncOpenAI"]
+__all__ = ["PRIORITY_HEADER", "TENANT_HEADER", "AsyncOpenAI", "OpenAI"]
+
+_OWN_HTTP_CLIENT = (
+    "stats() needs llmbatch's transport: this client was given its own http_client, "
+    "so its calls do not go through llmbatch"
+)
 
 
 class AsyncOpenAI(openai.AsyncOpenAI):
@@ -65,4 +77,50 @@ class AsyncOpenAI(openai.AsyncOpenAI):
             )
             # llmbatch bounds each request itself (Client timeouts and deadlines).
             http_client = httpx.AsyncClient(transport=transport, timeout=None)
+        else:
+            transport = None
+        self._llmbatch = transport
         super().__init__(max_retries=max_retries, http_client=http_client, **kwargs)
+
+    def stats(self) -> Stats:
+        """The llmbatch client's :class:`llmbatch.Stats`: queues, batches, latencies,
+        what the controller believes of the server. Available once a completions,
+        chat or embeddings call has opened it (else :class:`ClientClosedError`)."""
+        if self._llmbatch is None:
+            raise ClientClosedError(_OWN_HTTP_CLIENT)
+        return self._llmbatch.stats()
+
+
+class OpenAI(openai.OpenAI):
+    """openai's sync ``OpenAI``, batching through llmbatch: calls made from any number
+    of threads are batched together by one :class:`llmbatch.SyncClient`, which runs
+    its event loop in a thread of its own.
+
+    Arguments as for :class:`AsyncOpenAI` (``default_priority``,
+    ``llmbatch_options`` for the :class:`llmbatch.SyncClient` it makes,
+    ``max_retries=0``); ``client.close()`` (or ``with OpenAI(...)``) closes it.
+    """
+
+    def __init__(
+        self,
+        *,
+        default_priority: str = "normal",
+        llmbatch_options: Mapping[str, Any] | None = None,
+        max_retries: int = 0,
+        http_client: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        transport: SyncBatchingTransport | None = None
+        if http_client is None:
+            transport = SyncBatchingTransport(
+                default_priority=default_priority, **dict(llmbatch_options or {})
+            )
+            http_client = httpx.Client(transport=transport, timeout=None)
+        self._llmbatch = transport
+        super().__init__(max_retries=max_retries, http_client=http_client, **kwargs)
+
+    def stats(self) -> Stats:
+        """The llmbatch client's :class:`llmbatch.Stats` (see :meth:`AsyncOpenAI.stats`)."""
+        if self._llmbatch is None:
+            raise ClientClosedError(_OWN_HTTP_CLIENT)
+        return self._llmbatch.stats()

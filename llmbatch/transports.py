@@ -8,9 +8,9 @@ tests can run llmbatch without a server::
 
     async with llmbatch.Client(transport=MockTransport(handler), model="m") as client: ...
 
-``BatchingTransport`` goes the other way: an httpx transport that sends any
-httpx-based program's OpenAI calls through an llmbatch client (see
-``llmbatch.openai`` and docs/openai.md).
+``BatchingTransport`` (and ``SyncBatchingTransport`` for sync code) goes the other
+way: an httpx transport that sends any httpx-based program's OpenAI calls through an
+llmbatch client (see ``llmbatch.openai`` and docs/openai.md).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -19,6 +19,7 @@ from llmbatch._transports import HTTPRequest, HTTPResponse, MockResponse, MockTr
 
 if TYPE_CHECKING:
     from llmbatch._batching_transport import PRIORITY_HEADER, TENANT_HEADER, BatchingTransport
+    from llmbatch._sync_batching_transport import SyncBatchingTransport
 
 __all__ = [
     "PRIORITY_HEADER",
@@ -28,6 +29,7 @@ __all__ = [
     "HTTPResponse",
     "MockResponse",
     "MockTransport",
+    "SyncBatchingTransport",
     "Transport",
 ]
 
@@ -38,4 +40,8 @@ def __getattr__(name: str) -> Any:
         from llmbatch import _batching_transport
 
         return getattr(_batching_transport, name)
+    if name == "SyncBatchingTransport":
+        from llmbatch import _sync_batching_transport
+
+        return _sync_batching_transport.SyncBatchingTransport
     raise AttributeError(f"module 'llmbatch.transports' has no attribute {name!r}")

@@ -309,10 +309,9 @@ async def test_map_reports_a_failing_input_iterator_after_finishing_the_rest() -
     assert sorted(seen) == [(0, True), (1, True)]
 
 
-async def test_use_outside_async_with_is_a_clear_error() -> None:
+async def test_use_after_async_with_is_a_clear_error() -> None:
+    # Use before it (opening on first use, trio's refusal): tests/client/test_lifetime.py.
     c = client(FakeServer())
-    with pytest.raises(ClientClosedError):
-        await c.complete("x")
     async with c:
         pass
     with pytest.raises(ClientClosedError):

@@ -4,6 +4,7 @@ openai's own types; everything else passes through."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 from collections.abc import Iterator
 
@@ -12,7 +13,8 @@ import httpx
 import openai
 import pytest
 
-from llmbatch.openai import AsyncOpenAI
+import llmbatch
+from llmbatch.openai import AsyncOpenAI, OpenAI
 from llmbatch.transports import BatchingTransport
 from llmbatch_server.testing import SimulatorProcess, run_simulator
 
@@ -217,3 +219,49 @@ def test_the_extra_is_named_when_openai_is_missing() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "pip install 'llmbatch[openai]'" in out.stdout
     assert json.loads("1") == 1
+
+
+async def test_stats_are_the_llmbatch_clients(sim: SimulatorProcess) -> None:
+    client = AsyncOpenAI(base_url=sim.base_url, api_key="unused")
+    try:
+        with pytest.raises(llmbatch.ClientClosedError, match="once a completions, chat"):
+            client.stats()
+        await client.completions.create(model=MODEL, prompt="hello", max_tokens=2)
+        stats = client.stats()
+        assert isinstance(stats, llmbatch.Stats)
+        assert stats.tiers[llmbatch.Priority.NORMAL].done == 1
+    finally:
+        await client.close()
+    own = AsyncOpenAI(base_url=sim.base_url, api_key="unused", http_client=httpx.AsyncClient())
+    with pytest.raises(llmbatch.ClientClosedError, match="its own http_client"):
+        own.stats()
+    await own.close()
+
+
+def test_the_sync_drop_in_batches_calls_from_many_threads(sim: SimulatorProcess) -> None:
+    client = OpenAI(base_url=sim.base_url, api_key="unused")
+    with client:
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(
+                pool.map(
+                    lambda i: client.completions.create(
+                        model=MODEL, prompt=f"prompt {i}", max_tokens=2
+                    ),
+                    range(64),
+                )
+            )
+        chat = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        embeddings = client.embeddings.create(model=MODEL, input=["a", "b"])
+        listed = [m.id for m in client.models.list()]  # passed through
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model=MODEL, prompt="word " * 2000, max_tokens=2)
+        stats = client.stats()
+    assert all(isinstance(a, openai.types.Completion) and a.choices[0].text for a in answers)
+    assert isinstance(chat, openai.types.chat.ChatCompletion)
+    assert len(embeddings.data) == 2
+    assert listed == [MODEL]
+    normal = stats.tiers[llmbatch.Priority.NORMAL]
+    assert normal.done == 64 + 1 + 2
+    assert stats.batches_sent < 64  # the threads' calls shared HTTP requests

@@ -427,9 +427,6 @@ async def test_options_defaults_and_tier_are_those_of_stream() -> None:
 @pytest.mark.anyio
 async def test_a_closed_client_and_bad_input_fail_when_iteration_starts() -> None:
     c = client(FakeServer())
-    unopened = c.stream_chunks("x")  # nothing runs until iterated
-    with pytest.raises(llmbatch.ClientClosedError):
-        await unopened.__anext__()
     async with c:
         with pytest.raises(llmbatch.InvalidRequestError):
             async for _ in c.stream_chunks(""):
@@ -441,3 +438,6 @@ async def test_a_closed_client_and_bad_input_fail_when_iteration_starts() -> Non
             chunk async for chunk in c.stream_chunks("x", stream_options={"include_usage": False})
         ]
     assert chunks[-1].usage is not None  # usage is always asked for
+    closed = c.stream_chunks("x")  # nothing runs until iterated
+    with pytest.raises(llmbatch.ClientClosedError):
+        await closed.__anext__()
