@@ -103,7 +103,8 @@ def test_with_options_view_shares_the_loop(sim: SimulatorProcess) -> None:
 SAME_SIGNATURE = sorted(
     name
     for name, member in vars(llmbatch.Client).items()
-    if callable(member) and (name == "__init__" or not name.startswith("_"))
+    if callable(member)
+    and (name == "__init__" or not name.startswith("_"))
     # aclose: close()'s twin for contextlib.aclosing, which a sync client has no use for.
     and name != "aclose"
 )
