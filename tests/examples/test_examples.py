@@ -45,6 +45,15 @@ def test_demo_starts_its_own_simulator() -> None:
     out = _run("demo.py", "--bulk", "300")
     assert "bulk: 300/300 ok" in out
     assert "realtime during bulk" in out
+    # It says why realtime is slower beside bulk, and how to change that.
+    assert "--slo 8 sets Client(slo=SLO(tpot=0.008))" in out
+
+
+def test_demo_with_an_slo(sim: SimulatorProcess) -> None:
+    out = _run("demo.py", "--url", sim.base_url, "--bulk", "300", "--slo", "8")
+    assert "bulk: 300/300 ok" in out
+    assert "Client(slo=SLO(tpot=0.008)): the client keeps less bulk in flight to hold it" in out
+    assert "SLO met" in out  # the stats table shows the target's score
 
 
 def test_asyncio_dropin(sim: SimulatorProcess) -> None:
