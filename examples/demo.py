@@ -59,7 +59,7 @@ async def main(base_url: str, bulk: int, slo_ms: float | None) -> None:
                 "which keeps less bulk in flight to hold realtime near 8 ms a token)"
             )
         else:
-            target = f"Client(slo=SLO(tpot={slo_ms / 1000:g}))"
+            target = f"Client(slo=SLO(tpot={slo.tpot:g}))"
             print(f"  ({target}: the client keeps less bulk in flight to hold it)")
         stats = client.stats()
         print(f"HTTP batches: {stats.batches_sent} sent, mean size {stats.mean_batch_size:.1f}")
