@@ -117,7 +117,10 @@ def run_bench(
         "notes": notes,
         "runs": [r.to_json() for r in runs],
         "summaries": [s.to_json() for s in summarize(runs)],
-        "targets": [t.to_json() for t in (*evaluate(runs), *closed_targets, *fleet_targets)],
+        "targets": [
+            t.to_json()
+            for t in (*evaluate(runs, config.scenarios), *closed_targets, *fleet_targets)
+        ],
     }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -117,17 +117,24 @@ def capacity(runs: Sequence[RunMetrics]) -> RunMetrics | None:
     return max(sweep, key=lambda r: r.prompts_per_s, default=None)
 
 
-def evaluate(runs: Sequence[RunMetrics]) -> list[Target]:
-    """Judge every target from ``runs`` (all of one bench run)."""
+def evaluate(runs: Sequence[RunMetrics], scenarios: Collection[str] | None = None) -> list[Target]:
+    """Judge the targets from ``runs`` (all of one bench run): those a scenario of
+    ``scenarios`` measures (None: every target, measured or not)."""
     summaries = summarize(runs)
+    groups: list[tuple[tuple[str, ...], Callable[[], list[Target]]]] = [
+        (("bulk", "sweep"), lambda: [_bulk(runs)]),
+        (("mixed",), lambda: [_realtime(runs)]),
+        (("overhead",), lambda: _overhead(summaries)),
+        (("burst",), lambda: _burst(summaries)),
+        (("single",), lambda: _single(summaries)),
+        (("chat",), lambda: [_chat(summaries)]),
+        (("dropin",), lambda: _dropin(summaries)),
+    ]
     return [
-        _bulk(runs),
-        _realtime(runs),
-        *_overhead(summaries),
-        *_burst(summaries),
-        *_single(summaries),
-        _chat(summaries),
-        *_dropin(summaries),
+        target
+        for measured_by, judged in groups
+        if scenarios is None or not set(measured_by).isdisjoint(scenarios)
+        for target in judged()
     ]
 
 

@@ -316,3 +316,17 @@ def test_json_is_standard_and_plots_are_written(tmp_path: Path) -> None:
         "bench-throughput.png",
     ]
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
+
+
+def test_a_run_lists_only_the_targets_its_scenarios_measure() -> None:
+    runs = full_set()
+    every = {t.id for t in evaluate(runs)}
+    single = {t.id for t in evaluate(runs, ["single"])}
+    assert single == {t.id for t in evaluate(runs) if t.id.startswith("single_")}
+    assert single < every
+    assert evaluate(runs, ["embed"]) == []  # measures no target of its own
+    # A target two scenarios measure is listed when either ran (unmeasured, it says
+    # what it needs).
+    bulk = {t.id: t for t in evaluate([], ["bulk"])}
+    assert set(bulk) == {"bulk_throughput"}
+    assert bulk["bulk_throughput"].met is None

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from llmbatch_server.fit.cli import describe, describe_limits
 from llmbatch_server.fit.model import (
+    BurstPoint,
     DecodePoint,
     Fit,
     FittedLimits,
@@ -18,14 +20,18 @@ from llmbatch_server.fit.model import (
     line,
     load_fit,
 )
+from llmbatch_server.sim.options import describe_fitted
 
 
 def _points(
-    base: float, per_seq: float, per_token: float, per_request: float
+    base: float, per_seq: float, per_token: float, per_request: float, per_prompt: float = 0.0
 ) -> tuple[list[DecodePoint], list[PrefillPoint]]:
+    """What the simulator's model gives: a one-prompt request costs the API server
+    ``per_request + per_prompt``, then one step."""
     decode = [DecodePoint(k, base + per_seq * k) for k in (1, 2, 4, 8, 16, 32, 64)]
     prefill = [
-        PrefillPoint(t, per_request + base + per_seq + per_token * t) for t in (16, 256, 1024)
+        PrefillPoint(t, per_request + per_prompt + base + per_seq + per_token * t)
+        for t in (16, 256, 1024)
     ]
     return decode, prefill
 
@@ -49,7 +55,7 @@ def test_exact_points_give_back_the_model_they_came_from(
 
 
 def test_a_batch_request_gives_the_api_servers_cost_per_prompt() -> None:
-    decode, prefill = _points(0.02, 0.001, 0.0002, 0.002)
+    decode, prefill = _points(0.02, 0.001, 0.0002, 0.002, per_prompt=0.0001)
     # 16 prompts of 20 tokens in one request: the request's cost, one step of 16
     # sequences prefilling 320 tokens, and 100 µs per prompt.
     latency = 0.002 + (0.02 + 0.001 * 16 + 0.0002 * 320) + 16 * 0.0001
@@ -57,6 +63,35 @@ def test_a_batch_request_gives_the_api_servers_cost_per_prompt() -> None:
         decode, prefill, batch_prompts=16, batch_latency_s=latency, batch_prompt_tokens=320
     )
     assert step.per_prompt == pytest.approx(0.0001)
+    assert step.per_request == pytest.approx(0.002)
+
+
+@given(
+    per_request=st.floats(1e-4, 0.01),
+    per_prompt=st.floats(0, 2e-3),
+    overhead=st.floats(0, 5e-3),
+)
+def test_a_burst_gives_the_api_servers_cost_free_of_a_requests_fixed_latency(
+    per_request: float, per_prompt: float, overhead: float
+) -> None:
+    """Every request also carries a fixed latency (the client's, the network's) that
+    is not the API server's: the burst's slope leaves it out, the intercept cannot."""
+    base, per_seq, per_token = 0.005, 0.0002, 0.0001
+    decode, prefill = _points(base, per_seq, per_token, per_request + overhead, per_prompt)
+    latency = overhead + per_request + 16 * per_prompt + base + per_seq * 16 + per_token * 320
+    burst = [
+        BurstPoint(n, overhead + n * (per_request + per_prompt) + base + per_seq) for n in (8, 40)
+    ]
+    step, _ = fit_step(
+        decode,
+        prefill,
+        batch_prompts=16,
+        batch_latency_s=latency,
+        batch_prompt_tokens=320,
+        burst=burst,
+    )
+    assert step.per_prompt == pytest.approx(per_prompt, rel=1e-6, abs=1e-9)
+    assert step.per_request == pytest.approx(per_request, rel=1e-6, abs=1e-9)
 
 
 def test_noise_never_gives_a_negative_cost() -> None:
@@ -87,6 +122,7 @@ def _fit() -> Fit:
         idle_tpot_s=0.021,
         decode=tuple(decode),
         prefill=tuple(prefill),
+        burst=(BurstPoint(8, 0.05), BurstPoint(40, 0.2)),
         worst_residual=worst,
     )
 
@@ -121,3 +157,25 @@ def test_a_bad_file_is_refused_saying_why(
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ValueError, match="not JSON"):
         load_fit(tmp_path / "bad.json")
+
+
+def test_the_summary_says_the_limits_in_words() -> None:
+    text = describe(_fit())
+    assert "FittedLimits(" not in text
+    assert text.splitlines()[-1] == (
+        "limits: runs at most 16 sequences at once; context 1,024 tokens "
+        "(no KV-cache size (no vLLM cache_config_info in /metrics))"
+    )
+    assert "bursts of requests: 8: 50.0 ms, 40: 200.0 ms" in text
+    assert describe_limits(FittedLimits()) == (
+        "limits: none shown (no sequence limit up to the largest probe; no KV-cache size "
+        "(no vLLM cache_config_info in /metrics))"
+    )
+
+
+def test_the_simulators_start_line_names_the_fit() -> None:
+    fit = _fit()
+    assert describe_fitted("vllm-fit.json", fit) == (
+        "fitted to vllm-fit.json (model 'm'): step 20.00 ms + 1000 µs a running sequence, "
+        "API server 2.00 ms a request"
+    )

@@ -110,3 +110,38 @@ def test_sim_refuses_a_bad_fit_file(tmp_path: pathlib.Path) -> None:
     )
     assert done.returncode == 2
     assert "format 9, expected 1" in done.stderr
+
+
+def test_fit_recovers_the_api_servers_costs_within_twenty_percent(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A simulator serving a known fit, fitted again: the API server's costs come back
+    (its own Python work per request adds a little on top of the modelled cost)."""
+    known = tmp_path / "known.json"
+    truth = {"per_request": 0.006, "per_prompt": 0.001}
+    raw = {
+        "format": 1,
+        "model": "m",
+        "step": {"base": 0.002, "per_sequence": 0.0001, "per_prefill_token": 0.00005, **truth},
+        "limits": {"max_model_len": 2048},
+        "idle_ttft_s": 0.01,
+        "idle_tpot_s": 0.002,
+    }
+    known.write_text(json.dumps(raw))
+    out = tmp_path / "fit.json"
+    with run_simulator("--fitted", str(known)) as sim:
+        done = subprocess.run(
+            [sys.executable, "-m", "llmbatch_server", "fit", "--url", sim.base_url, "-o",
+             str(out), "--sequences", "1,4,16", "--tokens", "16", "--repeat", "2",
+             "--prompt-lengths", "16,256"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        start_line = sim.log_tail().splitlines()[0]
+    assert done.returncode == 0, done.stderr
+    fit = load_fit(out)
+    assert fit.step.per_request == pytest.approx(truth["per_request"], rel=0.20)
+    assert fit.step.per_prompt == pytest.approx(truth["per_prompt"], rel=0.20)
+    assert [p.requests for p in fit.burst] == [8, 40]
+    # The simulator said what it serves; the fit said its limits in words.
+    assert f"fitted to {known} (model 'm')" in start_line
+    assert "limits: context 2,048 tokens" in done.stdout

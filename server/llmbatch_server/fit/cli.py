@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from llmbatch_server.fit.measure import Probe, measure
-from llmbatch_server.fit.model import Fit, fit_step
+from llmbatch_server.fit.model import Fit, FittedLimits, fit_step
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -105,6 +105,7 @@ def fit_server(
         batch_prompts=measured.batch_prompts,
         batch_latency_s=measured.batch_latency_s,
         batch_prompt_tokens=measured.batch_prompt_tokens,
+        burst=measured.burst,
     )
     return Fit(
         model=name,
@@ -114,6 +115,7 @@ def fit_server(
         idle_tpot_s=measured.decode[0].tpot_s,
         decode=measured.decode,
         prefill=measured.prefill,
+        burst=measured.burst,
         worst_residual=worst,
         url=url,
         measured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -134,6 +136,32 @@ def describe(fit: Fit) -> str:
         + ", ".join(f"{p.sequences}: {p.tpot_s * 1e3:.2f} ms" for p in fit.decode),
         "prefill points: "
         + ", ".join(f"{p.prompt_tokens} tok: {p.latency_s * 1e3:.1f} ms" for p in fit.prefill),
-        f"limits: {fit.limits}",
     ]
+    if fit.burst:
+        lines.append(
+            "bursts of requests: "
+            + ", ".join(f"{p.requests}: {p.seconds * 1e3:.1f} ms" for p in fit.burst)
+        )
+    lines.append(describe_limits(fit.limits))
     return "\n".join(lines)
+
+
+def describe_limits(limits: FittedLimits) -> str:
+    """The limits seen, in words; what the server did not show is named as such."""
+    seen = []
+    if limits.max_num_seqs is not None:
+        seen.append(f"runs at most {limits.max_num_seqs} sequences at once")
+    if limits.max_model_len is not None:
+        seen.append(f"context {limits.max_model_len:,} tokens")
+    if limits.kv_cache_tokens is not None:
+        blocks = f" in blocks of {limits.block_size}" if limits.block_size else ""
+        seen.append(f"KV cache {limits.kv_cache_tokens:,} tokens{blocks}")
+    unseen = []
+    if limits.max_num_seqs is None:
+        unseen.append("no sequence limit up to the largest probe")
+    if limits.kv_cache_tokens is None:
+        unseen.append("no KV-cache size (no vLLM cache_config_info in /metrics)")
+    text = "limits: " + ("; ".join(seen) if seen else "none shown")
+    if unseen:
+        text += " (" + "; ".join(unseen) + ")"
+    return text

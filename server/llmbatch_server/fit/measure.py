@@ -13,6 +13,9 @@ Three probes, each on an otherwise idle server:
   slope of latency against prompt tokens is the prefill cost per token.
 - **batch**: one HTTP request of several short prompts, for the API server's
   cost per prompt.
+- **burst**: one-prompt requests sent at once, a few and then many: the API server
+  answers them one after another, so the time they take grows by its cost per
+  request.
 
 Prompts start with a random word so no prefix cache serves them.
 """
@@ -31,7 +34,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from llmbatch_server.fit.model import DecodePoint, FittedLimits, PrefillPoint
+from llmbatch_server.fit.model import BurstPoint, DecodePoint, FittedLimits, PrefillPoint
 
 _TEXT = (
     "the quick brown fox jumps over a lazy dog while servers batch prompts and tokens "
@@ -49,6 +52,8 @@ class Probe:
     prompt_lengths: tuple[int, ...] = (16, 256, 1024)
     repeat: int = 3
     batch_prompts: int = 16
+    #: One-prompt requests sent at once, one probe each (at least two sizes).
+    burst: tuple[int, ...] = (8, 40)
     timeout: float = 300.0
 
 
@@ -61,6 +66,7 @@ class Measured:
     batch_prompts: int
     batch_latency_s: float
     batch_prompt_tokens: int
+    burst: tuple[BurstPoint, ...] = ()
 
 
 class Prober:
@@ -70,7 +76,9 @@ class Prober:
         self._http = http
         self._model = model
         self._probe = probe
-        self._rng = random.Random(0)
+        # Unseeded: a second fit of the same server must not meet the first one's prompts
+        # in its prefix cache.
+        self._rng = random.Random()
         self._tokens_per_word = 1.0
 
     def prompt(self, words: int) -> str:
@@ -149,6 +157,17 @@ class Prober:
             latencies.append(time.perf_counter() - started)
             counts.append(answer["usage"]["prompt_tokens"])
         return PrefillPoint(int(statistics.median(counts)), statistics.median(latencies))
+
+    async def burst_point(self, requests: int) -> BurstPoint:
+        """Seconds until the last of ``requests`` one-prompt requests sent at once is
+        answered (median of ``repeat``)."""
+        runs = []
+        for _ in range(self._probe.repeat):
+            prompts = [self.prompt(8) for _ in range(requests)]
+            started = time.perf_counter()
+            await asyncio.gather(*(self.complete(p, 1) for p in prompts))
+            runs.append(time.perf_counter() - started)
+        return BurstPoint(requests, statistics.median(runs))
 
     async def batch_point(self) -> tuple[float, int]:
         prompts = [self.prompt(8) for _ in range(self._probe.batch_prompts)]
@@ -252,7 +271,7 @@ async def measure(
     """Run every probe against ``base_url`` (…/v1); (the model, what was measured)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     parts = urlsplit(base_url)
-    limits = httpx.Limits(max_connections=max(probe.sequences) + 8)
+    limits = httpx.Limits(max_connections=max(*probe.sequences, *probe.burst) + 8)
     async with httpx.AsyncClient(
         base_url=base_url.rstrip("/"), headers=headers, timeout=probe.timeout, limits=limits
     ) as http:
@@ -265,6 +284,7 @@ async def measure(
         aims = [t for t in probe.prompt_lengths if max_model_len is None or t < max_model_len // 2]
         prefill = [await prober.prefill_point(t) for t in aims or probe.prompt_lengths[:1]]
         batch_latency, batch_tokens = await prober.batch_point()
+        burst = [await prober.burst_point(n) for n in sorted(set(probe.burst))]
         cache = await gauges.read() or {}
     blocks = cache.get("cache_config_info.num_gpu_blocks")
     block_size = cache.get("cache_config_info.block_size")
@@ -282,6 +302,7 @@ async def measure(
         batch_prompts=probe.batch_prompts,
         batch_latency_s=batch_latency,
         batch_prompt_tokens=batch_tokens,
+        burst=tuple(burst),
     )
 
 

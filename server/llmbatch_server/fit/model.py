@@ -39,6 +39,15 @@ class PrefillPoint:
 
 
 @dataclass(frozen=True, slots=True)
+class BurstPoint:
+    """Seconds from sending ``requests`` one-prompt requests at once (one output
+    token each) to the last answer: the API server works through them one by one."""
+
+    requests: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class FittedStep:
     """The simulator's step model, in seconds (the field names of ``StepModel``)."""
 
@@ -70,6 +79,7 @@ class Fit:
     idle_tpot_s: float
     decode: tuple[DecodePoint, ...] = ()
     prefill: tuple[PrefillPoint, ...] = ()
+    burst: tuple[BurstPoint, ...] = ()
     #: The largest relative gap between a measured point and the fitted line.
     worst_residual: float = 0.0
     url: str = ""
@@ -107,6 +117,7 @@ def load_fit(path: str | pathlib.Path) -> Fit:
             idle_tpot_s=float(raw["idle_tpot_s"]),
             decode=tuple(DecodePoint(**p) for p in raw.get("decode", ())),
             prefill=tuple(PrefillPoint(**p) for p in raw.get("prefill", ())),
+            burst=tuple(BurstPoint(**p) for p in raw.get("burst", ())),
             worst_residual=float(raw.get("worst_residual", 0.0)),
             url=str(raw.get("url", "")),
             measured_at=str(raw.get("measured_at", "")),
@@ -140,16 +151,22 @@ def fit_step(
     batch_prompts: int = 0,
     batch_latency_s: float = 0.0,
     batch_prompt_tokens: int = 0,
+    burst: Sequence[BurstPoint] = (),
 ) -> tuple[FittedStep, float]:
     """The step model the points imply, and the worst relative residual.
 
     Decode: TPOT against running sequences is the line ``base + per_sequence * k``.
     Prefill: one prompt answered with one token takes the API server's
-    ``per_request``, then one step of one sequence with all its prompt tokens:
-    latency = ``per_request + base + per_sequence + per_prefill_token * tokens``,
-    so the slope is ``per_prefill_token`` and what the decode line does not explain
-    of the intercept is ``per_request``. A batch of ``batch_prompts`` short prompts
-    in one HTTP request, if measured, gives ``per_prompt`` the same way.
+    ``per_request + per_prompt``, then one step of one sequence with all its prompt
+    tokens, so the slope is ``per_prefill_token``. A batch of ``batch_prompts``
+    short prompts in one HTTP request takes ``batch_prompts - 1`` more prompts'
+    API-server work than one such prompt alone, plus its larger step: that gives
+    ``per_prompt``. A burst of one-prompt requests sent at once is served one after
+    another by the API server, so the slope of its time against the number of
+    requests is ``per_request + per_prompt``: free of the fixed latency of one
+    request (the client's and the network's), which the prefill line's intercept
+    carries and would count as the API server's. Without a burst, what the decode
+    line does not explain of that intercept is ``per_request``.
     """
     if not decode or not prefill:
         raise ValueError("a fit needs decode and prefill points")
@@ -159,11 +176,19 @@ def fit_step(
     base = max(base, 0.0)
     intercept, per_token = line([p.prompt_tokens for p in prefill], [p.latency_s for p in prefill])
     per_token = max(per_token, 0.0)
-    per_request = max(intercept - base - per_sequence, 0.0)
     per_prompt = 0.0
     if batch_prompts > 1:
-        step = base + per_sequence * batch_prompts + per_token * batch_prompt_tokens
-        per_prompt = max((batch_latency_s - per_request - step) / batch_prompts, 0.0)
+        alone_tokens = batch_prompt_tokens / batch_prompts
+        alone = intercept + per_token * alone_tokens  # one such prompt in its own request
+        more_step = per_sequence * (batch_prompts - 1) + per_token * (
+            batch_prompt_tokens - alone_tokens
+        )
+        per_prompt = max((batch_latency_s - alone - more_step) / (batch_prompts - 1), 0.0)
+    if len({p.requests for p in burst}) > 1:
+        _, per_burst_request = line([p.requests for p in burst], [p.seconds for p in burst])
+        per_request = max(per_burst_request - per_prompt, 0.0)
+    else:
+        per_request = max(intercept - base - per_sequence - per_prompt, 0.0)
     residuals = [abs(p.tpot_s - (base + per_sequence * p.sequences)) / p.tpot_s for p in decode] + [
         abs(p.latency_s - (intercept + per_token * p.prompt_tokens)) / p.latency_s for p in prefill
     ]

@@ -166,6 +166,8 @@ class SimConfig:
     tokenizer: str | None = None
     #: An outage to start by itself (``--outage-*`` flags).
     outage: OutagePlan = field(default_factory=OutagePlan)
+    #: What ``--fitted`` loaded, in words, for the start-up line (None: the defaults).
+    fitted: str | None = None
 
     def __post_init__(self) -> None:
         if self.embedding_dim < 1:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from llmbatch_server.fit.model import load_fit
+from llmbatch_server.fit.model import Fit, load_fit
 from llmbatch_server.launcher.profiles import PROFILES
 from llmbatch_server.sim.config import (
     DEFAULT_MODEL,
@@ -234,10 +234,12 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     step = StepModel(speed=args.speed)
     if args.speed <= 0:
         raise ValueError("--speed must be > 0")
+    fitted: str | None = None
     if args.fitted:
         fit = load_fit(args.fitted)
         step = StepModel(**dataclasses.asdict(fit.step), speed=args.speed)
         limits |= {k: v for k, v in dataclasses.asdict(fit.limits).items() if v is not None}
+        fitted = describe_fitted(args.fitted, fit)
     for name in (
         "max_num_seqs",
         "max_num_batched_tokens",
@@ -252,6 +254,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     if args.zero_latency:
         step = ZERO_LATENCY
     return SimConfig(
+        fitted=fitted,
         model=args.model,
         limits=EngineLimits(
             **(
@@ -286,4 +289,16 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         outage=OutagePlan(
             mode=args.outage_mode, seconds=args.outage_seconds, after=args.outage_after
         ),
+    )
+
+
+def describe_fitted(path: str, fit: Fit) -> str:
+    """``fitted to FILE``: what it was measured on and the step model it gives."""
+    where = f" at {fit.url}" if fit.url else ""
+    when = f" on {fit.measured_at}" if fit.measured_at else ""
+    s = fit.step
+    return (
+        f"fitted to {path} (model {fit.model!r}{where}{when}): step {s.base * 1e3:.2f} ms "
+        f"+ {s.per_sequence * 1e6:.0f} µs a running sequence, API server "
+        f"{s.per_request * 1e3:.2f} ms a request"
     )

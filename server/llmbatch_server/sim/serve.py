@@ -49,10 +49,12 @@ def serve(replicas: list[Replica], *, log_level: str, ready_file: Path | None) -
         replica = replicas[index]
         limits = replica.config.limits
         which = f", replica {index + 1}/{len(replicas)}" if len(replicas) > 1 else ""
+        fitted = replica.config.fitted
         print(
             f"llmbatch-server sim: serving {replica.config.model!r} at {replica.url} "
             f"(max_num_seqs={limits.max_num_seqs}, policy={limits.scheduling_policy}, "
-            f"speed={replica.config.step.speed:g}{which})",
+            f"speed={replica.config.step.speed:g}{which})"
+            + (f", {fitted}" if fitted else ", the default model (a 70B on 4xA100)"),
             file=sys.stderr,
             flush=True,
         )
