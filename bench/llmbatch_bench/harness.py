@@ -97,7 +97,7 @@ def run_bench(
                     if job.contender not in skipped:
                         runner.run(job)
     # The closed-loop targets are listed when their scenarios were asked for.
-    closed_targets = evaluate_closed([r.to_json() for r in runs]) if closed else []
+    closed_targets = evaluate_closed([r.to_json() for r in runs], closed) if closed else []
     fleet_targets = evaluate_replicas([r.to_json() for r in runs]) if fleet else []
     return {
         "schema": SCHEMA,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from llmbatch_bench import closedplan
@@ -93,9 +93,20 @@ def lost(run: Run) -> int:
     )
 
 
-def evaluate_closed(runs: Sequence[Run]) -> list[Target]:
-    """Every closed-loop target (``met=None`` for a scenario that did not run)."""
-    return [*_slo(runs), *_slo_both(runs), _saturate(runs), *_outages(runs)]
+def evaluate_closed(runs: Sequence[Run], scenarios: Collection[str] | None = None) -> list[Target]:
+    """The closed-loop targets a scenario of ``scenarios`` measures (None: every one,
+    with ``met=None`` for a scenario that did not run)."""
+    groups: list[tuple[str, Callable[[], list[Target]]]] = [
+        ("slo", lambda: [*_slo(runs), *_slo_both(runs)]),
+        ("saturate", lambda: [_saturate(runs)]),
+        ("outage", lambda: _outages(runs)),
+    ]
+    return [
+        target
+        for scenario, judged in groups
+        if scenarios is None or scenario in scenarios
+        for target in judged()
+    ]
 
 
 def _slo_both(runs: Sequence[Run]) -> list[Target]:

@@ -424,3 +424,11 @@ def test_no_nan_in_missing_bound() -> None:
     assert t["slo_bulk_vs_bound"].met is None
     assert "bound unknown" in t["slo_bulk_vs_bound"].detail
     assert math.isfinite(t["slo_realtime_tpot_p99"].threshold)
+
+
+def test_only_the_asked_scenarios_targets_are_listed() -> None:
+    ids = {t.id for t in evaluate_closed([], ["slo"])}
+    assert ids == {"slo_realtime_tpot_p99", "slo_bulk_vs_bound", "slo_both_ttft_p99",
+                   "slo_both_tpot_p99"}  # fmt: skip
+    assert all(t.id.startswith("outage_") for t in evaluate_closed([], ["outage"]))
+    assert evaluate_closed([], ["control"]) == []
