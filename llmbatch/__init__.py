@@ -72,6 +72,7 @@ if typing.TYPE_CHECKING:
         UnknownModelError,
         WriteTimeout,
     )
+    from llmbatch._evidence import Inference
     from llmbatch._fleet import Endpoints
     from llmbatch._models import (
         ChatChoice,
@@ -169,6 +170,7 @@ _EXPORTS = {
     "Histogram": "llmbatch._stats",
     "Percentiles": "llmbatch._stats",
     "ServerStats": "llmbatch._stats",
+    "Inference": "llmbatch._evidence",
     "SharedStats": "llmbatch._stats",
     "Stats": "llmbatch._stats",
     "TenantStats": "llmbatch._stats",
@@ -223,6 +225,7 @@ __all__ = [
     "FunctionCall",
     "FunctionCallDelta",
     "Histogram",
+    "Inference",
     "InvalidRequestError",
     "InvalidTypeError",
     "LLMBatchError",

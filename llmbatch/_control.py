@@ -19,13 +19,19 @@ The rule (documented in docs/concepts.md#closed-loop-admission):
 
 - with an SLO, move the limit in proportion to ``target / observed`` for step time
   and TTFT (the tighter of the two), at most 25 % up and 40 % down per update,
-  aiming at 90 % of the target; it starts small and grows while the target holds;
+  aiming at 90 % of the target; it starts small and grows while the target holds
+  (doubling while the latency is under half the target);
   and it stays below what the server can run at once (learnt from its gauges: the
   most it ran while it also queued), less the realtime reserve, so that realtime
   finds a seat on the server and not only in the client;
 - without one, keep the server full and its own queue short: grow while the limit
   is what holds work back and the server queues little, shrink toward what it is
   running when its queue grows or its KV cache fills;
+- either way, a queue counts only once it is real: its requests beyond what the
+  client sent within the last two steps (a step's arrivals wait for the next step
+  even with seats free), over the allowance, in readings that persist
+  (``_evidence``); and what the server runs at once, stated or learnt, caps bulk
+  below it by the realtime reserve;
 - either way, halve when more than a fifth of the answers in an update interval were
   429 or 503 (fewer are sporadic: they are retried, and shrinking for them would
   collapse throughput on a server that is merely noisy), and grow only while work
@@ -40,9 +46,11 @@ the server's own gauges; it is deterministic and tested with made-up series.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from llmbatch._config import SLO
+from llmbatch._evidence import Capacity, Inference, Persistence
 
 __all__ = ["AdmissionController", "ControllerState"]
 
@@ -83,6 +91,13 @@ TTFT_STEPS = 1.5
 #: and more while realtime has recently used more (up to Limits.reserved_realtime).
 MIN_RESERVE = 1
 RESERVE_MEMORY = 10.0
+#: A step's arrivals: what was sent within this many step times may still wait for
+#: the engine's next step (and the API server before it) ...
+ARRIVAL_STEPS = 2.0
+#: ... or within this many seconds while the step time is not known.
+ARRIVAL_WINDOW = 0.1
+#: Step-time samples that must agree before a rise counts at once (not as an average).
+STEP_AGREEMENT = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +126,8 @@ class ControllerState:
     slo_unreachable: bool = False
     """With an SLO: the limit is at its floor of one sequence and the latencies are
     still over the target, so the server is too slow for it whatever bulk does."""
+    inferences: tuple[Inference, ...] = ()
+    """What the controller believes of the server, and on what evidence."""
 
 
 def _ewma(old: float | None, sample: float) -> float:
@@ -127,6 +144,8 @@ class AdmissionController:
         max_reserve: int,
         slo: SLO | None = None,
         interval: float = DEFAULT_INTERVAL,
+        seats: int | None = None,
+        seats_stated_by: str = "",
     ) -> None:
         self.ceiling = ceiling
         self.slo = slo if slo is not None and (slo.ttft or slo.tpot) else None
@@ -136,7 +155,9 @@ class AdmissionController:
         self._slow_start = self.slo is not None
         self._last_change: float | None = None
         self.step_time: float | None = None
-        self._last_step: float | None = None
+        self._steps: deque[float] = deque(maxlen=STEP_AGREEMENT)
+        """The latest step-time samples: a rise all of them show counts at once."""
+        self._step_samples = 0
         self._fresh = 0
         """Step-time samples since the limit last changed, taken while the server ran
         about what the limit allows: only those show what the limit does."""
@@ -144,9 +165,15 @@ class AdmissionController:
         self.waiting: int | None = None
         self.running: int | None = None
         self.kv_usage: float | None = None
-        self.server_seats: int | None = None
-        """The most sequences the server ran while it also queued some: what it can
-        run at once (its ``--max-num-seqs``, or what its KV cache holds), learnt."""
+        self.capacity = Capacity(seats, seats_stated_by)
+        """What the server runs at once: stated, or the most it ran while a real
+        queue waited (its ``--max-num-seqs``, or what its KV cache holds)."""
+        self._queue = Persistence()
+        """Whether the server's queue is real: more waiting than a step's arrivals."""
+        self._kv_full = Persistence()
+        self._at_floor_over = Persistence()
+        self._sent: deque[tuple[float, int]] = deque()
+        """(time, prompts) of what the client sent lately, for a step's arrivals."""
         self._answers = 0
         self._overloads = 0
         self._blocked = False
@@ -167,16 +194,36 @@ class AdmissionController:
         """The server's time per output token, measured over a recent span."""
         if math.isfinite(seconds) and seconds > 0:
             self.step_time = _ewma(self.step_time, seconds)
-            self._last_step = seconds
+            self._steps.append(seconds)
+            self._step_samples += 1
             if self.running is not None and self.running >= CAUGHT_UP * self._limit:
                 self._fresh += 1
 
     def forget_speed(self) -> None:
         """Measure the step time, TTFT and seats afresh (a server taken out and
         back, perhaps restarted with other settings)."""
-        self.step_time = self._last_step = self.ttft = None
-        self.server_seats = None
+        self.step_time = self.ttft = None
+        self._steps.clear()
+        self._step_samples = 0
+        self.capacity.forget()
+        self._queue = Persistence()
         self._fresh = 0
+
+    def on_sent(self, now: float, prompts: int) -> None:
+        """The client sent the server ``prompts`` sequences at ``now``."""
+        sent = self._sent
+        sent.append((now, prompts))
+        horizon = now - self._arrival_window()
+        while sent and sent[0][0] < horizon:
+            sent.popleft()
+
+    def _arrival_window(self) -> float:
+        step = self.step_time
+        return ARRIVAL_STEPS * step if step else ARRIVAL_WINDOW
+
+    def _recent_arrivals(self, now: float) -> int:
+        horizon = now - self._arrival_window()
+        return sum(prompts for at, prompts in self._sent if at >= horizon)
 
     def on_ttft(self, seconds: float) -> None:
         """A realtime request's time to first token."""
@@ -221,17 +268,26 @@ class AdmissionController:
             return
         self._aim_met = self._aim_missed = 0
 
-    def on_load(self, *, waiting: int | None, running: int | None, kv_usage: float | None) -> None:
-        """The server's own gauges (load header or /metrics)."""
-        if waiting is not None:
-            self.waiting = waiting
+    def on_load(
+        self, now: float, *, waiting: int | None, running: int | None, kv_usage: float | None
+    ) -> None:
+        """The server's own gauges at ``now`` (load header or /metrics)."""
+        step = self.step_time
         if running is not None:
             self.running = running
-        if waiting and running and running > (self.server_seats or 0):
-            # A queue beside what runs: the server is full at this many.
-            self.server_seats = running
+            self.capacity.contradict(running)
+        if waiting is not None:
+            self.waiting = waiting
+            # Requests sent within the last steps may wait for the next step even with
+            # seats free: only what waits beyond them is a queue, once it lasts.
+            beyond = waiting - self._recent_arrivals(now)
+            real = self._queue.observe(now, beyond > self._queue_allowance(), step, waiting)
+            if real and running:
+                where = self._queue.describe("waiting", step)
+                self.capacity.learn(running, f"ran {running} while {where}")
         if kv_usage is not None:
             self.kv_usage = kv_usage
+            self._kv_full.observe(now, kv_usage >= KV_FULL, step, kv_usage)
 
     def on_answer(self) -> None:
         """An answer that was not a 429 or 503."""
@@ -282,9 +338,17 @@ class AdmissionController:
             self._limit *= 0.5
             self._slow_start = False
         elif self.slo is not None:
-            self._follow_slo()
+            self._follow_slo(now)
         else:
             self._follow_queue()
+        seats = self.capacity.seats
+        if seats is not None:
+            # A realtime request must find a seat on the server, not only in the
+            # client: with the server's seats all taken by bulk it waits in the
+            # server's queue until a bulk sequence finishes, a whole generation
+            # (docs/benchmarks.md, "Real vLLM"); a server without priorities
+            # (llama.cpp) queues it behind bulk too. Bulk leaves the reserve free there.
+            self._limit = min(self._limit, max(1.0, float(seats - self.reserve)))
         self._limit = min(float(self.ceiling), max(1.0, self._limit))
         self._blocked = False
         self._overloads = self._answers = 0
@@ -294,12 +358,17 @@ class AdmissionController:
             return True
         return False
 
-    def _follow_slo(self) -> None:
+    def _step_estimate(self) -> float | None:
+        """The step time the SLO is held against: the average, or the lowest of the
+        latest samples when that is higher (a rise they all show counts at once; one
+        slow sample alone does not)."""
+        agreed = min(self._steps) if len(self._steps) == STEP_AGREEMENT else 0.0
+        return max(self.step_time or 0.0, agreed) or None
+
+    def _follow_slo(self, now: float) -> None:
         assert self.slo is not None
         ratios = []
-        # The latest sample as well as the average: a rise shows at once, a fall
-        # only once it lasts.
-        step = max(self.step_time or 0.0, self._last_step or 0.0) or None
+        step = self._step_estimate()
         if self.slo.tpot is not None and step:
             ratios.append(self.slo.tpot * self.aim / step)
         if self.slo.ttft is not None:
@@ -311,15 +380,18 @@ class AdmissionController:
             ttft = max(self.ttft or 0.0, predicted)
             if ttft:  # (a TTFT of 0 says nothing)
                 ratios.append(self.slo.ttft * self.aim / ttft)
-        if self.waiting is not None and self.waiting > self._queue_allowance():
-            # The server queues: past its capacity, whatever the latencies say yet.
-            # (A few waiting is normal: requests arrive between steps.)
+        if self._queue.confirmed:
+            # The server queues, and not only a step's arrivals: past its capacity,
+            # whatever the latencies say yet.
             ratios.append(MAX_SHRINK)
         if not ratios:
             return
         ratio = min(ratios)
-        # Said in stats() rather than left as a limit sitting at 1 in silence.
-        self.slo_unreachable = ratio < 1.0 and self._limit <= 1.0
+        # Said in stats() rather than left as a limit sitting at 1 in silence, once
+        # it lasts: one slow spell at the floor is not a server too slow for the SLO.
+        self.slo_unreachable = self._at_floor_over.observe(
+            now, ratio < 1.0 and self._limit <= 1.0, self.step_time, ratio
+        )
         running = self.running
         if ratio < 1.0:
             # The latencies describe what runs on the server now. Sequences already
@@ -332,23 +404,19 @@ class AdmissionController:
             # Grow only once the server has run about what the limit allows for a
             # while: before that the step time shows a lighter load than the limit
             # will make, and sequences admitted too many cannot be recalled.
-            growth = 1.5 if self._slow_start else min(MAX_GROWTH, ratio)
+            growth = (
+                min(ratio, 2.0 if ratio >= 2 else 1.5)
+                if self._slow_start
+                else min(MAX_GROWTH, ratio)
+            )
             self._limit = max(self._limit + 1, self._limit * growth)
-        seats = self.server_seats
-        if seats is not None:
-            # A realtime request must find a seat on the server, not only in the
-            # client: with the server's seats all taken by bulk it waits in the
-            # server's queue until a bulk sequence finishes, a whole generation
-            # (docs/benchmarks.md, "Real vLLM"). Bulk leaves the reserve free there.
-            self._limit = min(self._limit, max(1.0, float(seats - self.reserve)))
 
     def _queue_allowance(self) -> float:
         return max(4.0, QUEUE_ALLOWANCE * self._limit)
 
     def _follow_queue(self) -> None:
         allowance = self._queue_allowance()
-        full = self.kv_usage is not None and self.kv_usage >= KV_FULL
-        if self.waiting is not None and (self.waiting > allowance or full):
+        if self.waiting is not None and (self._queue.confirmed or self._kv_full.confirmed):
             excess = max(self.waiting - allowance, 0.05 * self._limit)
             self._limit = max(self._limit * MAX_SHRINK, self._limit - excess)
         elif self._blocked:
@@ -368,4 +436,39 @@ class AdmissionController:
             slo_missed=self.slo_missed,
             slo_aim=self.aim if self.slo is not None else None,
             slo_unreachable=self.slo_unreachable,
+            inferences=self.inferences(),
         )
+
+    def inferences(self) -> tuple[Inference, ...]:
+        """Each belief with its evidence (``stats().servers[i].inferences``)."""
+        step = self.step_time
+        queue = self._queue
+        if queue.confirmed:
+            queue_belief = Inference(
+                "queue", 1.0, "learnt", queue.describe("waiting", step), queue.dismissed
+            )
+        else:
+            seen = "no queue beyond a step's arrivals has lasted"
+            if queue.dismissed:
+                seen += f" ({queue.dismissed} seen and dismissed)"
+            queue_belief = Inference("queue", None, "none", seen, queue.dismissed)
+        latest = ", ".join(f"{s * 1e3:.2f}" for s in self._steps)
+        step_belief = Inference(
+            "step_time",
+            step,
+            "measured" if step is not None else "none",
+            f"average of {self._step_samples} samples; latest {latest} ms"
+            if step is not None
+            else "not measured yet",
+        )
+        floor = self._at_floor_over
+        unreachable = Inference(
+            "slo_unreachable",
+            1.0 if self.slo_unreachable else None,
+            "learnt" if self.slo_unreachable else "none",
+            floor.describe("at one sequence, SLO over latency", step)
+            if floor.confirmed
+            else "the SLO has been held, or bulk is above one sequence",
+            floor.dismissed,
+        )
+        return (queue_belief, self.capacity.inference(), step_belief, unreachable)

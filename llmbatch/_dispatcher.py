@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import anyio
 
 from llmbatch._clock import Clock
-from llmbatch._config import Priority, RetryPolicy
+from llmbatch._config import RetryPolicy
 from llmbatch._exceptions import (
     APIStatusError,
     BadRequestError,
@@ -51,7 +51,6 @@ from llmbatch._scheduler.budgets import RateBudget
 from llmbatch._server import Server
 from llmbatch._serverinfo import read_models
 from llmbatch._serverkind import PriorityField
-from llmbatch._signals import STEP_TIME_SOURCES, Source
 from llmbatch._stats import StatsRecorder
 from llmbatch._tracing import Tracer
 from llmbatch._transports.base import HTTPRequest, HTTPResponse
@@ -80,8 +79,6 @@ T = TypeVar("T")
 
 #: Parameters the chat batch route does not take (vLLM: no tools, no streaming, n=1).
 _CHAT_BATCH_UNSUPPORTED = frozenset({"tools", "tool_choice", "functions", "function_call"})
-#: A generation shorter than this says little about the server's step time.
-_MIN_TOKENS_FOR_STEP_SAMPLE = 4
 #: vLLM's convention, used when ``priority_scheduling=True`` meets an unknown server.
 VLLM_PRIORITY = PriorityField(lower_first=True)
 #: How long a 404's answer may wait for the model list that explains it.
@@ -417,6 +414,7 @@ class Dispatcher:
             headers = {**headers, **dict(spec.headers)}
         url = server.base_url + path + spec.query
         sent_at = self._now()
+        server.on_sent(sent_at, len(requests) * spec.n)
         tracer = self.tracer
         if tracer is None:
             response = await server.transport.send(HTTPRequest("POST", url, headers, body))
@@ -675,46 +673,9 @@ class Dispatcher:
             )
         ]
         self._stats.settle_batch(requests, values, now, prompt_parts, completion_parts)
-        self._observe(first.priority, now - sent_at, max(completion_parts), now, first_token_at)
-
-    def _observe(
-        self,
-        tier: Priority,
-        latency: float,
-        tokens: int,
-        now: float,
-        first_token_at: float | None,
-    ) -> None:
-        """What one exchange shows of the server's speed, for the controller."""
-        server = self.server
-        controller = server.controller
-        signals = server.signals
-        ttft = tpot = None
-        source = Source.STREAM_TIMING
-        if first_token_at is not None:
-            ttft = first_token_at - (now - latency)
-            if tokens > 1:
-                tpot = (now - first_token_at) / (tokens - 1)
-                signals.saw(source, now)
-        else:
-            if tokens >= _MIN_TOKENS_FOR_STEP_SAMPLE:
-                tpot = latency / tokens  # an upper bound: it includes the prefill
-                source = Source.ANSWER_LATENCY
-                signals.saw(source, now)
-            step = controller.step_time
-            if tier is Priority.REALTIME and step is not None and tokens >= 1:
-                # Not streamed: the answer's time less its decode steps estimates the
-                # first token's (the SLO's TTFT needs realtime callers to stream no more).
-                ttft = max(step, latency - (tokens - 1) * step)
-        if tier is Priority.REALTIME:
-            if ttft is not None:
-                controller.on_ttft(ttft)
-            controller.on_realtime_answer(ttft, tpot)
-        if tpot is not None and signals.best(now, STEP_TIME_SOURCES) is source:
-            # Only the best source reporting now feeds the step time: the server's own
-            # histogram while it is there, else streams, else answers. One that goes
-            # quiet gives way by itself; none switches another off for good.
-            controller.on_step_time(tpot)
+        self.server.on_timing(
+            first.priority, now - sent_at, max(completion_parts), now, first_token_at
+        )
 
     @staticmethod
     def _requeue(requests: Sequence[Request]) -> None:

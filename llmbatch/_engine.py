@@ -395,6 +395,7 @@ class Engine:
             breaker=breaker.state.value,
             outages=breaker.opened,
             ejected=server.ejected,
+            inferences=control.inferences,
         )
 
     def _signal_progress(self) -> None:

@@ -168,7 +168,7 @@ class Fleet:
             scheduler.set_models(0, server.model_names)
         else:
             server.seats = scheduler.add_replica(server.model_names)
-        scheduler.set_bulk_limit(server.controller.limit, server.index)
+        scheduler.set_bulk_limit(server.bulk_limit, server.index)
         dispatcher = Dispatcher(
             server=server,
             retry=self._config.retry,

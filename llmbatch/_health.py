@@ -65,25 +65,15 @@ class Health:
         scheduler = self._scheduler
         grew = False
         for server in live:
-            controller = server.controller
             seats = server.seats
             assert seats is not None
-            if seats.index in blocked:
-                controller.on_blocked()
-            controller.on_realtime_in_flight(now, seats.realtime_in_flight)
-            unreachable = controller.slo_unreachable
-            if controller.update(now):
-                grew = grew or controller.limit > seats.bulk_cap
-                scheduler.set_bulk_limit(controller.limit, seats.index)
-            if controller.slo_unreachable and not unreachable:
-                # Once per episode: the limit alone, sitting at 1, would not say why.
-                logger.warning(
-                    "%s is over the SLO (%s) with bulk down to one sequence: the server "
-                    "is too slow for it (step %s); loosen the SLO or add capacity",
-                    server.base_url,
-                    controller.slo,
-                    "unknown" if controller.step_time is None else f"{controller.step_time:.4f}s",
-                )
+            changed = server.control(
+                now, blocked=seats.index in blocked, realtime_in_flight=seats.realtime_in_flight
+            )
+            if changed:
+                limit = server.bulk_limit
+                grew = grew or limit > seats.bulk_cap
+                scheduler.set_bulk_limit(limit, seats.index)
         if len(live) > 2:
             self._eject_slow(now, live)
         return grew

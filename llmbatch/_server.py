@@ -3,11 +3,13 @@ connection pool; what it is and serves (detected at open, again after an outage)
 its signals; the controller and breaker that decide how much may be sent to it and
 when; its seats in the scheduler and the dispatcher that talks to it.
 
-The dispatcher reports every exchange here (answers, failures, load headers,
-latencies); the fleet's health policy (``_health``) asks it how much bulk work may
-be in flight and whether it may be sent anything at all. Everything that reads the
-network about the server is here (``/health`` probes, ``/metrics`` reads, what it
-is); the controller, breaker and signals it feeds are pure.
+This object is the one door to its controller: the dispatcher reports every
+exchange here (what it sent, answers, failures, load headers, latencies), the
+fleet's health policy (``_health``) asks it to update its limit (``control``), and
+its own probes feed it what ``/metrics`` and the server's own report say; nothing
+else calls the controller, so a new signal is one change here. Everything that
+reads the network about the server is here (``/health`` probes, ``/metrics``
+reads, what it is); the controller, breaker and signals it feeds are pure.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 import anyio
 
 from llmbatch._breaker import Breaker, BreakerState
-from llmbatch._config import SLO, Limits, RetryPolicy
+from llmbatch._config import SLO, Limits, Priority, RetryPolicy
 from llmbatch._control import AdmissionController
 from llmbatch._exceptions import RequestError
 from llmbatch._load import (
@@ -37,7 +39,7 @@ from llmbatch._serverkind import (
     kind_from_models,
     priority_field,
 )
-from llmbatch._signals import Signals, Source
+from llmbatch._signals import STEP_TIME_SOURCES, Signals, Source
 from llmbatch._transports.base import HTTPRequest, Transport
 
 if TYPE_CHECKING:
@@ -55,6 +57,8 @@ logger = logging.getLogger("llmbatch")
 METRICS_INTERVAL = 0.5
 #: How long opening waits for each probe of what the server is.
 DETECT_TIMEOUT = 2.0
+#: A generation shorter than this says little about the server's step time.
+MIN_TOKENS_FOR_STEP_SAMPLE = 4
 
 
 class Sender(Protocol):
@@ -147,6 +151,76 @@ class Server:
 
     # -- what exchanges report ---------------------------------------------------------
 
+    def on_sent(self, now: float, sequences: int) -> None:
+        """An HTTP request of ``sequences`` sequences went out at ``now``."""
+        self.controller.on_sent(now, sequences)
+
+    def on_timing(
+        self,
+        tier: Priority,
+        latency: float,
+        tokens: int,
+        now: float,
+        first_token_at: float | None,
+    ) -> None:
+        """What one answered exchange shows of the server's speed: ``latency`` from
+        sending to ``now``, the most tokens a sequence generated, and when the first
+        arrived (streams)."""
+        controller = self.controller
+        signals = self.signals
+        ttft = tpot = None
+        source = Source.STREAM_TIMING
+        if first_token_at is not None:
+            ttft = first_token_at - (now - latency)
+            if tokens > 1:
+                tpot = (now - first_token_at) / (tokens - 1)
+                signals.saw(source, now)
+        else:
+            if tokens >= MIN_TOKENS_FOR_STEP_SAMPLE:
+                tpot = latency / tokens  # an upper bound: it includes the prefill
+                source = Source.ANSWER_LATENCY
+                signals.saw(source, now)
+            step = controller.step_time
+            if tier is Priority.REALTIME and step is not None and tokens >= 1:
+                # Not streamed: the answer's time less its decode steps estimates the
+                # first token's (the SLO's TTFT needs realtime callers to stream no more).
+                ttft = max(step, latency - (tokens - 1) * step)
+        if tier is Priority.REALTIME:
+            if ttft is not None:
+                controller.on_ttft(ttft)
+            controller.on_realtime_answer(ttft, tpot)
+        if tpot is not None and signals.best(now, STEP_TIME_SOURCES) is source:
+            # Only the best source reporting now feeds the step time: the server's own
+            # histogram while it is there, else streams, else answers. One that goes
+            # quiet gives way by itself; none switches another off for good.
+            controller.on_step_time(tpot)
+
+    def control(self, now: float, *, blocked: bool, realtime_in_flight: int) -> bool:
+        """Update the bulk limit (at most every controller interval): ``blocked`` if
+        bulk work waited for it, with ``realtime_in_flight`` realtime sequences
+        there now. Returns whether the limit changed."""
+        controller = self.controller
+        if blocked:
+            controller.on_blocked()
+        controller.on_realtime_in_flight(now, realtime_in_flight)
+        unreachable = controller.slo_unreachable
+        changed = controller.update(now)
+        if controller.slo_unreachable and not unreachable:
+            # Once per episode: the limit alone, sitting at 1, would not say why.
+            logger.warning(
+                "%s is over the SLO (%s) with bulk down to one sequence: the server "
+                "is too slow for it (step %s); loosen the SLO or add capacity",
+                self.base_url,
+                controller.slo,
+                "unknown" if controller.step_time is None else f"{controller.step_time:.4f}s",
+            )
+        return changed
+
+    @property
+    def bulk_limit(self) -> int:
+        """Bulk sequences the controller allows in flight here now."""
+        return self.controller.limit
+
     def on_response(
         self,
         status: int,
@@ -174,7 +248,7 @@ class Server:
         if load is not None:
             self.signals.saw(Source.LOAD_HEADER, now)
             self.controller.on_load(
-                waiting=load.waiting, running=load.running, kv_usage=load.kv_usage
+                now, waiting=load.waiting, running=load.running, kv_usage=load.kv_usage
             )
 
     def on_unavailable(self, now: float, error: RequestError) -> bool:
@@ -293,7 +367,7 @@ class Server:
         load = sample.load
         if load.waiting is not None or load.running is not None or load.kv_usage is not None:
             self.signals.saw(Source.METRICS_GAUGES, now)
-        controller.on_load(waiting=load.waiting, running=load.running, kv_usage=load.kv_usage)
+        controller.on_load(now, waiting=load.waiting, running=load.running, kv_usage=load.kv_usage)
         if sample.tpot_count is not None:
             # The histogram is there (even when no token was generated since the last
             # read): the server measures the step time better than answers can.

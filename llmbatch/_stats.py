@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from llmbatch._config import Priority
+from llmbatch._evidence import Inference
 from llmbatch._exceptions import DeadlineExceeded, LLMBatchError, RequestCancelled
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ class _Snapshot:
 
 
 def _plain(value: object, for_json: bool) -> Any:
-    if isinstance(value, _Snapshot):
+    if isinstance(value, _Snapshot | Inference):
         return {f.name: _plain(getattr(value, f.name), for_json) for f in fields(value)}  # type: ignore[arg-type]
     if isinstance(value, Mapping):
         return {
@@ -250,6 +251,15 @@ class ServerStats(_Snapshot):
     ejected: bool = False
     """Sent nothing because it was far slower than its peers, until a health probe
     and a trial batch re-admit it."""
+    inferences: tuple[Inference, ...] = ()
+    """What the admission controller believes of the server, each with its evidence
+    (:class:`Inference`): ``queue`` (its queue is real, not a step's arrivals),
+    ``seats`` (what it runs at once: stated, learnt or none), ``step_time``,
+    ``slo_unreachable``. Readings that did not last are counted as dismissed."""
+
+    def inference(self, name: str) -> Inference | None:
+        """The belief called ``name`` (``"queue"``, ``"seats"``, ...), if held."""
+        return next((i for i in self.inferences if i.name == name), None)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

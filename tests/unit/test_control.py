@@ -34,7 +34,7 @@ def drive(
         in_flight = controller.limit
         running = min(in_flight, capacity)
         controller.on_step_time(step_time(running))
-        controller.on_load(waiting=max(0, in_flight - capacity), running=running, kv_usage=0.5)
+        controller.on_load(now, waiting=max(0, in_flight - capacity), running=running, kv_usage=0.5)
         controller.on_blocked()
         controller.update(now)
         limits.append(controller.limit)
@@ -124,7 +124,7 @@ def test_an_slo_the_server_cannot_meet_even_alone_is_said_not_sat_on() -> None:
     # enough. The limit falls to its floor and the state says the SLO is out of reach.
     controller = AdmissionController(ceiling=64, max_reserve=1, slo=SLO(tpot=0.05))
     for t in range(40):
-        controller.on_load(waiting=0, running=1, kv_usage=0.1)
+        controller.on_load(t * 0.5, waiting=0, running=1, kv_usage=0.1)
         controller.on_step_time(0.08)
         controller.update(t * 0.5)
     state = controller.state()
@@ -162,7 +162,7 @@ def test_the_limit_always_stays_within_one_and_the_ceiling(
         elif kind == "ttft":
             controller.on_ttft(value)
         elif kind == "load":
-            controller.on_load(waiting=count, running=count, kv_usage=min(1.0, value / 5))
+            controller.on_load(now, waiting=count, running=count, kv_usage=min(1.0, value / 5))
         elif kind == "overload":
             controller.on_overload()
         elif kind == "blocked":
@@ -216,3 +216,139 @@ def test_a_lower_aim_holds_the_step_time_lower() -> None:
     # Within one sequence of the aim (the limit probes one above it, then steps back).
     assert step_time(limits[0.6]) <= 0.6 * 0.07 + PER_SEQ
     assert 0.6 * 0.07 + PER_SEQ < step_time(limits[0.9]) <= 0.9 * 0.07 + PER_SEQ
+
+
+# -- evidence: what a reading may make the controller believe (#30) --------------------
+
+
+def test_one_sample_of_a_steps_arrivals_learns_no_seats_and_cuts_nothing() -> None:
+    """The case seen on the simulator at --speed 10: one /metrics sample with
+    waiting=8, running=4 set the seats to 4 for good and bulk to 1-2."""
+    controller = AdmissionController(ceiling=256, max_reserve=4, slo=SLO(tpot=0.035))
+    now = 0.0
+    for _ in range(20):  # the limit has grown from its slow start
+        controller.on_step_time(0.0031)
+        controller.on_load(now, waiting=0, running=controller.limit, kv_usage=0.1)
+        controller.on_blocked()
+        controller.update(now)
+        now += 0.5
+    before = controller.limit
+    controller.on_load(now, waiting=8, running=4, kv_usage=0.1)
+    controller.on_load(now, waiting=64, running=4, kv_usage=0.1)  # a batch's arrivals
+    for _ in range(4):
+        controller.on_step_time(0.0031)
+        controller.on_load(now, waiting=0, running=controller.limit, kv_usage=0.1)
+        controller.on_blocked()
+        controller.update(now)
+        now += 0.5
+    assert controller.capacity.seats is None
+    assert controller.limit >= before
+    queue = controller.state().inferences[0]
+    assert (queue.name, queue.value, queue.dismissed) == ("queue", None, 1)
+
+
+def test_a_stated_capacity_caps_bulk_below_it_without_an_slo() -> None:
+    controller = AdmissionController(
+        ceiling=256, max_reserve=4, seats=16, seats_stated_by="llama.cpp /props total_slots"
+    )
+    controller.update(0.0)
+    assert controller.limit == 16 - controller.reserve
+    seats = controller.state().inferences[1]
+    assert (seats.value, seats.source) == (16.0, "stated")
+
+
+@st.composite
+def transient_series(draw: st.DrawFn) -> tuple[float, list[tuple[float, int, int]]]:
+    """(step, events): a server with free seats that admits everything at its next
+    step, so a queue never outlasts one step. Events are (time, sent, sampled): the
+    client sends ``sent`` sequences, then a gauge read shows what is still waiting
+    (what was sent since the step began), ``sampled`` times in the step."""
+    step = draw(st.floats(0.002, 0.05))
+    events = []
+    for k in range(draw(st.integers(20, 120))):
+        for offset in sorted(draw(st.lists(st.floats(0.0, 0.999), max_size=4))):
+            events.append((
+                (k + offset) * step,
+                draw(st.integers(0, 64)),
+                draw(st.integers(0, 2)),
+            ))  # fmt: skip
+    return step, events
+
+
+def _feed(
+    controller: AdmissionController,
+    step: float,
+    events: list[tuple[float, int, int]],
+    *,
+    with_queue: bool,
+) -> list[int]:
+    limits = []
+    waiting, current = 0, -1
+    for now, sent, reads in events:
+        k = int(now / step)
+        if k != current:  # the step began: everything waiting was admitted
+            waiting, current = 0, k
+        controller.on_sent(now, sent)
+        waiting += sent
+        for _ in range(reads):
+            controller.on_load(now, waiting=waiting if with_queue else 0, running=40, kv_usage=0.2)
+        controller.on_step_time(step)
+        controller.on_blocked()
+        controller.update(now)
+        limits.append(controller.limit)
+    return limits
+
+
+@settings(max_examples=150, deadline=None)
+@given(series=transient_series(), slo=st.sampled_from([None, SLO(tpot=0.5)]))
+def test_a_queue_that_never_outlasts_one_step_never_lowers_the_limit(
+    series: tuple[float, list[tuple[float, int, int]]], slo: SLO | None
+) -> None:
+    step, events = series
+    seen = AdmissionController(ceiling=256, max_reserve=2, slo=slo)
+    unseen = AdmissionController(ceiling=256, max_reserve=2, slo=slo)
+    assert _feed(seen, step, events, with_queue=True) == _feed(
+        unseen, step, events, with_queue=False
+    )
+    assert seen.capacity.seats is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    step=st.floats(0.005, 0.1),
+    queue=st.integers(60, 500),
+    gap=st.floats(0.05, 0.5),
+    slo=st.sampled_from([None, SLO(tpot=10.0)]),
+)
+def test_a_queue_that_persists_lowers_the_limit_within_three_seconds(
+    step: float, queue: int, gap: float, slo: SLO | None
+) -> None:
+    controller = AdmissionController(ceiling=512, max_reserve=2, slo=slo)
+    now = 0.0
+    while now < 5.0:  # the limit is up and the server runs it, queueing nothing
+        controller.on_step_time(step)
+        controller.on_load(now, waiting=0, running=controller.limit, kv_usage=0.2)
+        controller.on_blocked()
+        controller.update(now)
+        now += gap
+    before, started = controller.limit, now
+    while controller.limit >= before:
+        assert now - started <= 3.0, "a lasting queue did not lower the limit in 3 s"
+        controller.on_step_time(step)
+        controller.on_load(now, waiting=queue, running=before, kv_usage=0.2)
+        controller.update(now)
+        now += gap
+
+
+@settings(max_examples=100, deadline=None)
+@given(seats=st.integers(2, 200), more=st.integers(1, 100))
+def test_a_learnt_capacity_contradicted_by_a_larger_running_count_is_dropped(
+    seats: int, more: int
+) -> None:
+    controller = AdmissionController(ceiling=1024, max_reserve=1)
+    for i in range(12):  # a queue lasting 5.5 s beside `seats` running: learnt
+        controller.on_step_time(0.02)
+        controller.on_load(i * 0.5, waiting=500, running=seats, kv_usage=0.5)
+    assert controller.capacity.seats == seats
+    controller.on_load(6.0, waiting=0, running=seats + more, kv_usage=0.5)  # one sample
+    assert controller.capacity.seats is None
