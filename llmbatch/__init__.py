@@ -40,6 +40,7 @@ if typing.TYPE_CHECKING:
         TenantLimits,
         Timeout,
     )
+    from llmbatch._evidence import Inference
     from llmbatch._exceptions import (
         APIStatusError,
         AuthenticationError,
@@ -72,7 +73,6 @@ if typing.TYPE_CHECKING:
         UnknownModelError,
         WriteTimeout,
     )
-    from llmbatch._evidence import Inference
     from llmbatch._fleet import Endpoints
     from llmbatch._models import (
         ChatChoice,

@@ -1,4 +1,4 @@
-"""What a vLLM server says about its load, parsed sans I/O: the
+"""What a vLLM (or llama.cpp) server says about its load, parsed sans I/O: the
 ``endpoint-load-metrics`` response header and the ``/metrics`` text.
 
 Both are optional (other OpenAI-compatible servers send neither); every parser
@@ -99,6 +99,14 @@ _GAUGES = {
     "vllm:kv_cache_usage_perc": "kv",
     "vllm:gpu_cache_usage_perc": "kv",
 }
+# llama.cpp's server (``--metrics``): its gauges, and its generation totals, whose
+# change between two reads is the time per output token of each slot.
+_LLAMA_CPP = {
+    "llamacpp:requests_deferred": "waiting",
+    "llamacpp:requests_processing": "running",
+    "llamacpp:tokens_predicted_seconds_total": "tpot_sum",
+    "llamacpp:tokens_predicted_total": "tpot_count",
+}
 _HISTOGRAMS = {
     # vLLM exports inter-token latencies under two names; the newer wins when both are.
     "vllm:inter_token_latency_seconds_sum": "itl_sum",
@@ -111,18 +119,19 @@ _HISTOGRAMS = {
 
 
 def parse_metrics(text: str) -> MetricsSample | None:
-    """vLLM's gauges and latency totals from a ``/metrics`` body (Prometheus text),
-    summed over label sets (several models or engines); None if it has none of them."""
+    """vLLM's (or llama.cpp's) gauges and latency totals from a ``/metrics`` body
+    (Prometheus text), summed over label sets (several models or engines); None if
+    it has none of them."""
     found: dict[str, float] = {}
     for line in text.splitlines():
-        if not line.startswith("vllm:"):
+        if not line.startswith(("vllm:", "llamacpp:")):
             continue
         brace = line.find("{")
         if brace > 0:
             name, rest = line[:brace], line[line.find("}", brace) + 1 :].split()
         else:
             name, *rest = line.split()
-        key = _GAUGES.get(name) or _HISTOGRAMS.get(name)
+        key = _GAUGES.get(name) or _HISTOGRAMS.get(name) or _LLAMA_CPP.get(name)
         if key is None or not rest:
             continue
         try:

@@ -38,6 +38,7 @@ from llmbatch._serverkind import (
     ServerKind,
     kind_from_models,
     priority_field,
+    stated_seats,
 )
 from llmbatch._signals import STEP_TIME_SOURCES, Signals, Source
 from llmbatch._transports.base import HTTPRequest, Transport
@@ -104,8 +105,13 @@ class Server:
         # ignore the header).
         self.headers = {**headers, LOAD_FORMAT_HEADER[0]: LOAD_FORMAT_HEADER[1]}
         self.probe_headers = dict(headers)
+        stated = replica.max_num_seqs
         self.controller = AdmissionController(
-            ceiling=limits.max_in_flight, max_reserve=limits.reserved_realtime, slo=slo
+            ceiling=limits.max_in_flight,
+            max_reserve=limits.reserved_realtime,
+            slo=slo,
+            seats=stated,
+            seats_stated_by=f"Replica(max_num_seqs={stated})" if stated else "",
         )
         self.breaker = Breaker(outage_tolerance=retry.outage_tolerance)
         self.kind = ServerKind.GENERIC
@@ -302,6 +308,10 @@ class Server:
             server_info = await self._get_json("/get_server_info")
         self.kind = kind
         self.priority_field = priority_field(kind, server_info)
+        if kind is ServerKind.LLAMA_CPP and self.replica.max_num_seqs is None:
+            slots = stated_seats(kind, await self._get_json("/props"))
+            if slots is not None:
+                self.controller.capacity.state(slots, f"llama.cpp /props total_slots {slots}")
 
     async def _get_json(self, path: str) -> object:
         """``GET {origin}{path}`` as JSON; None when it fails in any way (a probe of

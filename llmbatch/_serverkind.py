@@ -14,7 +14,9 @@ Each rule cites where the server documents what it answers:
   ignores it, or refuses it with ``--abort-on-priority-when-disabled``), and runs
   higher values first unless ``--schedule-low-priority-values-first``.
 - **llama.cpp's server** lists them with ``"owned_by": "llamacpp"`` (its README,
-  ``GET /v1/models``); it has no priority.
+  ``GET /v1/models``); it has no priority. It states how many sequences it runs at
+  once: ``total_slots`` in ``GET /props`` (its ``--parallel``), which
+  :func:`stated_seats` reads.
 Anything else is a generic OpenAI-compatible server, Text Generation Inference
 included: its model list does not say what it is (its own ``GET /info`` would, at
 the cost of a request to every other server at open), and it takes no priority, so
@@ -35,6 +37,7 @@ __all__ = [
     "ServerKind",
     "kind_from_models",
     "priority_field",
+    "stated_seats",
 ]
 
 
@@ -88,4 +91,14 @@ def priority_field(kind: ServerKind, server_info: object = None) -> PriorityFiel
         return PriorityField(
             lower_first=bool(server_info.get("schedule_low_priority_values_first"))
         )
+    return None
+
+
+def stated_seats(kind: ServerKind, props: object) -> int | None:
+    """How many sequences the server says it runs at once: llama.cpp's ``GET /props``
+    ``total_slots`` (None: not stated, or not read)."""
+    if kind is ServerKind.LLAMA_CPP and isinstance(props, Mapping):
+        slots = props.get("total_slots")
+        if isinstance(slots, int) and not isinstance(slots, bool) and slots > 0:
+            return slots
     return None

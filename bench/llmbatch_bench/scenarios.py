@@ -178,6 +178,11 @@ async def _mixed(job: Job, contender: Contender) -> RunMetrics:
                 with contextlib.suppress(asyncio.CancelledError):
                     await tracing
             extra = _extra(contender)
+            if stats is not None:
+                # What the controller believed at the end, with its evidence.
+                servers = stats().servers
+                if servers:
+                    extra["inferences"] = servers[0].model_dump(mode="json")["inferences"]
     if trace is not None:
         data = trace.to_json()
         # The window in the trace's time (it started with the client).

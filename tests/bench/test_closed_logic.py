@@ -432,3 +432,11 @@ def test_only_the_asked_scenarios_targets_are_listed() -> None:
                    "slo_both_tpot_p99"}  # fmt: skip
     assert all(t.id.startswith("outage_") for t in evaluate_closed([], ["outage"]))
     assert evaluate_closed([], ["control"]) == []
+
+
+def test_a_step_model_server_is_two_simulator_flags_and_the_bound_follows_them() -> None:
+    model = sim_model(
+        ["--speed", "10", "--step-base-ms", "10", "--step-per-sequence-ms", "1"], max_tokens=64
+    )
+    # 10 ms + 1 ms a running sequence, ten times faster.
+    assert (model.base, model.per_sequence, model.speed) == (0.01, 0.001, 10)

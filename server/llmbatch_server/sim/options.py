@@ -111,6 +111,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--speed", type=float, default=1.0, help="divide every modelled time by this (default: 1)"
     )
     p.add_argument(
+        "--step-base-ms",
+        type=float,
+        metavar="MS",
+        help="a step's fixed cost, modelled ms before --speed (default: the 70B model's "
+        "22.25, or the fit's)",
+    )
+    p.add_argument(
+        "--step-per-sequence-ms",
+        type=float,
+        metavar="MS",
+        help="a step's cost per running sequence, modelled ms before --speed (default: "
+        "the 70B model's 1.065, or the fit's); with --step-base-ms, a step-model server",
+    )
+    p.add_argument(
         "--zero-latency", action="store_true", help="model no time at all (default: off)"
     )
     p.add_argument(
@@ -240,6 +254,12 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         step = StepModel(**dataclasses.asdict(fit.step), speed=args.speed)
         limits |= {k: v for k, v in dataclasses.asdict(fit.limits).items() if v is not None}
         fitted = describe_fitted(args.fitted, fit)
+    for flag, field_name in (("step_base_ms", "base"), ("step_per_sequence_ms", "per_sequence")):
+        value = getattr(args, flag)
+        if value is not None:
+            if value < 0:
+                raise ValueError(f"--{flag.replace('_', '-')} must be >= 0")
+            step = dataclasses.replace(step, **{field_name: value / 1000})
     for name in (
         "max_num_seqs",
         "max_num_batched_tokens",

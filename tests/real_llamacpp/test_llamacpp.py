@@ -1,0 +1,134 @@
+"""llama.cpp's own server as a second real engine (CI's llama.cpp stage): the client
+reads what it states and reports (slots, ``llamacpp:*`` metrics), keeps a slot free
+for realtime since it takes no priority, and a map survives its kill and restart.
+
+Opt in with ``LLMBATCH_LLAMA_SERVER`` (the ``llama-server`` binary) and
+``LLMBATCH_LLAMA_MODEL`` (a GGUF); ``server/llama-cpp/build.sh`` and ``model.sh``
+make both.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import anyio
+import httpx
+import pytest
+
+import llmbatch
+from llmbatch_server.llama_process import LlamaServerProcess
+
+BINARY = os.environ.get("LLMBATCH_LLAMA_SERVER")
+MODEL = os.environ.get("LLMBATCH_LLAMA_MODEL")
+SLOTS = 16
+
+pytestmark = [
+    pytest.mark.skipif(
+        not (BINARY and MODEL),
+        reason="real llama.cpp tests are opt-in: set LLMBATCH_LLAMA_SERVER and "
+        "LLMBATCH_LLAMA_MODEL (server/llama-cpp/build.sh and model.sh make them)",
+    ),
+    pytest.mark.anyio,
+    pytest.mark.asyncio_only("one engine, one backend: the trio path is the same client"),
+]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LlamaServerProcess]:
+    assert BINARY
+    assert MODEL
+    with LlamaServerProcess(BINARY, MODEL, parallel=SLOTS) as process:
+        yield process
+
+
+def _deferred(server: LlamaServerProcess) -> int:
+    text = httpx.get(server.base_url[: -len("/v1")] + "/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith("llamacpp:requests_deferred"):
+            return int(float(line.split()[-1]))
+    raise AssertionError("no llamacpp:requests_deferred in /metrics")
+
+
+async def test_the_client_reads_what_llama_cpp_states_and_reports(
+    server: LlamaServerProcess,
+) -> None:
+    async with llmbatch.Client(server.base_url) as client:
+        results = await client.map([f"prompt {i}" for i in range(200)], max_tokens=8)
+        assert all(r.ok for r in results)
+        await anyio.sleep(1.2)  # two /metrics reads
+        state = client.stats().servers[0]
+    assert state.kind == "llama.cpp"
+    seats = state.inference("seats")
+    assert seats is not None
+    assert (seats.value, seats.source) == (SLOTS, "stated")
+    assert "total_slots 16" in seats.evidence
+    assert state.bulk_limit <= SLOTS - state.realtime_reserve
+    assert "metrics_gauges" in state.signals
+
+
+async def test_bulk_leaves_a_slot_free_so_realtime_never_queues_behind_it(
+    server: LlamaServerProcess,
+) -> None:
+    """llama.cpp takes no priority: a realtime request that finds every slot taken
+    waits behind bulk in its queue. The client keeps bulk below the stated slots."""
+    deferred: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            deferred.append(_deferred(server))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        async with llmbatch.Client(server.base_url) as client:
+            bulk = [f"bulk {i} the river and the mountain" for i in range(3000)]
+            async with anyio.create_task_group() as tg:
+                results: list[llmbatch.Result[llmbatch.Completion]] = []
+
+                async def run_bulk() -> None:
+                    results.extend(await client.map(bulk, max_tokens=32))
+
+                tg.start_soon(run_bulk)
+                await anyio.sleep(1.0)
+                for i in range(10):
+                    answer = await client.complete(
+                        f"realtime {i}", priority="realtime", max_tokens=8
+                    )
+                    assert answer.text is not None
+                    await anyio.sleep(0.1)
+                tg.cancel_scope.cancel()
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+    assert len(deferred) > 20
+    assert max(deferred) == 0, f"llama.cpp queued requests: {Counter(deferred)}"
+
+
+async def test_a_map_survives_a_kill_and_restart_with_every_result_once() -> None:
+    assert BINARY
+    assert MODEL
+    process = LlamaServerProcess(BINARY, MODEL, parallel=SLOTS)
+    process.start()
+    retry = llmbatch.RetryPolicy(attempts=5, outage_tolerance=60)
+    seen: Counter[int] = Counter()
+    try:
+        async with llmbatch.Client(process.base_url, retry=retry) as client:
+            prompts = [f"prompt {i}" for i in range(1500)]
+            killed = False
+            async for index, result in client.map_unordered(prompts, max_tokens=16):
+                assert result.ok, result.error
+                seen[index] += 1
+                if len(seen) == 300 and not killed:
+                    killed = True
+                    process.kill()
+                    await anyio.to_thread.run_sync(process.start)  # the same port
+            assert client.stats().servers[0].outages >= 1
+    finally:
+        process.stop()
+    assert seen == Counter(range(1500))
