@@ -49,7 +49,21 @@ _OWN_HTTP_CLIENT = (
 )
 
 
-class AsyncOpenAI(openai.AsyncOpenAI):
+class _LLMBatchStats:
+    """``stats()`` for both drop-ins: the llmbatch client behind their transport."""
+
+    _llmbatch: BatchingTransport | SyncBatchingTransport | None
+
+    def stats(self) -> Stats:
+        """The llmbatch client's :class:`llmbatch.Stats`: queues, batches, latencies,
+        what the controller believes of the server. Available once a completions,
+        chat or embeddings call has opened it (else :class:`ClientClosedError`)."""
+        if self._llmbatch is None:
+            raise ClientClosedError(_OWN_HTTP_CLIENT)
+        return self._llmbatch.stats()
+
+
+class AsyncOpenAI(_LLMBatchStats, openai.AsyncOpenAI):
     """openai's ``AsyncOpenAI``, batching through llmbatch.
 
     Takes openai's arguments, plus ``default_priority`` (the tier of calls without an
@@ -71,27 +85,19 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         http_client: Any = None,
         **kwargs: Any,
     ) -> None:
+        transport: BatchingTransport | None = None
         if http_client is None:
             transport = BatchingTransport(
                 default_priority=default_priority, **dict(llmbatch_options or {})
             )
             # llmbatch bounds each request itself (Client timeouts and deadlines).
             http_client = httpx.AsyncClient(transport=transport, timeout=None)
-        else:
-            transport = None
         self._llmbatch = transport
         super().__init__(max_retries=max_retries, http_client=http_client, **kwargs)
 
-    def stats(self) -> Stats:
-        """The llmbatch client's :class:`llmbatch.Stats`: queues, batches, latencies,
-        what the controller believes of the server. Available once a completions,
-        chat or embeddings call has opened it (else :class:`ClientClosedError`)."""
-        if self._llmbatch is None:
-            raise ClientClosedError(_OWN_HTTP_CLIENT)
-        return self._llmbatch.stats()
 
 
-class OpenAI(openai.OpenAI):
+class OpenAI(_LLMBatchStats, openai.OpenAI):
     """openai's sync ``OpenAI``, batching through llmbatch: calls made from any number
     of threads are batched together by one :class:`llmbatch.SyncClient`, which runs
     its event loop in a thread of its own.
@@ -119,8 +125,4 @@ class OpenAI(openai.OpenAI):
         self._llmbatch = transport
         super().__init__(max_retries=max_retries, http_client=http_client, **kwargs)
 
-    def stats(self) -> Stats:
-        """The llmbatch client's :class:`llmbatch.Stats` (see :meth:`AsyncOpenAI.stats`)."""
-        if self._llmbatch is None:
-            raise ClientClosedError(_OWN_HTTP_CLIENT)
-        return self._llmbatch.stats()
+
