@@ -515,6 +515,19 @@ class Dispatcher:
             raise told from error
         except RequestError as error:
             if (
+                isinstance(error, ServiceUnavailableError)
+                and is_backpressure(error)
+                and _can(retry_if)
+            ):
+                # The server's queue is full. Hold this batch's seats for a backoff (so
+                # less is sent meanwhile; the controller halves the limit while such
+                # answers are many), then back to the client's queue, where priorities
+                # still apply: not an attempt used up, not a failure, not an outage.
+                for request in requests:
+                    request.attempts -= 1
+                await anyio.sleep(self._backoff(1, error))
+                raise _Unavailable from error
+            if (
                 _is_unavailable(error)
                 and _can(retry_if)
                 and (
@@ -705,8 +718,23 @@ def _failure(state: Any) -> RequestError:
 
 def _is_unavailable(error: RequestError) -> bool:
     """A failure that says the server is down or restarting, not that the request is
-    wrong: no connection, a connection dropped mid-answer, or 503."""
-    return isinstance(error, ConnectError | RemoteProtocolError | ServiceUnavailableError)
+    wrong: no connection, a connection dropped mid-answer, or a 503 that is not
+    backpressure."""
+    if isinstance(error, ServiceUnavailableError):
+        return not is_backpressure(error)
+    return isinstance(error, ConnectError | RemoteProtocolError)
+
+
+#: Words of a 503 that refuses work for now rather than saying the server is down:
+#: vLLM's queue cap (``--max-num-queued-reqs``, its QueueOverflowError), the simulator's.
+_BACKPRESSURE_WORDS = ("queue", "overload", "too many", "capacity")
+
+
+def is_backpressure(error: ServiceUnavailableError) -> bool:
+    """A 503 that says the server's queue is full: retried with backoff like a 429 (the
+    controller halves the limit when they are many), never held as an outage."""
+    message = str(error.message).lower()
+    return any(word in message for word in _BACKPRESSURE_WORDS)
 
 
 def _suspect_parts(requests: list[Request], tokens: int) -> list[list[Request]] | None:

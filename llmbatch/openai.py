@@ -96,7 +96,6 @@ class AsyncOpenAI(_LLMBatchStats, openai.AsyncOpenAI):
         super().__init__(max_retries=max_retries, http_client=http_client, **kwargs)
 
 
-
 class OpenAI(_LLMBatchStats, openai.OpenAI):
     """openai's sync ``OpenAI``, batching through llmbatch: calls made from any number
     of threads are batched together by one :class:`llmbatch.SyncClient`, which runs
@@ -124,5 +123,3 @@ class OpenAI(_LLMBatchStats, openai.OpenAI):
             http_client = httpx.Client(transport=transport, timeout=None)
         self._llmbatch = transport
         super().__init__(max_retries=max_retries, http_client=http_client, **kwargs)
-
-

@@ -190,3 +190,20 @@ async def test_the_controller_reads_the_load_report_and_metrics() -> None:
     assert server.step_time > 0
     # The server runs 16 at a time: the controller does not keep hundreds waiting there.
     assert server.bulk_limit < server.ceiling
+
+
+async def test_a_full_queues_503s_are_backpressure_not_an_outage() -> None:
+    """vLLM past ``--max-num-queued-reqs`` answers 503: the batch waits a backoff and
+    goes back to the client's queue (no attempt used up), the limit is halved while
+    they are many, and nothing is held as an outage or fails."""
+    # 8 seats, a queue cap of 4: the client's default limit would put 255 there.
+    with run_simulator("--speed", "50", "--max-num-seqs", "8", "--max-num-queued-reqs", "4") as sim:
+        retry = llmbatch.RetryPolicy(attempts=2, initial_backoff=0.05)
+        async with llmbatch.Client(sim.base_url, retry=retry) as client:
+            results = await client.map([f"p{i}" for i in range(300)], max_tokens=4)
+            stats = client.stats()
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
+    server = stats.servers[0]
+    assert server.outages == 0
+    assert "overload_status" in server.signals
+    assert server.bulk_limit < 64  # halved from 255 while the refusals were many
