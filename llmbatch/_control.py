@@ -174,6 +174,8 @@ class AdmissionController:
         self._at_floor_over = Persistence()
         self._sent: deque[tuple[float, int]] = deque()
         """(time, prompts) of what the client sent lately, for a step's arrivals."""
+        self.arrivals_dismissed = 0
+        """Readings of a queue that was no more than what the client had just sent."""
         self._answers = 0
         self._overloads = 0
         self._blocked = False
@@ -280,8 +282,11 @@ class AdmissionController:
             self.waiting = waiting
             # Requests sent within the last steps may wait for the next step even with
             # seats free: only what waits beyond them is a queue, once it lasts.
+            allowance = self._queue_allowance()
             beyond = waiting - self._recent_arrivals(now)
-            real = self._queue.observe(now, beyond > self._queue_allowance(), step, waiting)
+            if waiting > allowance >= beyond:
+                self.arrivals_dismissed += 1  # a queue, all of it what was just sent
+            real = self._queue.observe(now, beyond > allowance, step, waiting)
             if real and running:
                 where = self._queue.describe("waiting", step)
                 self.capacity.learn(running, f"ran {running} while {where}")
@@ -445,13 +450,26 @@ class AdmissionController:
         queue = self._queue
         if queue.confirmed:
             queue_belief = Inference(
-                "queue", 1.0, "learnt", queue.describe("waiting", step), queue.dismissed
+                "queue",
+                1.0,
+                "learnt",
+                queue.describe("waiting", step),
+                queue.dismissed + self.arrivals_dismissed,
             )
         else:
             seen = "no queue beyond a step's arrivals has lasted"
+            notes = []
+            if self.arrivals_dismissed:
+                notes.append(f"{self.arrivals_dismissed} readings were a step's arrivals")
             if queue.dismissed:
-                seen += f" ({queue.dismissed} seen and dismissed)"
-            queue_belief = Inference("queue", None, "none", seen, queue.dismissed)
+                notes.append(f"{queue.dismissed} queues did not last")
+            if queue.unlearnt:
+                notes.append(f"{queue.unlearnt} emptied")
+            if notes:
+                seen += f" ({'; '.join(notes)}: dismissed)"
+            queue_belief = Inference(
+                "queue", None, "none", seen, queue.dismissed + self.arrivals_dismissed
+            )
         latest = ", ".join(f"{s * 1e3:.2f}" for s in self._steps)
         step_belief = Inference(
             "step_time",

@@ -352,3 +352,13 @@ def test_a_learnt_capacity_contradicted_by_a_larger_running_count_is_dropped(
     assert controller.capacity.seats == seats
     controller.on_load(6.0, waiting=0, running=seats + more, kv_usage=0.5)  # one sample
     assert controller.capacity.seats is None
+
+
+def test_a_reading_of_what_was_just_sent_is_seen_and_dismissed() -> None:
+    controller = AdmissionController(ceiling=256, max_reserve=2)
+    controller.on_step_time(0.02)
+    controller.on_sent(10.0, 64)  # a batch of 64 prompts, waiting for the next step
+    controller.on_load(10.01, waiting=64, running=100, kv_usage=0.3)
+    queue = controller.state().inferences[0]
+    assert (queue.value, queue.dismissed) == (None, 1)
+    assert "1 readings were a step's arrivals" in queue.evidence
