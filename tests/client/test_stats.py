@@ -13,6 +13,7 @@ import pytest
 from factories import make_request
 from fake_server import FakeServer
 
+import llmbatch
 from llmbatch import (
     Client,
     DeadlineExceeded,
@@ -155,3 +156,28 @@ async def test_client_stats_print_as_a_table_and_count_retries() -> None:
     assert "retries 1" in text
     assert "Priority." not in text  # no reprs
     assert "server http://127.0.0.1:1/v1" in text
+
+
+@pytest.mark.anyio
+async def test_a_stated_max_num_seqs_is_believed_and_caps_bulk_below_it() -> None:
+    replica = llmbatch.Replica("http://127.0.0.1:1/v1", max_num_seqs=12)
+    assert repr(replica) == "Replica('http://127.0.0.1:1/v1', max_num_seqs=12)"
+    async with Client(replica, transport=MockTransport(FakeServer())) as client:
+        await client.complete("hi", max_tokens=1)
+        server = client.stats().servers[0]
+    seats = server.inference("seats")
+    assert seats is not None
+    assert (seats.value, seats.source, seats.evidence) == (
+        12.0,
+        "stated",
+        "Replica(max_num_seqs=12)",
+    )
+    assert server.bulk_limit <= 12 - server.realtime_reserve
+    assert {i.name for i in server.inferences} == {"queue", "seats", "step_time", "slo_unreachable"}
+    assert server.model_dump(mode="json")["inferences"][1]["source"] == "stated"
+
+
+@pytest.mark.parametrize(("value", "error"), [(0, llmbatch.ConfigError), ("8", TypeError)])
+def test_a_bad_max_num_seqs_is_refused_naming_the_field(value: object, error: type) -> None:
+    with pytest.raises(error, match="max_num_seqs"):
+        llmbatch.Replica("http://127.0.0.1:1/v1", max_num_seqs=value)  # type: ignore[arg-type]
