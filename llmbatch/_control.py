@@ -322,8 +322,12 @@ class AdmissionController:
 
     @property
     def limit(self) -> int:
-        """Bulk sequences allowed in flight (realtime's reserve already left out)."""
-        return max(1, min(int(self._limit), self.ceiling - self.reserve))
+        """Bulk sequences allowed in flight (realtime's reserve already left out, on
+        the client's ceiling and on the server's seats where they are known)."""
+        most = self.ceiling
+        if self.capacity.seats is not None:
+            most = min(most, self.capacity.seats)
+        return max(1, min(int(self._limit), most - self.reserve))
 
     @property
     def reserve(self) -> int:

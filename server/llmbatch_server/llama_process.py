@@ -23,6 +23,8 @@ __all__ = ["LlamaServerProcess"]
 
 #: How long a start may take before it counts as failed.
 STARTUP_TIMEOUT = 60.0
+#: Starts tried before giving up on one that exits at once (its port still taken).
+START_TRIES = 5
 
 
 class LlamaServerProcess:
@@ -65,15 +67,20 @@ class LlamaServerProcess:
         return [*argv, *self.extra]
 
     def start(self, timeout: float = STARTUP_TIMEOUT) -> LlamaServerProcess:
-        """Start it and wait until ``/health`` answers 200."""
-        with self._log.open("ab") as log:
-            self._process = subprocess.Popen(
-                self.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        """Start it and wait until ``/health`` answers 200. Restarted on its port
+        right after a kill, it may find the port not yet free: it tries again."""
         deadline = time.monotonic() + timeout
+        self._spawn()
+        exits = 0
         while True:
+            assert self._process is not None
             if self._process.poll() is not None:
-                raise RuntimeError(f"llama-server exited:\n{self.log_tail()}")
+                exits += 1
+                if exits >= START_TRIES or time.monotonic() > deadline:
+                    raise RuntimeError(f"llama-server exited:\n{self.log_tail()}")
+                time.sleep(0.5)
+                self._spawn()
+                continue
             try:
                 if (
                     httpx.get(self.base_url[: -len("/v1")] + "/health", timeout=2).status_code
@@ -86,6 +93,12 @@ class LlamaServerProcess:
                 self.stop()
                 raise RuntimeError(f"llama-server not ready after {timeout}s:\n{self.log_tail()}")
             time.sleep(0.1)
+
+    def _spawn(self) -> None:
+        with self._log.open("ab") as log:
+            self._process = subprocess.Popen(
+                self.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def kill(self) -> None:
         """SIGKILL it (an engine crash): in-flight requests lose their connection."""

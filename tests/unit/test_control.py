@@ -251,6 +251,7 @@ def test_a_stated_capacity_caps_bulk_below_it_without_an_slo() -> None:
     controller = AdmissionController(
         ceiling=256, max_reserve=4, seats=16, seats_stated_by="llama.cpp /props total_slots"
     )
+    assert controller.limit == 16 - controller.reserve  # before any update too
     controller.update(0.0)
     assert controller.limit == 16 - controller.reserve
     seats = controller.state().inferences[1]
