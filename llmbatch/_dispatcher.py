@@ -522,9 +522,9 @@ class Dispatcher:
                 # The server's queue is full. Hold this batch's seats for a backoff (so
                 # less is sent meanwhile; the controller halves the limit while such
                 # answers are many), then back to the client's queue, where priorities
-                # still apply: not an attempt used up, not a failure, not an outage.
+                # still apply and its retries start afresh: not a failure, not an outage.
                 for request in requests:
-                    request.attempts -= 1
+                    request.retried = True  # it will be sent again
                 await anyio.sleep(self._backoff(1, error))
                 raise _Unavailable from error
             if (
@@ -725,9 +725,10 @@ def _is_unavailable(error: RequestError) -> bool:
     return isinstance(error, ConnectError | RemoteProtocolError)
 
 
-#: Words of a 503 that refuses work for now rather than saying the server is down:
-#: vLLM's queue cap (``--max-num-queued-reqs``, its QueueOverflowError), the simulator's.
-_BACKPRESSURE_WORDS = ("queue", "overload", "too many", "capacity")
+#: Words of a 503 that says the server's queue is full (vLLM's ``--max-num-queued-reqs``,
+#: its QueueOverflowError; the simulator's queue cap), rather than that it is down or
+#: overloaded in general, which the breaker and the retries handle.
+_BACKPRESSURE_WORDS = ("queue",)
 
 
 def is_backpressure(error: ServiceUnavailableError) -> bool:

@@ -194,8 +194,8 @@ async def test_the_controller_reads_the_load_report_and_metrics() -> None:
 
 async def test_a_full_queues_503s_are_backpressure_not_an_outage() -> None:
     """vLLM past ``--max-num-queued-reqs`` answers 503: the batch waits a backoff and
-    goes back to the client's queue (no attempt used up), the limit is halved while
-    they are many, and nothing is held as an outage or fails."""
+    goes back to the client's queue (its retries start afresh), the limit is halved
+    while they are many, and nothing is held as an outage or fails."""
     # 8 seats, a queue cap of 4: the client's default limit would put 255 there.
     with run_simulator("--speed", "50", "--max-num-seqs", "8", "--max-num-queued-reqs", "4") as sim:
         retry = llmbatch.RetryPolicy(attempts=2, initial_backoff=0.05)
