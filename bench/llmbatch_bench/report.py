@@ -207,5 +207,7 @@ def _targets(report: Mapping[str, Any]) -> str:
                 t["detail"],
             ]
         )
+    if not rows:
+        return section("Targets", "None of this run's scenarios measures a target.")
     headers = ["target", "this run", "threshold", "verdict", "detail"]
     return section("Targets", table(headers, rows))

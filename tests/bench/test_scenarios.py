@@ -175,21 +175,9 @@ def test_cli_smoke_bulk(tmp_path: Path) -> None:
         assert r["peak_rss_mb"] > 0
         assert set(r["latency"]["batch"]) == {"n", "p50", "p95", "p99", "max"}
     assert report["hot_server"] is None  # no hot-path scenario asked for
-    assert [t["id"] for t in report["targets"]] == [
-        "bulk_throughput",
-        "realtime_p99_ratio",
-        "overhead_cpu",
-        "overhead_vs_probe",
-        "overhead_vs_openai",
-        "burst_complete",
-        "burst_cpu_ratio",
-        "burst_rss",
-        "single_added_p50",
-        "single_added_p99",
-        "chat_cpu_ratio",
-        "dropin_requests",
-        "dropin_cpu",
-    ]
+    # Only the targets the bulk scenario measures (with the sweep): the rest need
+    # scenarios this run did not have.
+    assert [t["id"] for t in report["targets"]] == ["bulk_throughput"]
     assert (tmp_path / "bench-cpu.png").exists()
 
 
