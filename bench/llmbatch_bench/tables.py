@@ -12,7 +12,7 @@ from typing import Any
 __all__ = ["num", "section", "table"]
 
 #: Columns holding prose, left-aligned like the first column; numbers align right.
-_TEXT_COLUMNS = frozenset({"detail", "errors", "verdict", "target", "threshold"})
+_TEXT_COLUMNS = frozenset({"detail", "errors", "verdict", "target", "threshold", "server"})
 
 
 def num(value: float | None, digits: int = 0, scale: float = 1.0, suffix: str = "") -> str:
