@@ -108,29 +108,26 @@ class ProgressTracker:
         if self._closed:
             return  # items cancelled after the caller left: the last snapshot is out
         self.in_flight -= 1
-        error = result.error
-        if error is None:
-            self.done += 1
-            usage = getattr(result.value, "usage", None)
-            if usage is not None:
-                self.tokens += usage.completion_tokens
-        elif not isinstance(error, RequestCancelled):
-            # A cancelled item (the map was left, the client closed) did not finish:
-            # it is no longer in flight, and neither done nor failed.
-            self.failed += 1
+        self._count(result, 1)
 
     def undelivered(self, result: Result[Any]) -> None:
         """A finished item the caller never received (it left the map first): the
         last snapshot counts only what the caller got."""
-        if self._closed:
-            return
-        if result.error is None:
-            self.done -= 1
+        if not self._closed:
+            self._count(result, -1)
+
+    def _count(self, result: Result[Any], sign: int) -> None:
+        """Add (or take back) a finished item: done with its tokens, or failed. A
+        cancelled item (the map was left, the client closed) did not finish: it is
+        neither done nor failed."""
+        error = result.error
+        if error is None:
+            self.done += sign
             usage = getattr(result.value, "usage", None)
             if usage is not None:
-                self.tokens -= usage.completion_tokens
-        elif not isinstance(result.error, RequestCancelled):
-            self.failed -= 1
+                self.tokens += sign * usage.completion_tokens
+        elif not isinstance(error, RequestCancelled):
+            self.failed += sign
 
     def maybe_emit(self) -> None:
         """Hand a snapshot to the callback if the last one is old enough."""
