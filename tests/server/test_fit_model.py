@@ -19,6 +19,7 @@ from llmbatch_server.fit.model import (
     fit_step,
     line,
     load_fit,
+    step_spread,
 )
 from llmbatch_server.sim.options import describe_fitted
 
@@ -179,3 +180,18 @@ def test_the_simulators_start_line_names_the_fit() -> None:
         "fitted to vllm-fit.json (model 'm'): step 20.00 ms + 1000 µs a running sequence, "
         "API server 2.00 ms a request"
     )
+
+
+@given(width=st.floats(0.0, 0.6), seed=st.integers(0, 1000))
+def test_the_spread_of_uniform_gaps_is_their_half_width(width: float, seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    gaps = [0.01 * (1 + width * (2 * rng.random() - 1)) for _ in range(2000)]
+    assert step_spread(gaps) == pytest.approx(width, abs=0.03)
+
+
+def test_a_few_stalls_are_not_spread_and_few_gaps_say_nothing() -> None:
+    gaps = [0.01] * 95 + [0.5] * 5
+    assert step_spread(gaps) == 0.0
+    assert step_spread([0.01, 0.02] * 4) == 0.0

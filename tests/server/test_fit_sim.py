@@ -53,8 +53,23 @@ def test_fit_recovers_the_simulators_step_model_within_ten_percent(
     assert fit.step.base == pytest.approx(truth.base / SPEED, rel=0.10)
     assert fit.step.per_sequence == pytest.approx(truth.per_sequence / SPEED, rel=0.10)
     assert fit.step.per_prefill_token == pytest.approx(truth.per_prefill_token / SPEED, rel=0.10)
+    assert fit.step.jitter < 0.1
     assert fit.limits.max_model_len == 4096
     assert [p.sequences for p in fit.decode] == [1, 4, 16, 64]
+
+
+@pytest.mark.slow  # ~4 s of probes
+def test_fit_measures_the_steps_spread(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "fit.json"
+    with run_simulator("--speed", "4", "--step-jitter", "0.3") as sim:
+        done = subprocess.run(
+            [sys.executable, "-m", "llmbatch_server", "fit", "--url", sim.base_url, "-o",
+             str(out), "--sequences", "1,4", "--tokens", "48", "--repeat", "2"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "steps spread +-" in done.stdout
+    assert load_fit(out).step.jitter == pytest.approx(0.3, abs=0.1)
 
 
 def test_fit_finds_the_servers_sequence_limit(tmp_path: pathlib.Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 
 import pytest
@@ -198,3 +199,116 @@ async def test_inter_token_latency_is_the_step_time_of_the_running_batch() -> No
     assert histogram.count == 32 * 19  # every token after each sequence's first
     decode_step = StepModel().step_seconds(32, 0)
     assert histogram.total / histogram.count == pytest.approx(decode_step, rel=1e-6)
+
+
+def _preempting(vt: VirtualTime, **limits: object) -> Engine:
+    return _engine(vt, preemption=True, **limits)
+
+
+@pytest.mark.anyio
+async def test_preemption_admits_more_than_reservation_would_and_preempts_when_full() -> None:
+    vt = VirtualTime()
+    # 14 blocks of 16 tokens: reserving 100 tokens a sequence admits 2 (the test
+    # above); growing block by block admits all 4, and their outputs then need more
+    # blocks than there are, so some are preempted, recomputed, and all finish.
+    engine = _preempting(vt, max_model_len=100, kv_cache_tokens=224)
+    group = Group()
+    seen: set[int] = set()
+    group.on_tokens = lambda seq, n: seen.add(engine.num_running)
+    sequences = _seqs(group, 4, prompt=40, target=60)
+    engine.add(group, sequences)
+    await _run_until(engine, lambda: group.pending == 0)
+    assert max(seen) == 4
+    assert engine.metrics.preemptions > 0
+    assert all(s.generated == 60 for s in sequences)
+    assert engine.kv.used == 0  # every block came back
+    assert any(s.recompute for s in sequences)
+
+
+@pytest.mark.anyio
+async def test_preemption_picks_the_lowest_priority_latest_arrival_under_priority() -> None:
+    vt = VirtualTime()
+    engine = _preempting(vt, max_model_len=100, kv_cache_tokens=224, scheduling_policy="priority")
+    urgent, bulk_early, bulk_late = Group(), Group(), Group()
+    engine.add(urgent, _seqs(urgent, 1, prompt=40, target=60), priority=-1)
+    engine.add(bulk_early, _seqs(bulk_early, 1, prompt=40, target=60), priority=5)
+    vt.now += 0.001
+    engine.add(bulk_late, _seqs(bulk_late, 1, prompt=40, target=60), priority=5)
+    await _run_until(engine, lambda: urgent.pending == bulk_early.pending == bulk_late.pending == 0)
+    assert urgent.sequences[0].recompute == 0
+    assert bulk_late.sequences[0].recompute > 0  # the first chosen: latest of the lowest
+    assert engine.metrics.preemptions >= 1
+
+
+@pytest.mark.anyio
+async def test_preemption_under_fcfs_takes_the_last_admitted() -> None:
+    vt = VirtualTime()
+    engine = _preempting(vt, max_model_len=100, kv_cache_tokens=224, scheduling_policy="fcfs")
+    groups = [Group() for _ in range(3)]
+    for group in groups:
+        engine.add(group, _seqs(group, 1, prompt=40, target=60))
+    await _run_until(engine, lambda: all(g.pending == 0 for g in groups))
+    first, _, last = (g.sequences[0] for g in groups)
+    assert first.recompute == 0
+    assert last.recompute > 0
+
+
+@pytest.mark.anyio
+async def test_a_preempted_sequence_recomputes_its_output_as_prefill() -> None:
+    vt = VirtualTime()
+    engine = _preempting(vt, max_model_len=100, kv_cache_tokens=224, scheduling_policy="fcfs")
+    groups = [Group() for _ in range(3)]
+    for group in groups:
+        engine.add(group, _seqs(group, 1, prompt=40, target=60))
+    prefills: list[int] = []
+    schedule = engine._schedule
+
+    def recording(now: float) -> tuple[list[Sequence], int]:
+        batch, prefill = schedule(now)
+        prefills.append(prefill)
+        return batch, prefill
+
+    lost: list[int] = []
+    preempt = engine._preempt
+
+    def preempting(seq: Sequence) -> None:
+        lost.append(seq.generated)
+        preempt(seq)
+
+    engine._schedule = recording  # type: ignore[method-assign]
+    engine._preempt = preempting  # type: ignore[method-assign]
+    await _run_until(engine, lambda: all(g.pending == 0 for g in groups))
+    # Besides the three prompts' 120 tokens, each preempted sequence's prompt and
+    # the output it had were prefilled again; no output token was generated twice.
+    assert lost
+    assert all(n > 0 for n in lost)
+    assert sum(prefills) == 3 * 40 + len(lost) * 40 + sum(lost)
+    assert engine.metrics.generation_tokens == 3 * 60
+
+
+def test_jitter_spreads_steps_around_the_model_and_is_seeded() -> None:
+    step = StepModel(jitter=0.3)
+    plain = StepModel()
+    assert step.step_seconds(4, 0, 0.5) == pytest.approx(plain.step_seconds(4, 0))
+    assert step.step_seconds(4, 0, 0.0) == pytest.approx(0.7 * plain.step_seconds(4, 0))
+    assert step.step_seconds(4, 0, 0.999999) == pytest.approx(1.3 * plain.step_seconds(4, 0))
+    with pytest.raises(ValueError, match="jitter"):
+        StepModel(jitter=1.5)
+
+    async def gaps(seed: int) -> list[float]:
+        vt = VirtualTime()
+        engine = Engine(EngineLimits(), step, clock=vt.clock, sleep=vt.sleep, seed=seed)
+        group = Group()
+        times: list[float] = []
+        group.on_tokens = lambda seq, n: times.append(vt.now)
+        engine.add(group, _seqs(group, 1, target=200))
+        await _run_until(engine, lambda: group.pending == 0)
+        return [b - a for a, b in itertools.pairwise(times)]
+
+    first, again, other = (asyncio.run(gaps(s)) for s in (1, 1, 2))
+    assert first == again
+    assert first != other
+    alone = plain.step_seconds(1, 0)
+    assert min(first) >= 0.7 * alone * 0.999
+    assert max(first) <= 1.3 * alone * 1.001
+    assert max(first) - min(first) > 0.4 * alone  # spread, not every step alike

@@ -106,6 +106,7 @@ def fit_server(
         batch_latency_s=measured.batch_latency_s,
         batch_prompt_tokens=measured.batch_prompt_tokens,
         burst=measured.burst,
+        gaps=measured.gaps,
     )
     return Fit(
         model=name,
@@ -129,7 +130,8 @@ def describe(fit: Fit) -> str:
         f"model {fit.model}: idle TTFT {fit.idle_ttft_s * 1e3:.1f} ms, "
         f"idle TPOT {fit.idle_tpot_s * 1e3:.2f} ms",
         f"step = {s.base * 1e3:.2f} ms + {s.per_sequence * 1e6:.1f} µs per running sequence "
-        f"+ {s.per_prefill_token * 1e6:.2f} µs per prefill token",
+        f"+ {s.per_prefill_token * 1e6:.2f} µs per prefill token; steps spread "
+        f"+-{s.jitter:.0%}",
         f"API server: {s.per_request * 1e3:.2f} ms per request + {s.per_prompt * 1e6:.0f} µs "
         f"per prompt; worst residual {fit.worst_residual:.0%}",
         "decode points: "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import statistics
 import time
@@ -67,6 +68,8 @@ class Measured:
     batch_latency_s: float
     batch_prompt_tokens: int
     burst: tuple[BurstPoint, ...] = ()
+    #: Inter-token gaps of streams decoding alone (seconds), for the steps' spread.
+    gaps: tuple[float, ...] = ()
 
 
 class Prober:
@@ -121,6 +124,24 @@ class Prober:
                 if first is None and line.startswith("data: ") and '"text"' in line:
                     first = time.perf_counter()
         return (first or time.perf_counter()) - start
+
+    async def stream_gaps(self, tokens: int) -> list[float]:
+        """The gaps between the tokens of one stream decoding alone."""
+        body = {
+            "model": self._model,
+            "prompt": self.prompt(8),
+            "max_tokens": tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+        }
+        arrivals: list[float] = []
+        async with self._http.stream("POST", "/completions", json=body) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and '"text"' in line:
+                    arrivals.append(time.perf_counter())
+        return [b - a for a, b in itertools.pairwise(arrivals)]
 
     async def together(self, k: int, max_tokens: int) -> float:
         """Latency of one request of k prompts: the engine gets all k at once."""
@@ -285,6 +306,7 @@ async def measure(
         prefill = [await prober.prefill_point(t) for t in aims or probe.prompt_lengths[:1]]
         batch_latency, batch_tokens = await prober.batch_point()
         burst = [await prober.burst_point(n) for n in sorted(set(probe.burst))]
+        gaps = [g for _ in range(probe.repeat) for g in await prober.stream_gaps(probe.tokens)]
         cache = await gauges.read() or {}
     blocks = cache.get("cache_config_info.num_gpu_blocks")
     block_size = cache.get("cache_config_info.block_size")
@@ -303,6 +325,7 @@ async def measure(
         batch_latency_s=batch_latency,
         batch_prompt_tokens=batch_tokens,
         burst=tuple(burst),
+        gaps=tuple(gaps),
     )
 
 

@@ -56,6 +56,9 @@ class FittedStep:
     per_prefill_token: float
     per_request: float
     per_prompt: float
+    #: The steps' spread, as the half-width of a uniform spread around the model
+    #: (``StepModel.jitter``), from the inter-token gaps of streams; 0 if not measured.
+    jitter: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,22 @@ def line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     return mean_y - slope * mean_x, slope
 
 
+def step_spread(gaps: Sequence[float]) -> float:
+    """The ``StepModel.jitter`` that inter-token ``gaps`` imply: the half-width of a
+    uniform spread around their median, read from their 10th and 90th percentiles
+    (which sit at 0.8 of it), so a few stalls (a scheduler hiccup, a collection)
+    do not count as spread. 0 with fewer than 10 gaps; below 1 always."""
+    if len(gaps) < 10:
+        return 0.0
+    ordered = sorted(gaps)
+    n = len(ordered)
+    median = ordered[n // 2]
+    if median <= 0:
+        return 0.0
+    low, high = ordered[n // 10], ordered[(9 * n) // 10]
+    return min((high - low) / (1.6 * median), 0.95)
+
+
 def fit_step(
     decode: Sequence[DecodePoint],
     prefill: Sequence[PrefillPoint],
@@ -152,6 +171,7 @@ def fit_step(
     batch_latency_s: float = 0.0,
     batch_prompt_tokens: int = 0,
     burst: Sequence[BurstPoint] = (),
+    gaps: Sequence[float] = (),
 ) -> tuple[FittedStep, float]:
     """The step model the points imply, and the worst relative residual.
 
@@ -198,5 +218,6 @@ def fit_step(
         per_prefill_token=per_token,
         per_request=per_request,
         per_prompt=per_prompt,
+        jitter=step_spread(gaps),
     )
     return fitted, max(residuals)

@@ -35,15 +35,25 @@ class StepModel:
     #: tokenizing, detokenizing): serial, like vLLM's single front-end process.
     per_request: float = 0.0015
     per_prompt: float = 0.000_1
+    #: A step's spread: each lasts its modelled time times a draw uniform in
+    #: ``[1 - jitter, 1 + jitter]`` (0: every step as modelled; ``fit`` measures it).
+    jitter: float = 0.0
     speed: float = 1.0
 
-    def step_seconds(self, sequences: int, prefill_tokens: int) -> float:
-        """Wall time of one step with ``sequences`` in the batch."""
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.jitter < 1.0:
+            raise ValueError(f"jitter must be in [0, 1), got {self.jitter!r}")
+
+    def step_seconds(self, sequences: int, prefill_tokens: int, draw: float = 0.5) -> float:
+        """Wall time of one step with ``sequences`` in the batch; ``draw`` in [0, 1)
+        places it in the jitter's spread (0.5: the modelled time)."""
         if sequences == 0:
             return 0.0
         modelled = (
             self.base + self.per_sequence * sequences + self.per_prefill_token * prefill_tokens
         )
+        if self.jitter:
+            modelled *= 1.0 + self.jitter * (2.0 * draw - 1.0)
         return modelled / self.speed
 
     def frontend_seconds(self, prompts: int) -> float:
@@ -72,6 +82,12 @@ class EngineLimits:
     block_size: int = 16
     #: vLLM's automatic prefix caching (on by default in vLLM V1).
     enable_prefix_caching: bool = True
+    #: KV blocks as vLLM allocates them: a sequence gets its prompt's when admitted
+    #: and one more as its output fills each, and when none is free a running
+    #: sequence is preempted (its blocks freed, to be recomputed when readmitted).
+    #: Off: each sequence reserves its prompt and ``max_tokens`` when admitted and is
+    #: never preempted (the simulator's older, simpler model).
+    preemption: bool = False
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in ("fcfs", "priority"):

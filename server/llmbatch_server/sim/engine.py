@@ -4,7 +4,15 @@ Each step: every running sequence whose prompt is prefilled gets one token;
 waiting sequences join while ``max_num_seqs``, the per-step token budget
 (chunked prefill) and KV-cache capacity (in blocks, with prefix caching: see
 :mod:`llmbatch_server.sim.prefix_cache`) allow; the step lasts
-``StepModel.step_seconds``. Time comes from injectable ``clock``/``sleep``
+``StepModel.step_seconds`` (spread by its jitter, drawn from a seeded generator).
+
+With ``EngineLimits.preemption`` the KV cache fills as vLLM's v1 scheduler fills
+it: a running sequence takes one more block when its output fills the last, and
+when none is free the scheduler preempts a running sequence (under the priority
+policy the lowest priority, latest arrival first; under fcfs the last admitted)
+by recomputation: its blocks are freed, and it waits at its old place in the queue
+to prefill its prompt and the tokens it had generated again. No new sequence is
+admitted in a step that preempted. Time comes from injectable ``clock``/``sleep``
 callables, so tests can run hours of modelled time instantly.
 
 Sequences belong to a ``Group`` (one HTTP request); the group learns about new
@@ -16,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -49,6 +58,10 @@ class Sequence:
     block_hashes: tuple[int, ...] | None = None
     priority: int = 0
     arrival: float = 0.0
+    #: Its place in the waiting queue's order (kept for a return after preemption).
+    order: int = 0
+    #: Output tokens to prefill again after a preemption (recomputation).
+    recompute: int = 0
     prefilled: int = 0
     #: Prompt tokens found in the prefix cache when admitted, so not prefilled
     #: (vLLM's ``num_cached_tokens``, shown in ``usage.prompt_tokens_details``).
@@ -63,6 +76,12 @@ class Sequence:
     @property
     def kv_tokens(self) -> int:
         return self.prompt_tokens + self.target
+
+    @property
+    def prefill_target(self) -> int:
+        """Tokens to prefill before it generates: its prompt, and after a preemption
+        the output it had generated too."""
+        return self.prompt_tokens + self.recompute
 
     def text(self, start: int = 0, stop: int | None = None) -> str:
         end = min(self.generated if stop is None else stop, self.visible)
@@ -92,6 +111,7 @@ class Engine:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        seed: int = 0,
     ) -> None:
         self.limits = limits
         self.step_model = step
@@ -106,6 +126,7 @@ class Engine:
             caching=limits.enable_prefix_caching,
         )
         self._counter = itertools.count()
+        self._jitter = random.Random(seed)
         self._wake = asyncio.Event()
         self.steps = 0
         self.busy_seconds = 0.0
@@ -145,7 +166,8 @@ class Engine:
             seq.arrival = now
             seq.priority = priority
             key = priority if use_priority else 0
-            heapq.heappush(self._waiting, (key, next(self._counter), seq))
+            seq.order = next(self._counter)
+            heapq.heappush(self._waiting, (key, seq.order, seq))
         self._wake.set()
 
     def abort(self, group: Group) -> None:
@@ -184,7 +206,9 @@ class Engine:
                 continue
             started = self._clock()
             batch, prefill = self._schedule(started)
-            seconds = self.step_model.step_seconds(len(batch), prefill)
+            step = self.step_model
+            draw = self._jitter.random() if step.jitter else 0.5
+            seconds = step.step_seconds(len(batch), prefill, draw)
             self.steps += 1
             self.busy_seconds += seconds
             remaining = started + seconds - self._clock()
@@ -199,9 +223,10 @@ class Engine:
         budget = self.limits.max_num_batched_tokens
         prefill = 0
         batch: list[Sequence] = []
+        preempted = self.limits.preemption and self._grow_or_preempt()
         for seq in self._running:
-            if seq.prefilled < seq.prompt_tokens:
-                chunk = min(seq.prompt_tokens - seq.prefilled, budget)
+            if seq.prefilled < seq.prefill_target:
+                chunk = min(seq.prefill_target - seq.prefilled, budget)
                 if chunk == 0:
                     continue
                 seq.prefilled += chunk
@@ -213,12 +238,22 @@ class Engine:
                 budget -= 1
             batch.append(seq)
         limits = self.limits
-        while self._waiting and len(self._running) < limits.max_num_seqs and budget > 0:
+        while (
+            self._waiting
+            and len(self._running) < limits.max_num_seqs
+            and budget > 0
+            and not preempted
+        ):
             seq = self._waiting[0][2]
             if seq.finished:  # aborted while waiting
                 heapq.heappop(self._waiting)
                 continue
-            table = self.kv.admit(seq.block_hashes, seq.prompt_tokens, seq.kv_tokens)
+            # Incremental: the blocks its prefill fills and the one its first token
+            # starts (an embedding needs its prompt's alone); else all it may use.
+            kv_tokens = (
+                seq.prefill_target + (seq.target > 0) if limits.preemption else seq.kv_tokens
+            )
+            table = self.kv.admit(seq.block_hashes, seq.prompt_tokens, kv_tokens)
             if table is None:
                 break
             heapq.heappop(self._waiting)
@@ -228,7 +263,7 @@ class Engine:
             # Cached prefix blocks need no prefill: only the rest is computed.
             seq.cached_tokens = len(table.cached) * self.kv.block_size
             seq.prefilled = seq.cached_tokens
-            chunk = min(seq.prompt_tokens - seq.prefilled, budget)
+            chunk = min(seq.prefill_target - seq.prefilled, budget)
             seq.prefilled += chunk
             self.kv.computed(table, seq.prefilled)
             prefill += chunk
@@ -239,6 +274,42 @@ class Engine:
         if self._users:
             self._count_users(batch)
         return batch, prefill
+
+    def _grow_or_preempt(self) -> bool:
+        """Give each decoding sequence the block its next token needs, preempting
+        others (or itself) when none is free; returns whether any was preempted."""
+        kv = self.kv
+        preempted = False
+        for seq in list(self._running):
+            table = seq.table
+            if table is None or seq.prefilled < seq.prefill_target or not seq.target:
+                continue  # preempted this step already, or not decoding
+            need = seq.prompt_tokens + seq.generated + 1
+            while kv.held(table) < need and not kv.grow(table):
+                victim = self._victim()
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+        return preempted
+
+    def _victim(self) -> Sequence:
+        """The running sequence vLLM's scheduler preempts first."""
+        if self.limits.scheduling_policy == "priority":
+            return max(self._running, key=lambda s: (s.priority, s.arrival, s.order))
+        return self._running[-1]
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks and queue it again at its old place, to recompute."""
+        assert seq.table is not None
+        self.kv.release(seq.table)
+        seq.table = None
+        seq.recompute = seq.generated
+        seq.prefilled = 0
+        self._running.remove(seq)
+        key = seq.priority if self.limits.scheduling_policy == "priority" else 0
+        heapq.heappush(self._waiting, (key, seq.order, seq))
+        self.metrics.preemptions += 1
 
     def _count_users(self, batch: list[Sequence]) -> None:
         """The most sequences each ``user`` has had in one step (only once a request
@@ -261,7 +332,7 @@ class Engine:
         # mostly share one, and a histogram update per token would cost a bisect each.
         gaps: dict[float, int] = {}
         for seq in batch:
-            if seq.finished or seq.prefilled < seq.prompt_tokens:
+            if seq.finished or seq.prefilled < seq.prefill_target:
                 continue
             group = seq.group
             if seq.target == 0:

@@ -50,6 +50,8 @@ class EngineMetrics:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     aborted: int = 0
+    preemptions: int = 0
+    """Running sequences preempted for KV blocks (vLLM's ``num_preemptions``)."""
     peak_sequences: int = 0
     """The most sequences the server has held at once (running and waiting)."""
     peak_running: int = 0
@@ -110,6 +112,8 @@ def render(
         f"vllm:prompt_tokens_total{{{labels}}} {metrics.prompt_tokens}",
         "# TYPE vllm:generation_tokens_total counter",
         f"vllm:generation_tokens_total{{{labels}}} {metrics.generation_tokens}",
+        "# TYPE vllm:num_preemptions_total counter",
+        f"vllm:num_preemptions_total{{{labels}}} {metrics.preemptions}",
         "# TYPE vllm:request_success_total counter",
     ]
     for reason in ("stop", "length", "abort"):

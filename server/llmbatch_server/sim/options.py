@@ -125,6 +125,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "the 70B model's 1.065, or the fit's); with --step-base-ms, a step-model server",
     )
     p.add_argument(
+        "--step-jitter",
+        type=float,
+        metavar="SHARE",
+        help="spread each step's time uniformly by this share either way, e.g. 0.3 for "
+        "+-30%% (default: the fit's, else 0: every step as modelled)",
+    )
+    p.add_argument(
+        "--preemption",
+        action="store_true",
+        help="allocate KV blocks as sequences grow and preempt running ones when the "
+        "cache is full, as vLLM's scheduler does (default: off: each sequence reserves "
+        "its prompt and max_tokens when admitted)",
+    )
+    p.add_argument(
         "--zero-latency", action="store_true", help="model no time at all (default: off)"
     )
     p.add_argument(
@@ -260,6 +274,10 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             if value < 0:
                 raise ValueError(f"--{flag.replace('_', '-')} must be >= 0")
             step = dataclasses.replace(step, **{field_name: value / 1000})
+    if args.step_jitter is not None:
+        if not 0 <= args.step_jitter < 1:
+            raise ValueError(f"--step-jitter must be in [0, 1), got {args.step_jitter}")
+        step = dataclasses.replace(step, jitter=args.step_jitter)
     for name in (
         "max_num_seqs",
         "max_num_batched_tokens",
@@ -283,6 +301,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             ),
             enable_prefix_caching=args.enable_prefix_caching,
             max_num_queued_reqs=args.max_num_queued_reqs,
+            preemption=args.preemption,
         ),
         step=step,
         faults=FaultRates(
@@ -319,6 +338,7 @@ def describe_fitted(path: str, fit: Fit) -> str:
     s = fit.step
     return (
         f"fitted to {path} (model {fit.model!r}{where}{when}): step {s.base * 1e3:.2f} ms "
-        f"+ {s.per_sequence * 1e6:.0f} µs a running sequence, API server "
-        f"{s.per_request * 1e3:.2f} ms a request"
+        f"+ {s.per_sequence * 1e6:.0f} µs a running sequence"
+        + (f" (spread +-{s.jitter:.0%})" if s.jitter else "")
+        + f", API server {s.per_request * 1e3:.2f} ms a request"
     )

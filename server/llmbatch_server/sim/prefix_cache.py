@@ -12,10 +12,11 @@ its prompt's cached blocks from the last), cached ones keep their contents and
 can still be hit, and a new block is taken from the head of the queue, evicting
 what it cached.
 
-Simplifications, documented in docs/simulator.md: a sequence reserves the blocks
-for its whole prompt and output when admitted (vLLM grows them step by step and
-may preempt); only prompt blocks are hashed (vLLM also caches full output
-blocks, which helps multi-turn chats).
+A sequence either reserves the blocks for its whole prompt and output when admitted
+(the simulator's default) or, as vLLM does, gets its prompt's and then one more as
+its output fills each (``grow``; the engine preempts when none is free).
+Simplification, documented in docs/simulator.md: only prompt blocks are hashed
+(vLLM also caches full output blocks, which helps multi-turn chats).
 """
 
 from __future__ import annotations
@@ -125,6 +126,20 @@ class KVCache:
         self._take(new)
         self.used += new
         return BlockTable(hashes=hashes, cached=list(hits), plain=new, done=len(hits))
+
+    def held(self, table: BlockTable) -> int:
+        """Tokens the blocks ``table`` holds have room for."""
+        return (len(table.cached) + table.plain) * self.block_size
+
+    def grow(self, table: BlockTable, blocks: int = 1) -> bool:
+        """Give a running sequence ``blocks`` more (its output filled the last); False,
+        changing nothing, when that many are not free."""
+        if self.used + blocks > self.num_blocks:
+            return False
+        self._take(blocks)
+        self.used += blocks
+        table.plain += blocks
+        return True
 
     def computed(self, table: BlockTable, tokens: int) -> None:
         """The first ``tokens`` prompt tokens are scheduled: cache their full blocks.
