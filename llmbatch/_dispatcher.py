@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import anyio
 
 from llmbatch._clock import Clock
-from llmbatch._config import RetryPolicy
+from llmbatch._config import Priority, RetryPolicy
 from llmbatch._exceptions import (
     APIStatusError,
     BadRequestError,
@@ -414,7 +414,11 @@ class Dispatcher:
             headers = {**headers, **dict(spec.headers)}
         url = server.base_url + path + spec.query
         sent_at = self._now()
-        server.on_sent(sent_at, len(requests) * spec.n)
+        if spec.priority is Priority.REALTIME:
+            server.on_sent(sent_at, len(requests) * spec.n)
+        else:
+            tokens = sum(r.prefill_tokens for r in requests)
+            server.on_sent(sent_at, len(requests) * spec.n, tokens, bulk=True)
         tracer = self.tracer
         if tracer is None:
             response = await server.transport.send(HTTPRequest("POST", url, headers, body))

@@ -396,6 +396,8 @@ class Engine:
             outages=breaker.opened,
             ejected=server.ejected,
             inferences=control.inferences,
+            bulk_pace=None if control.pace is None else control.pace.tokens_per_second,
+            bulk_slice=None if control.pace is None else control.pace.slice_tokens,
         )
 
     def _signal_progress(self) -> None:

@@ -74,6 +74,12 @@ class Health:
                 limit = server.bulk_limit
                 grew = grew or limit > seats.bulk_cap
                 scheduler.set_bulk_limit(limit, seats.index)
+            pace = server.bulk_pace
+            if pace is None:
+                if seats.pace is not None:
+                    scheduler.set_pace(None, replica=seats.index)
+            else:
+                scheduler.set_pace(pace.tokens_per_second, pace.slice_tokens, seats.index)
         if len(live) > 2:
             self._eject_slow(now, live)
         return grew

@@ -166,6 +166,12 @@ class Request:
         "value",
     )
 
+    @property
+    def prefill_tokens(self) -> int:
+        """Estimated prompt tokens the server prefills for it (all ``n`` sequences)."""
+        spec = self.spec
+        return max(1, self.est_tokens - spec.max_tokens * spec.n)
+
     def __init__(
         self,
         spec: CallSpec,

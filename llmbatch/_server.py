@@ -23,7 +23,7 @@ import anyio
 
 from llmbatch._breaker import Breaker, BreakerState
 from llmbatch._config import SLO, Limits, Priority, RetryPolicy
-from llmbatch._control import AdmissionController
+from llmbatch._control import AdmissionController, Pace
 from llmbatch._exceptions import RequestError
 from llmbatch._load import (
     LOAD_FORMAT_HEADER,
@@ -157,9 +157,12 @@ class Server:
 
     # -- what exchanges report ---------------------------------------------------------
 
-    def on_sent(self, now: float, sequences: int) -> None:
-        """An HTTP request of ``sequences`` sequences went out at ``now``."""
-        self.controller.on_sent(now, sequences)
+    def on_sent(
+        self, now: float, sequences: int, prompt_tokens: int = 0, bulk: bool = False
+    ) -> None:
+        """An HTTP request of ``sequences`` sequences (about ``prompt_tokens`` prompt
+        tokens; ``bulk``: normal or batch work) went out at ``now``."""
+        self.controller.on_sent(now, sequences, prompt_tokens, bulk)
 
     def on_timing(
         self,
@@ -195,6 +198,8 @@ class Server:
             if ttft is not None:
                 controller.on_ttft(ttft)
             controller.on_realtime_answer(ttft, tpot)
+        else:
+            controller.on_bulk_answer(tokens)
         if tpot is not None and signals.best(now, STEP_TIME_SOURCES) is source:
             # Only the best source reporting now feeds the step time: the server's own
             # histogram while it is there, else streams, else answers. One that goes
@@ -226,6 +231,11 @@ class Server:
     def bulk_limit(self) -> int:
         """Bulk sequences the controller allows in flight here now."""
         return self.controller.limit
+
+    @property
+    def bulk_pace(self) -> Pace | None:
+        """How fast bulk prompt tokens may go here now (None: unpaced)."""
+        return self.controller.pace()
 
     def on_response(
         self,

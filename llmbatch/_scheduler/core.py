@@ -27,7 +27,10 @@ Rules, in order of precedence:
    Realtime may use every seat up to ``Limits.max_in_flight``; normal and batch
    work together only up to the *bulk limit* (``set_bulk_limit``: the admission
    controller's output, which leaves seats for realtime), and the same fraction of
-   tokens. A batch that does not fit whole is trimmed to what fits.
+   tokens. A batch that does not fit whole is trimmed to what fits. Where a
+   server's bulk is paced (``set_pace``: prompt tokens a second, at most a slice at
+   once), a normal or batch batch also takes only the prompt tokens its pace has
+   room for (one request at least, once the slice is full) and waits for the rest.
 7. A batch is sent only when the rate limits allow it; when they do not, nothing
    else is sent either, so the budget goes to the tiers in order.
 8. While a server is unavailable (its seats not ``sendable``) nothing is sent to
@@ -347,6 +350,12 @@ class Scheduler:
         ``Limits.max_in_flight``."""
         self.seats[replica].set_bulk_limit(sequences)
 
+    def set_pace(
+        self, tokens_per_second: float | None, slice_tokens: float = 0.0, replica: int = 0
+    ) -> None:
+        """Pace normal and batch prompt tokens to ``replica`` (None: unpaced)."""
+        self.seats[replica].set_pace(tokens_per_second, slice_tokens)
+
     def add_replica(self, models: frozenset[str] | None = None) -> Seats:
         """A new server's seats (it takes batches at once)."""
         seats = Seats(len(self.seats), self.limits)
@@ -459,10 +468,14 @@ class Scheduler:
             owed = [p for p in candidates if self._credit[p] >= 1.0]
             chosen = owed[0] if owed else next(p for p in TIERS if p in candidates)
             group, seats = candidates[chosen]
-            count, tokens, mixed = self._plan(chosen, group, seats)
+            count, tokens, mixed = self._plan(chosen, group, seats, now)
             if count == 0:
-                # A single request larger than the free token room: wait for room.
+                # A single request larger than the free token room, or than its
+                # pace lets go yet: wait for room, or for the pace.
                 blocked.add(chosen)
+                paced = self._pace_wait(chosen, group, seats, now)
+                if paced is not None and (rate_wakeup is None or paced < rate_wakeup):
+                    rate_wakeup = paced
                 continue
             wait = 0.0 if self.rate is None else self.rate.wait(now, tokens, chosen)
             if wait > 0:
@@ -473,7 +486,10 @@ class Scheduler:
                 break
             if self.rate is not None:
                 self.rate.take(tokens)
-            batches.append(self._commit(chosen, group, count, tokens, seats, mixed, now))
+            batch = self._commit(chosen, group, count, tokens, seats, mixed, now)
+            if seats.pace is not None and chosen is not Priority.REALTIME:
+                seats.pace.take(sum(r.prefill_tokens for r in batch.requests))
+            batches.append(batch)
             settle_credit(
                 self._credit, self.limits.min_share, chosen, count, candidates, owed=chosen in owed
             )
@@ -516,14 +532,36 @@ class Scheduler:
         there, none for bulk (evidence for the controller that more would be used)."""
         blocked.update(seats.index for seats in self.seats if seats.bulk_held_back())
 
+    def _pace_wait(
+        self, priority: Priority, group: Group, seats: Seats, now: float
+    ) -> float | None:
+        """When ``group``'s next request may go to ``seats`` by its pace (None: the
+        pace is not what holds it)."""
+        pace = seats.pace
+        if pace is None or priority is Priority.REALTIME:
+            return None
+        head = next((r for r in group.items if r.state == _QUEUED), None)
+        if head is None:
+            return None
+        wait = pace.wait_time(now, head.prefill_tokens)
+        return now + wait if wait > 0 else None
+
     def _plan(
-        self, priority: Priority, group: Group, seats: Seats
+        self, priority: Priority, group: Group, seats: Seats, now: float
     ) -> tuple[int, int, list[Request] | None]:
         """How many requests the next batch takes and their tokens: the group's oldest,
         or, when other tenants' groups of its family are queued too, a mix of them
         (returned in the order taken)."""
         policy = self._tiers[priority].policy
         room_seqs, room_tokens = seats.room(priority)
+        # Prompt tokens its pace lets go now; the first request may be larger than
+        # that once the bucket holds a whole slice (it then goes alone).
+        pace = seats.pace if priority is not Priority.REALTIME else None
+        paced = first = math.inf
+        if pace is not None:
+            pace.wait_time(now, 0)  # (refills it to now)
+            paced = pace.level
+            first = math.inf if pace.wait_time(now, pace.capacity) == 0 else paced
         busy = seats.in_flight > 0
         if self.shared is not None:
             shared_seqs, shared_tokens = self.shared.room(self.in_flight, self.in_flight_tokens)
@@ -533,8 +571,8 @@ class Scheduler:
         limit = min(policy.max_batch_size, room_seqs, group.head().spec.max_batch)
         tier = self._tiers[priority]
         if tier.tenanted and len(tier.families[group.family]) > 1:
-            return self._plan_mixed(tier, group, limit, room_tokens, busy)
-        count = tokens = 0
+            return self._plan_mixed(tier, group, limit, room_tokens, busy, (paced, first))
+        count = tokens = prefill = 0
         for request in group.items:
             if request.state != _QUEUED:
                 continue
@@ -544,18 +582,28 @@ class Scheduler:
             over_batch = count and tokens + cost > policy.max_batch_tokens
             # An oversize request may go alone, but only onto an otherwise idle server.
             over_room = tokens + cost > room_tokens and (count or busy)
-            if over_batch or over_room:
+            prompt = request.prefill_tokens if pace is not None else 0
+            over_pace = prefill + prompt > (paced if count else first)
+            if over_batch or over_room or over_pace:
                 break
             count += 1
             tokens += cost
+            prefill += prompt
         return count, tokens, None
 
     def _plan_mixed(
-        self, tier: TierQueue, first: Group, limit: int, room_tokens: int, busy: bool
+        self,
+        tier: TierQueue,
+        first: Group,
+        limit: int,
+        room_tokens: int,
+        busy: bool,
+        paced: tuple[float, float],
     ) -> tuple[int, int, list[Request]]:
         """A batch from ``first``'s family: each place goes to the tenant served least
         for its weight so far (counting what this batch already gives it), ``first``
-        winning ties; within a tenant, oldest first."""
+        winning ties; within a tenant, oldest first. ``paced``: the prompt tokens its
+        pace lets go, for a second request on and for the first."""
         policy = tier.policy
         book = self.tenants
         members = tier.families[first.family]
@@ -568,16 +616,20 @@ class Scheduler:
                 heads.append((tenant.served, order, members_queued, head, tenant.weight))
         heapq.heapify(heads)
         taken: list[Request] = []
-        tokens = 0
+        tokens = prefill = 0
+        pace_room, pace_first = paced
         while heads and len(taken) < limit:
             served, order, queued, request, weight = heads[0]
             cost = request.est_tokens
             over_batch = taken and tokens + cost > policy.max_batch_tokens
             over_room = tokens + cost > room_tokens and (taken or busy)
-            if over_batch or over_room:
+            prompt = request.prefill_tokens if pace_room != math.inf else 0
+            over_pace = prefill + prompt > (pace_room if taken else pace_first)
+            if over_batch or over_room or over_pace:
                 break
             taken.append(request)
             tokens += cost
+            prefill += prompt
             following = next(queued, None)
             if following is None:
                 heapq.heappop(heads)

@@ -7,6 +7,7 @@ from its controller); the scheduler books what it sends here and routes by it.
 
 from __future__ import annotations
 
+from llmbatch._buckets import TokenBucket
 from llmbatch._config import Limits, Priority
 
 __all__ = ["Seats"]
@@ -26,6 +27,7 @@ class Seats:
         "in_flight_tokens",
         "index",
         "models",
+        "pace",
         "sendable",
         "token_ceiling",
     )
@@ -48,6 +50,8 @@ class Seats:
         (a trial while it may be back)."""
         self.active = True
         """False once removed: it takes nothing new, and its in-flight work drains."""
+        self.pace: TokenBucket | None = None
+        """Bulk prompt tokens it may be sent, refilled by time (None: unpaced)."""
         self.set_bulk_limit(limits.max_in_flight - limits.reserved_realtime)
 
     def set_bulk_limit(self, sequences: int) -> None:
@@ -55,6 +59,20 @@ class Seats:
         self.bulk_cap = sequences
         share = sequences / self.ceiling
         self.bulk_token_cap = max(1, int(self.token_ceiling * share))
+
+    def set_pace(self, tokens_per_second: float | None, slice_tokens: float = 0.0) -> None:
+        """Pace bulk prompt tokens here: ``tokens_per_second``, at most ``slice_tokens``
+        at once (None: unpaced). What the bucket holds carries over a change."""
+        if tokens_per_second is None:
+            self.pace = None
+            return
+        pace = self.pace
+        if pace is None:
+            self.pace = TokenBucket(tokens_per_second, slice_tokens)
+        else:
+            pace.rate = tokens_per_second
+            pace.capacity = slice_tokens
+            pace.level = min(pace.level, slice_tokens)
 
     @property
     def realtime_in_flight(self) -> int:

@@ -363,3 +363,40 @@ def test_a_reading_of_what_was_just_sent_is_seen_and_dismissed() -> None:
     queue = controller.state().inferences[0]
     assert (queue.value, queue.dismissed) == (None, 1)
     assert "1 readings were a step's arrivals" in queue.evidence
+
+
+def test_bulk_is_paced_only_under_an_slo_once_measured() -> None:
+    free = AdmissionController(ceiling=256, max_reserve=8)
+    free.on_step_time(0.03)
+    free.on_bulk_answer(64)
+    free.on_sent(0.0, 10, 1_000, bulk=True)
+    assert free.pace() is None  # no SLO: throughput alone, nothing to pace for
+    held = AdmissionController(ceiling=256, max_reserve=8, slo=SLO(tpot=0.1))
+    assert held.pace() is None
+    held.on_step_time(0.03)
+    held.on_sent(0.0, 10, 1_000, bulk=True)
+    assert held.pace() is None  # no bulk answer yet: its lifetime is unknown
+    held.on_bulk_answer(64)
+    pace = held.pace()
+    assert pace is not None
+    # Twice the rate that keeps the limit full: a bulk sequence runs 64 steps of 30
+    # ms, so limit x 100 tokens / 1.92 s, x 2.
+    assert pace.tokens_per_second == pytest.approx(2 * held.limit * 100 / (64 * 0.03))
+    # Slices of four steps' worth, never less than eight prompts of few tokens.
+    assert pace.slice_tokens == pytest.approx(max(800, pace.tokens_per_second * 4 * 0.03))
+    assert held.state().pace == pace
+    held.on_sent(0.0, 1, 100_000, bulk=True)  # long prompts: no more than 2,048 tokens
+    assert held.prompt_tokens is not None
+    assert held.prompt_tokens > 2048
+    slice_tokens = held.pace().slice_tokens  # type: ignore[union-attr]
+    assert slice_tokens == pytest.approx(
+        max(held.prompt_tokens, held.pace().tokens_per_second * 4 * 0.03)
+    )  # type: ignore[union-attr]
+
+
+def test_realtime_sends_do_not_count_toward_the_bulk_prompt_size() -> None:
+    c = AdmissionController(ceiling=256, max_reserve=8, slo=SLO(tpot=0.1))
+    c.on_sent(0.0, 1, 5_000)
+    assert c.prompt_tokens is None
+    c.on_sent(0.0, 4, 400, bulk=True)
+    assert c.prompt_tokens == 100

@@ -117,3 +117,20 @@ async def test_an_slo_the_server_cannot_meet_is_said(
     assert server.slo_unreachable
     warnings = [r for r in caplog.records if "too slow for it" in r.getMessage()]
     assert len(warnings) == 1
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_bulk_is_paced_under_an_slo_and_stats_say_how_fast(anyio_backend: Any) -> None:
+    with run_simulator("--speed", "20") as sim:
+        async with llmbatch.Client(sim.base_url, slo=llmbatch.SLO(tpot=0.01)) as client:
+            results = await client.map([f"p{i}" for i in range(300)], max_tokens=16)
+            paced = client.stats().servers[0]
+        async with llmbatch.Client(sim.base_url) as client:
+            await client.map([f"q{i}" for i in range(50)], max_tokens=16)
+            free = client.stats().servers[0]
+    assert len(results) == 300
+    assert all(r.ok for r in results)
+    assert paced.bulk_pace is not None
+    assert paced.bulk_slice is not None
+    assert paced.bulk_slice >= 1
+    assert free.bulk_pace is None  # no SLO: nothing to pace for

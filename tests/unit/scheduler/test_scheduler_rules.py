@@ -387,3 +387,52 @@ def test_finishing_a_batch_at_once_returns_what_finishing_each_request_does() ->
         at_once.finish_batch(batch.requests, batch.priority, batch.replica)
         at_once.finish_batch(batch.requests, batch.priority, batch.replica)  # once only
     assert ledger(one_by_one) == ledger(at_once) == ledger(scheduler())
+
+
+def _paced(tokens_per_second: float, slice_tokens: float) -> Scheduler:
+    s = scheduler(BatchPolicy(max_batch_size=64, max_wait=0.0), max_in_flight=256)
+    s.set_pace(tokens_per_second, slice_tokens)
+    return s
+
+
+def test_paced_bulk_goes_in_slices_at_the_pace() -> None:
+    s = _paced(100.0, 40.0)
+    for _ in range(6):
+        s.add(make(NORMAL, prompt="x" * 76))  # 20 prompt tokens each
+    (batch,) = s.poll(0.0).batches
+    assert len(batch.requests) == 2  # a slice of 40 tokens
+    poll = s.poll(0.0)
+    assert poll.batches == []
+    assert poll.next_wakeup == pytest.approx(0.2)  # 20 tokens at 100 a second
+    (batch,) = s.poll(0.2).batches
+    assert len(batch.requests) == 1
+    (batch,) = s.poll(0.6).batches
+    assert len(batch.requests) == 2  # a full slice, no more: the bucket holds 40
+
+
+def test_realtime_is_never_paced() -> None:
+    s = _paced(1.0, 20.0)
+    for _ in range(4):
+        s.add(make(RT, prompt="x" * 76))
+    assert [len(b.requests) for b in s.poll(0.0).batches] == [4]
+
+
+def test_a_prompt_larger_than_a_slice_goes_alone_once_the_bucket_is_full() -> None:
+    s = _paced(100.0, 40.0)
+    s.add(make(NORMAL, prompt="x" * 400))  # 101 tokens
+    s.add(make(NORMAL, prompt="x" * 76))
+    (batch,) = s.poll(0.0).batches
+    assert len(batch.requests) == 1
+    poll = s.poll(0.1)
+    assert poll.batches == []  # the bucket is in debt: 61 tokens to repay first
+    (batch,) = s.poll(0.81).batches
+    assert len(batch.requests) == 1
+
+
+def test_unpaced_again_sends_everything_queued() -> None:
+    s = _paced(1.0, 20.0)
+    for _ in range(4):
+        s.add(make(NORMAL, prompt="x" * 76))
+    assert [len(b.requests) for b in s.poll(0.0).batches] == [1]
+    s.set_pace(None)
+    assert [len(b.requests) for b in s.poll(0.0).batches] == [3]
