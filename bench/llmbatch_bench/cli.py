@@ -99,9 +99,12 @@ def _configure(p: argparse.ArgumentParser) -> None:
     server.add_argument(
         "--prompts",
         default=d.prompts,
-        choices=("standard", "short"),
-        help="standard prompts (about 40 tokens on a Llama tokenizer) or short ones, where "
-        "the API server rather than the engine limits (default: %(default)s)",
+        choices=("standard", "short", "long", "mixed"),
+        help="standard prompts (about 40 tokens on a Llama tokenizer), short ones, where "
+        "the API server rather than the engine limits, long ones (about 1,000 tokens: "
+        "serve with --max-model-len 4096), or a long-tailed mix of the three lengths "
+        "(default: %(default)s); the realtime streams of the slo and mixed scenarios "
+        "keep standard prompts",
     )
     server.add_argument(
         "--api-key", help="bearer token (default: $LLMBATCH_API_KEY, then $OPENAI_API_KEY)"
@@ -478,10 +481,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"{args.prog}: {exc}", file=sys.stderr)
         return 2
-    if config.prompts == "short":
-        from llmbatch_bench.jobs import PROMPTS_ENV
-
-        os.environ[PROMPTS_ENV] = "short"  # the workers inherit it
 
     def progress(line: str) -> None:
         if not args.quiet:

@@ -21,7 +21,13 @@ from urllib.parse import urlsplit
 
 import llmbatch
 from llmbatch_bench.contenders import LlmbatchContender
-from llmbatch_bench.jobs import Job, poisson_arrivals, prompt, prompts, within_limit
+from llmbatch_bench.jobs import (
+    Job,
+    poisson_arrivals,
+    prompts,
+    realtime_prompt,
+    within_limit,
+)
 from llmbatch_bench.metrics import Recorder, RunMetrics, measure, record_stream
 from llmbatch_bench.server import discover
 from llmbatch_bench.trace import Trace, column
@@ -269,7 +275,7 @@ def _stream(
         start = time.perf_counter()
         timing = None
         deltas = contender.client.stream(
-            prompt(10_000_000 + i),
+            realtime_prompt(i),
             priority="realtime",
             max_tokens=job.realtime_max_tokens,
             **job.params,

@@ -72,7 +72,7 @@ def model_of(sim_args: tuple[str, ...] | None, max_tokens: int) -> SimModel | No
     if sim_args is None:
         return None
     try:
-        return sim_model(sim_args, max_tokens, prompt(1000))
+        return sim_model(sim_args, max_tokens, [prompt(i) for i in range(1000, 1100)])
     except (RuntimeError, ValueError):
         return None
 

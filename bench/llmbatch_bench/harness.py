@@ -33,7 +33,7 @@ from llmbatch_bench.config import (
     BenchConfig,
 )
 from llmbatch_bench.contenders import available
-from llmbatch_bench.jobs import HARD_STOP_GRACE, Job
+from llmbatch_bench.jobs import HARD_STOP_GRACE, Job, use_prompts
 from llmbatch_bench.metrics import RunMetrics
 from llmbatch_bench.server import MetricsSampler, ServerInfo, discover, simulator, vllm, wait_idle
 from llmbatch_bench.summary import summarize
@@ -51,6 +51,7 @@ def run_bench(
     config: BenchConfig, progress: Callable[[str], None] = lambda _: None
 ) -> dict[str, Any]:
     """Run every scenario of ``config``; return the JSON-ready report."""
+    use_prompts(config.prompts)  # before any worker process starts: they inherit it
     started = time.time()
     load_before = _loadavg()
     contenders = [c for c in config.contenders if available(c)]

@@ -187,16 +187,45 @@ _FILLER = (
 WARMUP_OFFSET = 50_000_000
 
 
-#: ``llmbatch bench --prompts short`` sets it for the run's worker processes.
+#: ``llmbatch bench --prompts SHAPE`` sets it for the run's worker processes.
 PROMPTS_ENV = "LLMBATCH_BENCH_PROMPTS"
+#: The prompt shapes ``--prompts`` takes.
+PROMPT_SHAPES = ("standard", "short", "long", "mixed")
+#: Repeats of the filler in a long prompt: about 1,000 tokens on a Llama tokenizer.
+_LONG_REPEATS = 25
+
+
+def use_prompts(shape: str) -> None:
+    """Make ``shape`` the prompts of this run (its worker processes inherit it)."""
+    if shape not in PROMPT_SHAPES:
+        raise ValueError(f"unknown prompt shape {shape!r}; choose from {PROMPT_SHAPES}")
+    os.environ[PROMPTS_ENV] = shape
 
 
 def prompt(i: int) -> str:
-    """The ``i``-th benchmark prompt: distinct, about 40 tokens (a few with
-    ``--prompts short``, where the API server rather than the engine limits)."""
-    if os.environ.get(PROMPTS_ENV) == "short":
+    """The ``i``-th benchmark prompt, distinct from the first token on: about 40
+    tokens (standard), a few (short: the API server rather than the engine limits),
+    about 1,000 (long), or a long-tailed mix (mixed: of every ten, seven standard,
+    two of about 250 tokens and one long)."""
+    shape = os.environ.get(PROMPTS_ENV, "standard")
+    if shape == "short":
         return f"Request {i}: hi."
-    return f"Request {i}. {_FILLER}"
+    repeats = 1
+    if shape == "long":
+        repeats = _LONG_REPEATS
+    elif shape == "mixed":
+        repeats = (1, 1, 1, 6, 1, 1, _LONG_REPEATS, 1, 6, 1)[i % 10]
+    return f"Request {i}. " + " ".join([_FILLER] * repeats)
+
+
+#: Realtime prompts are numbered from here, so they never repeat bulk ones.
+REALTIME_OFFSET = 10_000_000
+
+
+def realtime_prompt(i: int) -> str:
+    """The ``i``-th realtime prompt: a standard one whatever ``--prompts`` says (a
+    chat question beside the bulk work, whose shape is what ``--prompts`` varies)."""
+    return f"Request {REALTIME_OFFSET + i}. {_FILLER}"
 
 
 def prompts(n: int | None, start: int = 0) -> Iterator[str]:

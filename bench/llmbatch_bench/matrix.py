@@ -15,12 +15,19 @@ saturating bulk; SLO = ``factor`` x the idle per-token time) on one simulator mo
 ``load-header-only``          the load header alone
 ``transient-queue``           ``--speed 1``: a real engine's step, whose arrivals a
                               scraper sees waiting although seats are free
+                              (realtime at 2/s: the same load on a step ten times
+                              as long as the other rows' 20/s)
 ``step-model``                256 seats, step 10 ms + 1 ms a running sequence, SLO
                               3.2x the one-sequence step
 ``persistent-queue``          64 seats: bulk beyond them queues on the server
 ``refusals-503``              64 seats and a queue cap of 8 (vLLM 0.29+'s
                               ``--max-num-queued-reqs``): 503s as backpressure
 ``loose-slo``                 the SLO 10x the step: bulk should hardly notice it
+``jitter``                    every step's time spread uniformly by +-30 %
+``preemption``                KV blocks allocated as sequences grow, a cache of
+                              3,072 tokens: running sequences are preempted
+``long-prompts``              prompts of about 1,000 tokens (``--prompts long``):
+                              each admitted prompt's prefill lengthens a step
 ``llama.cpp``                 llama.cpp's own server, 16 slots, no priority (when
                               ``--llama-server`` and ``--llama-model`` are given)
 ============================  =====================================================
@@ -56,6 +63,8 @@ class Row:
     sim_args: str
     slo_factor: float = 3.0
     what: str = ""
+    bench_args: str = ""
+    """More arguments for the bench (the realtime load, the prompts)."""
 
 
 ROWS: tuple[Row, ...] = (
@@ -63,7 +72,12 @@ ROWS: tuple[Row, ...] = (
     Row("gauges-only", "--speed 10 --metrics gauges", what="gauges, no histogram"),
     Row("nothing", "--speed 10 --metrics none --no-load-header", what="no load signal"),
     Row("load-header-only", "--speed 10 --metrics none", what="the load header alone"),
-    Row("transient-queue", "--speed 1", what="a real engine's step: arrivals seen waiting"),
+    Row(
+        "transient-queue",
+        "--speed 1",
+        what="a real engine's step: arrivals seen waiting",
+        bench_args="--realtime-rate 2",
+    ),
     Row(
         "step-model",
         "--speed 10 --step-base-ms 10 --step-per-sequence-ms 1",
@@ -77,6 +91,18 @@ ROWS: tuple[Row, ...] = (
         what="64 seats, queue cap 8",
     ),
     Row("loose-slo", "--speed 10", slo_factor=10.0, what="SLO 10x the step"),
+    Row("jitter", "--speed 10 --step-jitter 0.3", what="steps spread +-30 %"),
+    Row(
+        "preemption",
+        "--speed 10 --preemption --max-model-len 2048 --kv-cache-tokens 3072",
+        what="KV grown and preempted, 3,072 tokens",
+    ),
+    Row(
+        "long-prompts",
+        "--speed 10 --max-model-len 4096",
+        what="prompts of ~1,000 tokens",
+        bench_args="--prompts long",
+    ),
 )
 #: The slo scenario's labels for the runs the matrix reads.
 WITH_SLO, WITHOUT_SLO = "llmbatch, SLO", "llmbatch, no SLO"
@@ -112,6 +138,7 @@ def _parser() -> argparse.ArgumentParser:
 def _bench_args(row: Row, args: argparse.Namespace, url: str | None = None) -> list[str]:
     argv = ["--scenario", "slo", "--slo-baselines", "", "--slo-factor", str(row.slo_factor)]
     argv += ["--url", url] if url else ["--closed-sim", row.sim_args]
+    argv += row.bench_args.split()
     return argv + (["--smoke"] if args.smoke else [])
 
 

@@ -25,8 +25,8 @@ from llmbatch_bench.jobs import (
     Job,
     chat_inputs,
     poisson_arrivals,
-    prompt,
     prompts,
+    realtime_prompt,
     watchdog,
     within_limit,
 )
@@ -135,7 +135,7 @@ def _realtime(
         start = time.perf_counter()
         try:
             # Realtime prompts never repeat bulk ones (no accidental prefix sharing).
-            await contender.realtime(prompt(10_000_000 + i), job.realtime_max_tokens, rec)
+            await contender.realtime(realtime_prompt(i), job.realtime_max_tokens, rec)
         except asyncio.CancelledError:
             rec.unfinished("realtime", time.perf_counter() - start)
             raise

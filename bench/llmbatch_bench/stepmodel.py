@@ -100,10 +100,11 @@ class SimModel:
         return asdict(self)
 
 
-def sim_model(sim_args: Sequence[str], max_tokens: int, prompt: str | None = None) -> SimModel:
+def sim_model(sim_args: Sequence[str], max_tokens: int, prompts: Sequence[str] = ()) -> SimModel:
     """The model ``llmbatch-server sim *sim_args`` runs (its own parser and defaults).
 
-    ``prompt`` (a benchmark prompt) is counted with the simulator's token counter;
+    ``prompts`` (benchmark prompts) are counted with the simulator's token counter,
+    their mean taken as a prompt's tokens;
     raises ``RuntimeError`` if the server package is missing or the arguments are not
     the simulator's, and ``ValueError`` for ``--zero-latency`` (no step model).
     """
@@ -124,7 +125,12 @@ def sim_model(sim_args: Sequence[str], max_tokens: int, prompt: str | None = Non
         raise ValueError("a --zero-latency simulator has no step model")
     config = options.config_from_args(args)
     step = config.step
-    tokens = EstimateCounter().count(prompt) if prompt else DEFAULT_PROMPT_TOKENS
+    counter = EstimateCounter()
+    tokens = (
+        round(sum(counter.count(p) for p in prompts) / len(prompts))
+        if prompts
+        else DEFAULT_PROMPT_TOKENS
+    )
     if not math.isfinite(step.speed) or step.speed <= 0:
         raise ValueError(f"bad simulator speed {step.speed}")
     return SimModel(

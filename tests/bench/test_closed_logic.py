@@ -44,7 +44,7 @@ def test_the_bound_is_the_largest_batch_whose_step_meets_the_slo() -> None:
 
 
 def test_the_simulators_own_model_gives_the_slo_and_its_bound() -> None:
-    model = sim_model(["--speed", "10"], 64, prompt(1000))
+    model = sim_model(["--speed", "10"], 64, [prompt(1000)])
     # (22.25 ms + 1.065 ms) / 10: one sequence, no prefill.
     assert model.idle_token_seconds == pytest.approx(0.0023315)
     assert model.max_num_seqs == 256
