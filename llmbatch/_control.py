@@ -120,7 +120,7 @@ PACE_SLICE_STEPS = 4.0
 MIN_SLICE_PROMPTS = 8
 #: ... up to this many prompt tokens: long prompts cost the API server more by their
 #: tokens than by their requests, and each lengthens a step by its whole prefill.
-MIN_SLICE_TOKENS = 2048
+MIN_SLICE_TOKENS = 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,8 +47,12 @@ timeout --kill-after=30 600 "$PYTHON" -m llmbatch_bench --url "http://127.0.0.1:
 # Fit the simulator to this vLLM (reduced probes, ~30 s) and serve one request with it.
 "$PYTHON" -m llmbatch_server fit --url "http://127.0.0.1:$port/v1" -o "$work/fit.json" \
     --sequences 1,4,16 --tokens 16 --repeat 1 --prompt-lengths 16,256
+# The gauge series under a saturating map (issue #31), on vLLM, then on the fitted
+# simulator: the short form of fit-compare.sh's comparison, printed.
+echo "gauges, vLLM:"
+"$PYTHON" -m llmbatch_bench.gauges --url "http://127.0.0.1:$port/v1" --seconds 5 --warmup 2
 "$PYTHON" - "$work/fit.json" <<'PY'
-import sys, httpx
+import subprocess, sys, httpx
 from llmbatch_server.testing import run_simulator
 with run_simulator("--fitted", sys.argv[1]) as sim:
     model = httpx.get(sim.base_url + "/models", timeout=10).json()["data"][0]["id"]
@@ -56,4 +60,7 @@ with run_simulator("--fitted", sys.argv[1]) as sim:
     answer = httpx.post(sim.base_url + "/completions", json=body, timeout=60)
     answer.raise_for_status()
     print("sim --fitted answered:", answer.json()["usage"])
+    print("gauges, the fitted simulator:", flush=True)
+    gauges = [sys.executable, "-m", "llmbatch_bench.gauges", "--url", sim.base_url]
+    subprocess.run([*gauges, "--seconds", "5", "--warmup", "2"], check=True, timeout=60)
 PY
