@@ -28,9 +28,9 @@ Rules, in order of precedence:
    work together only up to the *bulk limit* (``set_bulk_limit``: the admission
    controller's output, which leaves seats for realtime), and the same fraction of
    tokens. A batch that does not fit whole is trimmed to what fits. Where a
-   server's bulk is paced (``set_pace``: prompt tokens a second, at most a slice at
-   once), a normal or batch batch also takes only the prompt tokens its pace has
-   room for (one request at least, once the slice is full) and waits for the rest.
+   server's bulk is paced (``set_pace``: prompt tokens a second, a slice at once),
+   a normal or batch batch goes only once its pace has saved a whole slice, and
+   takes at most that many prompt tokens (a larger request goes alone).
 7. A batch is sent only when the rate limits allow it; when they do not, nothing
    else is sent either, so the budget goes to the tiers in order.
 8. While a server is unavailable (its seats not ``sendable``) nothing is sent to
@@ -473,7 +473,7 @@ class Scheduler:
                 # A single request larger than the free token room, or than its
                 # pace lets go yet: wait for room, or for the pace.
                 blocked.add(chosen)
-                paced = self._pace_wait(chosen, group, seats, now)
+                paced = self._pace_wait(chosen, seats, now)
                 if paced is not None and (rate_wakeup is None or paced < rate_wakeup):
                     rate_wakeup = paced
                 continue
@@ -532,18 +532,14 @@ class Scheduler:
         there, none for bulk (evidence for the controller that more would be used)."""
         blocked.update(seats.index for seats in self.seats if seats.bulk_held_back())
 
-    def _pace_wait(
-        self, priority: Priority, group: Group, seats: Seats, now: float
-    ) -> float | None:
-        """When ``group``'s next request may go to ``seats`` by its pace (None: the
-        pace is not what holds it)."""
+    @staticmethod
+    def _pace_wait(priority: Priority, seats: Seats, now: float) -> float | None:
+        """When ``seats``' pace will have saved a slice (None: the pace is not what
+        holds ``priority`` back)."""
         pace = seats.pace
         if pace is None or priority is Priority.REALTIME:
             return None
-        head = next((r for r in group.items if r.state == _QUEUED), None)
-        if head is None:
-            return None
-        wait = pace.wait_time(now, head.prefill_tokens)
+        wait = pace.wait_time(now, pace.capacity)
         return now + wait if wait > 0 else None
 
     def _plan(
@@ -554,14 +550,15 @@ class Scheduler:
         (returned in the order taken)."""
         policy = self._tiers[priority].policy
         room_seqs, room_tokens = seats.room(priority)
-        # Prompt tokens its pace lets go now; the first request may be larger than
-        # that once the bucket holds a whole slice (it then goes alone).
+        # Prompt tokens its pace lets go now: nothing until the bucket holds a whole
+        # slice (else every poll would send the one prompt it had saved for, and one
+        # request a prompt is what the API server can least afford), then up to what
+        # it holds; a first request larger than a slice then goes alone.
         pace = seats.pace if priority is not Priority.REALTIME else None
         paced = first = math.inf
         if pace is not None:
-            pace.wait_time(now, 0)  # (refills it to now)
-            paced = pace.level
-            first = math.inf if pace.wait_time(now, pace.capacity) == 0 else paced
+            paced = pace.level if pace.wait_time(now, pace.capacity) == 0 else 0.0
+            first = math.inf if paced else 0.0
         busy = seats.in_flight > 0
         if self.shared is not None:
             shared_seqs, shared_tokens = self.shared.room(self.in_flight, self.in_flight_tokens)

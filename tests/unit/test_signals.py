@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 import llmbatch
@@ -125,6 +126,7 @@ async def test_bulk_is_paced_under_an_slo_and_stats_say_how_fast(anyio_backend: 
         async with llmbatch.Client(sim.base_url, slo=llmbatch.SLO(tpot=0.01)) as client:
             results = await client.map([f"p{i}" for i in range(300)], max_tokens=16)
             paced = client.stats().servers[0]
+            requests = _completion_requests(sim.base_url)
         async with llmbatch.Client(sim.base_url) as client:
             await client.map([f"q{i}" for i in range(50)], max_tokens=16)
             free = client.stats().servers[0]
@@ -134,3 +136,16 @@ async def test_bulk_is_paced_under_an_slo_and_stats_say_how_fast(anyio_backend: 
     assert paced.bulk_slice is not None
     assert paced.bulk_slice >= 1
     assert free.bulk_pace is None  # no SLO: nothing to pace for
+    # Slices, not a request a prompt: a request costs the API server a fixed amount.
+    assert requests <= 300 / 4, requests
+
+
+def _completion_requests(base_url: str) -> int:
+    """The simulator's count of /v1/completions requests answered."""
+    origin = base_url.removesuffix("/v1")
+    text = httpx.get(origin + "/metrics", timeout=5).text
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("http_requests_total") and 'handler="/v1/completions"' in line
+    )

@@ -395,7 +395,7 @@ def _paced(tokens_per_second: float, slice_tokens: float) -> Scheduler:
     return s
 
 
-def test_paced_bulk_goes_in_slices_at_the_pace() -> None:
+def test_paced_bulk_goes_in_whole_slices_at_the_pace() -> None:
     s = _paced(100.0, 40.0)
     for _ in range(6):
         s.add(make(NORMAL, prompt="x" * 76))  # 20 prompt tokens each
@@ -403,10 +403,11 @@ def test_paced_bulk_goes_in_slices_at_the_pace() -> None:
     assert len(batch.requests) == 2  # a slice of 40 tokens
     poll = s.poll(0.0)
     assert poll.batches == []
-    assert poll.next_wakeup == pytest.approx(0.2)  # 20 tokens at 100 a second
-    (batch,) = s.poll(0.2).batches
-    assert len(batch.requests) == 1
-    (batch,) = s.poll(0.6).batches
+    assert poll.next_wakeup == pytest.approx(0.4)  # a whole slice again: 40 at 100/s
+    assert s.poll(0.2).batches == []  # one prompt's worth saved: not a slice yet
+    (batch,) = s.poll(0.4).batches
+    assert len(batch.requests) == 2
+    (batch,) = s.poll(5.0).batches
     assert len(batch.requests) == 2  # a full slice, no more: the bucket holds 40
 
 
@@ -423,9 +424,8 @@ def test_a_prompt_larger_than_a_slice_goes_alone_once_the_bucket_is_full() -> No
     s.add(make(NORMAL, prompt="x" * 76))
     (batch,) = s.poll(0.0).batches
     assert len(batch.requests) == 1
-    poll = s.poll(0.1)
-    assert poll.batches == []  # the bucket is in debt: 61 tokens to repay first
-    (batch,) = s.poll(0.81).batches
+    assert s.poll(0.8).batches == []  # the bucket repays its debt of 61 tokens first
+    (batch,) = s.poll(1.01).batches
     assert len(batch.requests) == 1
 
 
