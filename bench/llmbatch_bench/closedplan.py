@@ -138,6 +138,7 @@ def slo(runner: Runner, contenders: list[str]) -> None:
             max_tokens=c.max_tokens,
             slo_tpot=slo_tpot,
             slo_ttft=slo_ttft,
+            slo_pace=c.slo_pace and slo_tpot is not None,
             **realtime,
         )
         runner.run(job, context)

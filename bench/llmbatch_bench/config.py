@@ -98,6 +98,8 @@ class BenchConfig:
     slo_warmup: float = 8.0
     slo_duration: float = 20.0
     slo_baselines: tuple[str, ...] = ("aiohttp",)
+    #: The slo scenario's SLOs pace bulk for its prefill (``SLO(pace=True)``).
+    slo_pace: bool = False
     saturate_n: int = 2_000
     saturate_sweep: tuple[int, ...] = (192, 256, 320, 384)
     saturate_rounds: int = 3

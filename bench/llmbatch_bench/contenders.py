@@ -64,6 +64,7 @@ class LlmbatchContender:
         priority_scheduling: bool | None = False,
         slo_tpot: float | None = None,
         slo_ttft: float | None = None,
+        slo_pace: bool = False,
         transport: Any = None,
     ) -> None:
         import llmbatch
@@ -81,7 +82,7 @@ class LlmbatchContender:
             limits=limits,
             priority_scheduling=priority_scheduling,
             slo=(
-                llmbatch.SLO(tpot=slo_tpot, ttft=slo_ttft)
+                llmbatch.SLO(tpot=slo_tpot, ttft=slo_ttft, pace=slo_pace)
                 if slo_tpot is not None or slo_ttft is not None
                 else None
             ),
@@ -176,6 +177,7 @@ def make_contender(
     priority_scheduling: bool | None = False,
     slo_tpot: float | None = None,
     slo_ttft: float | None = None,
+    slo_pace: bool = False,
 ) -> Contender:
     """Build contender ``name`` (``llmbatch``, ``httpx``, ``aiohttp`` or ``openai``)."""
     if name == "llmbatch":
@@ -189,6 +191,7 @@ def make_contender(
             priority_scheduling=priority_scheduling,
             slo_tpot=slo_tpot,
             slo_ttft=slo_ttft,
+            slo_pace=slo_pace,
         )
     try:
         baseline = BASELINES[name]

@@ -108,6 +108,8 @@ class Job:
     slo_tpot: float | None = None
     #: llmbatch ``SLO(ttft=...)`` in seconds, beside ``slo_tpot`` (None: none).
     slo_ttft: float | None = None
+    #: llmbatch ``SLO(pace=True)``: bulk paced for its prefill.
+    slo_pace: bool = False
     #: Record the controller's time series (:mod:`.trace`) while the job runs.
     trace: bool = False
     #: Prompts per request for ``probe``; ``BatchPolicy.max_batch_size`` for ``llmbatch``.

@@ -4,6 +4,7 @@ differently, so the admission controller is judged where it was not tuned.
     python -m llmbatch_bench.matrix --json docs/benchmarks/matrix.json
     python -m llmbatch_bench.matrix --smoke          # each row in its short form (CI)
     python -m llmbatch_bench.matrix --llama-server BIN --llama-model GGUF   # + llama.cpp
+    python -m llmbatch_bench.matrix --pace           # SLO(pace=True): bulk paced
 
 Each row is the bench's own ``slo`` scenario (realtime 16-token streams at 2/s beside
 saturating bulk; SLO = ``factor`` x the idle per-token time) on one simulator mode:
@@ -130,6 +131,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--smoke", action="store_true", help="each row's slo run in its short form")
     p.add_argument("--rows", type=lambda s: s.split(","), help="comma list of rows (default: all)")
     p.add_argument("--json", help="write the rows here")
+    p.add_argument(
+        "--pace", action="store_true", help="the SLOs pace bulk for its prefill (SLO(pace=True))"
+    )
     p.add_argument("--llama-server", help="llama.cpp's llama-server binary, for its row")
     p.add_argument("--llama-model", help="the GGUF it serves")
     return p
@@ -139,6 +143,7 @@ def _bench_args(row: Row, args: argparse.Namespace, url: str | None = None) -> l
     argv = ["--scenario", "slo", "--slo-baselines", "", "--slo-factor", str(row.slo_factor)]
     argv += ["--url", url] if url else ["--closed-sim", row.sim_args]
     argv += row.bench_args.split()
+    argv += ["--slo-pace"] if args.pace else []
     return argv + (["--smoke"] if args.smoke else [])
 
 

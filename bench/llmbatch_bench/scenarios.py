@@ -65,6 +65,7 @@ async def run_job(job: Job, contender: Contender | None = None) -> RunMetrics:
             priority_scheduling=job.priority_scheduling,
             slo_tpot=job.slo_tpot,
             slo_ttft=job.slo_ttft,
+            slo_pace=job.slo_pace,
         )
     runner = {"bulk": _bulk, "mixed": _mixed, "idle": _idle}[job.kind]
     return await runner(job, contender)

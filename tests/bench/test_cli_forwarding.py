@@ -89,3 +89,23 @@ def test_short_prompts_are_short(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(jobs.PROMPTS_ENV, "short")
     assert jobs.prompt(7) == "Request 7: hi."
     assert len(standard) > 5 * len(jobs.prompt(7))
+
+
+def test_prompt_shapes_have_their_lengths_and_realtime_stays_standard(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from llmbatch_bench import jobs
+    from llmbatch_server.sim.counting import EstimateCounter
+
+    count = EstimateCounter().count
+    standard = count(jobs.prompt(7))
+    monkeypatch.setenv(jobs.PROMPTS_ENV, "long")
+    assert 20 * standard < count(jobs.prompt(7)) < 30 * standard
+    assert count(jobs.realtime_prompt(7)) < 2 * standard  # (its number is longer)
+    monkeypatch.setenv(jobs.PROMPTS_ENV, "mixed")
+    lengths = sorted(count(jobs.prompt(i)) for i in range(10))
+    assert lengths[6] < 2 * standard  # seven standard ...
+    assert 4 * standard < lengths[7] <= lengths[8] < 8 * standard  # ... two of ~250 ...
+    assert lengths[9] > 20 * standard  # ... and one long
+    with pytest.raises(ValueError, match="unknown prompt shape"):
+        jobs.use_prompts("huge")

@@ -371,7 +371,12 @@ def test_bulk_is_paced_only_under_an_slo_once_measured() -> None:
     free.on_bulk_answer(64)
     free.on_sent(0.0, 10, 1_000, bulk=True)
     assert free.pace() is None  # no SLO: throughput alone, nothing to pace for
-    held = AdmissionController(ceiling=256, max_reserve=8, slo=SLO(tpot=0.1))
+    plain = AdmissionController(ceiling=256, max_reserve=8, slo=SLO(tpot=0.1))
+    plain.on_step_time(0.03)
+    plain.on_bulk_answer(64)
+    plain.on_sent(0.0, 10, 1_000, bulk=True)
+    assert plain.pace() is None  # an SLO paces only when asked
+    held = AdmissionController(ceiling=256, max_reserve=8, slo=SLO(tpot=0.1, pace=True))
     assert held.pace() is None
     held.on_step_time(0.03)
     held.on_sent(0.0, 10, 1_000, bulk=True)
@@ -400,3 +405,8 @@ def test_realtime_sends_do_not_count_toward_the_bulk_prompt_size() -> None:
     assert c.prompt_tokens is None
     c.on_sent(0.0, 4, 400, bulk=True)
     assert c.prompt_tokens == 100
+
+
+def test_slo_pace_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match=r"SLO\.pace must be a bool"):
+        SLO(tpot=0.1, pace="yes")  # type: ignore[arg-type]

@@ -121,13 +121,14 @@ async def test_an_slo_the_server_cannot_meet_is_said(
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_bulk_is_paced_under_an_slo_and_stats_say_how_fast(anyio_backend: Any) -> None:
+async def test_bulk_is_paced_when_the_slo_asks_and_stats_say_how_fast(anyio_backend: Any) -> None:
     with run_simulator("--speed", "20") as sim:
-        async with llmbatch.Client(sim.base_url, slo=llmbatch.SLO(tpot=0.01)) as client:
+        slo = llmbatch.SLO(tpot=0.01, pace=True)
+        async with llmbatch.Client(sim.base_url, slo=slo) as client:
             results = await client.map([f"p{i}" for i in range(300)], max_tokens=16)
             paced = client.stats().servers[0]
             requests = _completion_requests(sim.base_url)
-        async with llmbatch.Client(sim.base_url) as client:
+        async with llmbatch.Client(sim.base_url, slo=llmbatch.SLO(tpot=0.01)) as client:
             await client.map([f"q{i}" for i in range(50)], max_tokens=16)
             free = client.stats().servers[0]
     assert len(results) == 300
@@ -135,7 +136,7 @@ async def test_bulk_is_paced_under_an_slo_and_stats_say_how_fast(anyio_backend: 
     assert paced.bulk_pace is not None
     assert paced.bulk_slice is not None
     assert paced.bulk_slice >= 1
-    assert free.bulk_pace is None  # no SLO: nothing to pace for
+    assert free.bulk_pace is None  # an SLO without pace=True: unpaced
     # Slices, not a request a prompt: a request costs the API server a fixed amount.
     assert requests <= 300 / 4, requests
 
