@@ -6,6 +6,7 @@
 # slo scenario, and the gauge series under a saturating map. ~15 minutes.
 # Usage: server/vllm-cpu/fit-compare.sh MODEL_DIR OUT_DIR [PYTHON] [VLLM_VENV]
 # Env: STEPS, a comma list of bulk,serve,slo,gauges (default: all).
+# PYTHON's venv needs llmbatch-server[tokenizer]: the simulator counts with the model's tokenizer.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL="$1"
@@ -54,6 +55,10 @@ measure() {  # NAME PORT: the same runs against whichever server listens on PORT
         >"$OUT/fit-compare-$1-vllm-bench.txt" 2>&1
 }
 
+"$PYTHON" -c "import tokenizers" 2>/dev/null || {
+    echo "fit-compare.sh: $PYTHON lacks tokenizers: pip install 'llmbatch-server[tokenizer]'" >&2
+    exit 2
+}
 port=$(free_port)
 VLLM_CPU_KVCACHE_SPACE=1 "$PYTHON" -m llmbatch_server vllm --model "$MODEL" --profile latency \
     --port "$port" --vllm-bin "$VENV/bin/vllm" -- --enforce-eager --max-model-len 1024 \
