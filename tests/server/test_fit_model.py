@@ -195,3 +195,13 @@ def test_a_few_stalls_are_not_spread_and_few_gaps_say_nothing() -> None:
     gaps = [0.01] * 95 + [0.5] * 5
     assert step_spread(gaps) == 0.0
     assert step_spread([0.01, 0.02] * 4) == 0.0
+
+
+def test_tokens_delivered_in_bunches_count_as_the_steps_they_took() -> None:
+    import random
+
+    rng = random.Random(3)
+    steps = [0.01 * (1 + 0.1 * (2 * rng.random() - 1)) for _ in range(2000)]
+    # The server sends each two tokens together: a wait of two steps, then nothing.
+    bunched = [g for a, b in zip(steps[::2], steps[1::2], strict=True) for g in (0.0, a + b)]
+    assert step_spread(bunched) < 0.15  # the steps' +-10 %, not +-95 %

@@ -148,19 +148,37 @@ def line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
 
 
 def step_spread(gaps: Sequence[float]) -> float:
-    """The ``StepModel.jitter`` that inter-token ``gaps`` imply: the half-width of a
-    uniform spread around their median, read from their 10th and 90th percentiles
-    (which sit at 0.8 of it), so a few stalls (a scheduler hiccup, a collection)
-    do not count as spread. 0 with fewer than 10 gaps; below 1 always."""
+    """The ``StepModel.jitter`` that a stream's inter-token ``gaps`` imply: the
+    half-width of a uniform spread around their median, read from their 10th and 90th
+    percentiles (which sit at 0.8 of it), so a few stalls (a scheduler hiccup, a
+    collection) do not count as spread. Tokens delivered together (an API server that
+    falls behind sends several at once: gaps near zero) count as one wait shared by
+    the tokens it brought, so the spread is the steps', not the delivery's. 0 with
+    fewer than 10 gaps; below 1 always."""
     if len(gaps) < 10:
         return 0.0
-    ordered = sorted(gaps)
+    mean = sum(gaps) / len(gaps)
+    if mean <= 0:
+        return 0.0
+    per_token: list[float] = []
+    waited, tokens = 0.0, 0
+    for gap in gaps:
+        waited += gap
+        tokens += 1
+        if waited >= BUNCHED * mean:
+            per_token.extend([waited / tokens] * tokens)
+            waited, tokens = 0.0, 0
+    if len(per_token) < 10:
+        return 0.0
+    ordered = sorted(per_token)
     n = len(ordered)
     median = ordered[n // 2]
-    if median <= 0:
-        return 0.0
     low, high = ordered[n // 10], ordered[(9 * n) // 10]
     return min((high - low) / (1.6 * median), 0.95)
+
+
+#: A gap shorter than this share of the mean is a token delivered with the next.
+BUNCHED = 0.25
 
 
 def fit_step(
