@@ -414,11 +414,12 @@ class Dispatcher:
             headers = {**headers, **dict(spec.headers)}
         url = server.base_url + path + spec.query
         sent_at = self._now()
-        if spec.priority is Priority.REALTIME:
-            server.on_sent(sent_at, len(requests) * spec.n)
-        else:
+        if spec.priority is not Priority.REALTIME and server.paces:
+            # (Only pacing reads the bulk prompts' size: no sum per batch otherwise.)
             tokens = sum(r.prefill_tokens for r in requests)
             server.on_sent(sent_at, len(requests) * spec.n, tokens, bulk=True)
+        else:
+            server.on_sent(sent_at, len(requests) * spec.n)
         tracer = self.tracer
         if tracer is None:
             response = await server.transport.send(HTTPRequest("POST", url, headers, body))

@@ -233,6 +233,12 @@ class Server:
         return self.controller.limit
 
     @property
+    def paces(self) -> bool:
+        """Bulk here is paced once measured (``SLO(pace=True)``)."""
+        slo = self.controller.slo
+        return slo is not None and slo.pace
+
+    @property
     def bulk_pace(self) -> Pace | None:
         """How fast bulk prompt tokens may go here now (None: unpaced)."""
         return self.controller.pace()

@@ -217,6 +217,11 @@ def prompt(i: int) -> str:
         repeats = _LONG_REPEATS
     elif shape == "mixed":
         repeats = (1, 1, 1, 6, 1, 1, _LONG_REPEATS, 1, 6, 1)[i % 10]
+    return _note(i, repeats)
+
+
+def _note(i: int, repeats: int = 1) -> str:
+    """``Request i.`` and the filler note ``repeats`` times (once: a standard prompt)."""
     return f"Request {i}. " + " ".join([_FILLER] * repeats)
 
 
@@ -227,7 +232,7 @@ REALTIME_OFFSET = 10_000_000
 def realtime_prompt(i: int) -> str:
     """The ``i``-th realtime prompt: a standard one whatever ``--prompts`` says (a
     chat question beside the bulk work, whose shape is what ``--prompts`` varies)."""
-    return f"Request {REALTIME_OFFSET + i}. {_FILLER}"
+    return _note(REALTIME_OFFSET + i)
 
 
 def prompts(n: int | None, start: int = 0) -> Iterator[str]:

@@ -18,33 +18,22 @@ from llmbatch_server.testing import run_simulator
 SPEED = 2.0
 
 
+def _fit(base_url: str, out: pathlib.Path, *probes: str) -> subprocess.CompletedProcess[str]:
+    """``llmbatch-server fit`` against ``base_url`` with ``probes``, writing ``out``."""
+    command = [sys.executable, "-m", "llmbatch_server", "fit", "--url", base_url, "-o", str(out)]
+    return subprocess.run(
+        [*command, *probes], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
 @pytest.mark.slow  # ~6 s of probes; CI's slow stage runs it
 def test_fit_recovers_the_simulators_step_model_within_ten_percent(
     tmp_path: pathlib.Path,
 ) -> None:
     out = tmp_path / "fit.json"
     with run_simulator("--speed", str(SPEED), "--max-model-len", "4096") as sim:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "llmbatch_server",
-                "fit",
-                "--url",
-                sim.base_url,
-                "-o",
-                str(out),
-                "--sequences",
-                "1,4,16,64",
-                "--tokens",
-                "16",
-                "--repeat",
-                "2",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
+        done = _fit(
+            sim.base_url, out, "--sequences", "1,4,16,64", "--tokens", "16", "--repeat", "2"
         )
     assert done.returncode == 0, done.stderr
     assert "sim --fitted" in done.stdout
@@ -62,11 +51,7 @@ def test_fit_recovers_the_simulators_step_model_within_ten_percent(
 def test_fit_measures_the_steps_spread(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "fit.json"
     with run_simulator("--speed", "4", "--step-jitter", "0.3") as sim:
-        done = subprocess.run(
-            [sys.executable, "-m", "llmbatch_server", "fit", "--url", sim.base_url, "-o",
-             str(out), "--sequences", "1,4", "--tokens", "48", "--repeat", "2"],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+        done = _fit(sim.base_url, out, "--sequences", "1,4", "--tokens", "48", "--repeat", "2")
     assert done.returncode == 0, done.stderr
     assert "steps spread +-" in done.stdout
     assert load_fit(out).step.jitter == pytest.approx(0.3, abs=0.1)
@@ -75,11 +60,7 @@ def test_fit_measures_the_steps_spread(tmp_path: pathlib.Path) -> None:
 def test_fit_finds_the_servers_sequence_limit(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "fit.json"
     with run_simulator("--speed", "20", "--max-num-seqs", "8") as sim:
-        done = subprocess.run(
-            [sys.executable, "-m", "llmbatch_server", "fit", "--url", sim.base_url, "-o",
-             str(out), "--sequences", "1,4,32", "--tokens", "40", "--repeat", "1"],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+        done = _fit(sim.base_url, out, "--sequences", "1,4,32", "--tokens", "40", "--repeat", "1")
     assert done.returncode == 0, done.stderr
     fit = load_fit(out)
     assert fit.limits.max_num_seqs == 8
@@ -145,11 +126,9 @@ def test_fit_recovers_the_api_servers_costs_within_twenty_percent(
     known.write_text(json.dumps(raw))
     out = tmp_path / "fit.json"
     with run_simulator("--fitted", str(known)) as sim:
-        done = subprocess.run(
-            [sys.executable, "-m", "llmbatch_server", "fit", "--url", sim.base_url, "-o",
-             str(out), "--sequences", "1,4,16", "--tokens", "16", "--repeat", "2",
-             "--prompt-lengths", "16,256"],
-            capture_output=True, text=True, timeout=120, check=False,
+        done = _fit(
+            sim.base_url, out, "--sequences", "1,4,16", "--tokens", "16", "--repeat", "2",
+            "--prompt-lengths", "16,256",
         )  # fmt: skip
         start_line = sim.log_tail().splitlines()[0]
     assert done.returncode == 0, done.stderr

@@ -202,7 +202,16 @@ async def test_inter_token_latency_is_the_step_time_of_the_running_batch() -> No
 
 
 def _preempting(vt: VirtualTime, **limits: object) -> Engine:
-    return _engine(vt, preemption=True, **limits)
+    """Preemption on, in a cache of 14 blocks of 16 tokens (prompts of 100 at most)."""
+    return _engine(vt, preemption=True, max_model_len=100, kv_cache_tokens=224, **limits)
+
+
+def _three_in_order(engine: Engine) -> list[Group]:
+    """Three requests of one 40-token prompt and 60 tokens each, in arrival order."""
+    groups = [Group() for _ in range(3)]
+    for group in groups:
+        engine.add(group, _seqs(group, 1, prompt=40, target=60))
+    return groups
 
 
 @pytest.mark.anyio
@@ -211,7 +220,7 @@ async def test_preemption_admits_more_than_reservation_would_and_preempts_when_f
     # 14 blocks of 16 tokens: reserving 100 tokens a sequence admits 2 (the test
     # above); growing block by block admits all 4, and their outputs then need more
     # blocks than there are, so some are preempted, recomputed, and all finish.
-    engine = _preempting(vt, max_model_len=100, kv_cache_tokens=224)
+    engine = _preempting(vt)
     group = Group()
     seen: set[int] = set()
     group.on_tokens = lambda seq, n: seen.add(engine.num_running)
@@ -228,7 +237,7 @@ async def test_preemption_admits_more_than_reservation_would_and_preempts_when_f
 @pytest.mark.anyio
 async def test_preemption_picks_the_lowest_priority_latest_arrival_under_priority() -> None:
     vt = VirtualTime()
-    engine = _preempting(vt, max_model_len=100, kv_cache_tokens=224, scheduling_policy="priority")
+    engine = _preempting(vt, scheduling_policy="priority")
     urgent, bulk_early, bulk_late = Group(), Group(), Group()
     engine.add(urgent, _seqs(urgent, 1, prompt=40, target=60), priority=-1)
     engine.add(bulk_early, _seqs(bulk_early, 1, prompt=40, target=60), priority=5)
@@ -243,10 +252,8 @@ async def test_preemption_picks_the_lowest_priority_latest_arrival_under_priorit
 @pytest.mark.anyio
 async def test_preemption_under_fcfs_takes_the_last_admitted() -> None:
     vt = VirtualTime()
-    engine = _preempting(vt, max_model_len=100, kv_cache_tokens=224, scheduling_policy="fcfs")
-    groups = [Group() for _ in range(3)]
-    for group in groups:
-        engine.add(group, _seqs(group, 1, prompt=40, target=60))
+    engine = _preempting(vt, scheduling_policy="fcfs")
+    groups = _three_in_order(engine)
     await _run_until(engine, lambda: all(g.pending == 0 for g in groups))
     first, _, last = (g.sequences[0] for g in groups)
     assert first.recompute == 0
@@ -256,10 +263,8 @@ async def test_preemption_under_fcfs_takes_the_last_admitted() -> None:
 @pytest.mark.anyio
 async def test_a_preempted_sequence_recomputes_its_output_as_prefill() -> None:
     vt = VirtualTime()
-    engine = _preempting(vt, max_model_len=100, kv_cache_tokens=224, scheduling_policy="fcfs")
-    groups = [Group() for _ in range(3)]
-    for group in groups:
-        engine.add(group, _seqs(group, 1, prompt=40, target=60))
+    engine = _preempting(vt, scheduling_policy="fcfs")
+    groups = _three_in_order(engine)
     prefills: list[int] = []
     schedule = engine._schedule
 
