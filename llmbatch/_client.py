@@ -3,8 +3,8 @@
 A client is three parts: its configuration, checked once into one value
 (``_clientconfig``); the runtime its ``async with`` builds (``_runtime``: servers,
 scheduler, engine, background tasks), shared with its ``with_options`` views; and
-the call defaults a view fills in. Each method turns its arguments into one
-``CallOptions`` value, checked through one spec cache, and hands the request in.
+the call defaults a view fills in. Each method's keywords (declared once, in
+``_callspec``) are checked through one spec cache, and the request handed in.
 """
 
 from __future__ import annotations
@@ -18,12 +18,21 @@ from collections.abc import (
     Sequence,
 )
 from types import TracebackType
-from typing import Any, Literal, overload
+from typing import Any, Literal, Unpack, overload
 
 import anyio
 from sniffio import current_async_library
 
 from llmbatch._arguments import checked_arguments
+from llmbatch._callspec import (
+    CallSpec,
+    ChatParams,
+    CompletionParams,
+    EmbeddingParams,
+    Kind,
+    MapParams,
+    TextParams,
+)
 from llmbatch._chunks import ChatCompletionChunk, CompletionChunk
 from llmbatch._clientconfig import ClientConfig
 from llmbatch._config import (
@@ -33,6 +42,7 @@ from llmbatch._config import (
     SLO,
     BatchPolicy,
     Limits,
+    Priority,
     PriorityLike,
     RateLimit,
     RetryPolicy,
@@ -52,13 +62,11 @@ from llmbatch._models import ChatCompletion, Completion, Embedding, Result
 from llmbatch._options import NOT_GIVEN, CallDefaults, NotGiven
 from llmbatch._progress import ProgressLike, make_tracker
 from llmbatch._replicas import Replica
-from llmbatch._request import CallSpec, Kind
 from llmbatch._runtime import Runtime, State
 from llmbatch._stats import Stats
 from llmbatch._submit import Submitter
 from llmbatch._tracing import Tracer
 from llmbatch._transports.base import Transport
-from llmbatch._validate import CallOptions
 
 __all__ = ["Client"]
 
@@ -302,8 +310,7 @@ class Client:
         self,
         kind: Kind,
         method: str,
-        tier: str,
-        options: CallOptions,
+        tier: PriorityLike,
         params: Mapping[str, Any],
         *,
         stream: bool = False,
@@ -316,26 +323,13 @@ class Client:
         submitter = runtime.submitter()
         defaults = self._defaults
         if defaults is not None:
-            options = defaults.fill(options)
-        return submitter, submitter.specs.get(kind, method, tier, options, params, stream=stream)
+            params = defaults.fill(params)
+        return submitter, submitter.specs.get(kind, method, tier, params, stream=stream)
 
     # -- calls -----------------------------------------------------------------------
 
     async def complete(
-        self,
-        prompt: str,
-        *,
-        priority: PriorityLike | None = None,
-        max_tokens: int | None = None,
-        timeout: float | None = None,
-        nowait: bool = False,
-        model: str | None = None,
-        max_retries: int | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str] | None = None,
-        tenant: str | None = None,
-        **params: Any,
+        self, prompt: str, *, nowait: bool = False, **params: Unpack[CompletionParams]
     ) -> Completion:
         """Complete one prompt; batched with compatible prompts of the same tier.
 
@@ -352,24 +346,7 @@ class Client:
         tenant's backlog never holds another's; it is sent as OpenAI's ``user`` when
         the call has no ``user`` of its own. None (the default) is one shared tenant.
         """
-        # The options value is a temporary: a waiting call's frame does not keep it.
-        submitter, spec = await self._spec(
-            "completion",
-            "complete",
-            "normal",
-            CallOptions(
-                priority,
-                model,
-                timeout,
-                max_retries,
-                max_tokens,
-                extra_body,
-                extra_headers,
-                extra_query,
-                tenant,
-            ),
-            params,
-        )
+        submitter, spec = await self._spec("completion", "complete", "normal", params)
         value: Completion = await submitter.call(submitter.request(spec, prompt), nowait=nowait)
         return value
 
@@ -377,17 +354,8 @@ class Client:
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        priority: PriorityLike | None = None,
-        max_tokens: int | None = None,
-        timeout: float | None = None,
         nowait: bool = False,
-        model: str | None = None,
-        max_retries: int | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str] | None = None,
-        tenant: str | None = None,
-        **params: Any,
+        **params: Unpack[ChatParams],
     ) -> ChatCompletion:
         """Answer one conversation (``[{"role": "user", "content": "hi"}]``).
 
@@ -398,77 +366,28 @@ class Client:
         where it has that route (vLLM 0.19+) and the call allows it, else one
         request each.
         """
-        # The options value is a temporary: a waiting call's frame does not keep it.
-        submitter, spec = await self._spec(
-            "chat",
-            "chat",
-            "normal",
-            CallOptions(
-                priority,
-                model,
-                timeout,
-                max_retries,
-                max_tokens,
-                extra_body,
-                extra_headers,
-                extra_query,
-                tenant,
-            ),
-            params,
-        )
+        submitter, spec = await self._spec("chat", "chat", "normal", params)
         value: ChatCompletion = await submitter.call(
             submitter.request(spec, messages), nowait=nowait
         )
         return value
 
     @overload
-    async def embed(
-        self,
-        input: str,
-        *,
-        priority: PriorityLike | None = ...,
-        timeout: float | None = ...,
-        nowait: bool = ...,
-        model: str | None = ...,
-        max_retries: int | None = ...,
-        extra_body: Mapping[str, Any] | None = ...,
-        extra_headers: Mapping[str, str] | None = ...,
-        extra_query: Mapping[str, str] | None = ...,
-        tenant: str | None = ...,
-        **params: Any,
+    async def embed(  # type: ignore[overload-overlap]  # a str is also a Sequence[str]
+        self, input: str, *, nowait: bool = ..., **params: Unpack[EmbeddingParams]
     ) -> Embedding: ...
 
     @overload
     async def embed(
-        self,
-        input: Sequence[str],
-        *,
-        priority: PriorityLike | None = ...,
-        timeout: float | None = ...,
-        nowait: bool = ...,
-        model: str | None = ...,
-        max_retries: int | None = ...,
-        extra_body: Mapping[str, Any] | None = ...,
-        extra_headers: Mapping[str, str] | None = ...,
-        extra_query: Mapping[str, str] | None = ...,
-        tenant: str | None = ...,
-        **params: Any,
+        self, input: Sequence[str], *, nowait: bool = ..., **params: Unpack[EmbeddingParams]
     ) -> list[Embedding]: ...
 
     async def embed(
         self,
         input: str | Sequence[str],
         *,
-        priority: PriorityLike | None = None,
-        timeout: float | None = None,
         nowait: bool = False,
-        model: str | None = None,
-        max_retries: int | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str] | None = None,
-        tenant: str | None = None,
-        **params: Any,
+        **params: Unpack[EmbeddingParams],
     ) -> Embedding | list[Embedding]:
         """Embed a text (an :class:`Embedding`) or a list of texts (a list, in order).
 
@@ -479,24 +398,7 @@ class Client:
         ``{"input": text}`` items. Parameters: ``dimensions``, ``encoding_format``,
         ``user`` and vLLM's ``truncate_prompt_tokens``, ``normalize``.
         """
-        # The options value is a temporary: a waiting call's frame does not keep it.
-        submitter, spec = await self._spec(
-            "embedding",
-            "embed",
-            "normal",
-            CallOptions(
-                priority,
-                model,
-                timeout,
-                max_retries,
-                None,
-                extra_body,
-                extra_headers,
-                extra_query,
-                tenant,
-            ),
-            params,
-        )
+        submitter, spec = await self._spec("embedding", "embed", "normal", params)
         if isinstance(input, str):
             value: Embedding = await submitter.call(submitter.request(spec, input), nowait=nowait)
             return value
@@ -527,17 +429,8 @@ class Client:
         self,
         prompt: str | Sequence[Mapping[str, Any]],
         *,
-        priority: PriorityLike | None = None,
-        max_tokens: int | None = None,
-        timeout: float | None = None,
-        model: str | None = None,
-        max_retries: int | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str] | None = None,
         stream_options: Mapping[str, Any] | None = None,
-        tenant: str | None = None,
-        **params: Any,
+        **params: Unpack[TextParams],
     ) -> AsyncGenerator[str, None]:
         """Yield text deltas as the server produces them (a prompt, or chat messages).
 
@@ -547,40 +440,15 @@ class Client:
         Leaving the loop early cancels the request on the server side. For the ids,
         finish reason and usage too, use :meth:`stream_chunks`.
         """
-        return self._stream(
-            prompt,
-            CallOptions(
-                priority,
-                model,
-                timeout,
-                max_retries,
-                max_tokens,
-                extra_body,
-                extra_headers,
-                extra_query,
-                tenant,
-            ),
-            stream_options,
-            params,
-            chunks=False,
-        )
+        return self._stream(prompt, stream_options, params, chunks=False)
 
     @overload
     def stream_chunks(
         self,
         prompt: str,
         *,
-        priority: PriorityLike | None = ...,
-        max_tokens: int | None = ...,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        max_retries: int | None = ...,
-        extra_body: Mapping[str, Any] | None = ...,
-        extra_headers: Mapping[str, str] | None = ...,
-        extra_query: Mapping[str, str] | None = ...,
         stream_options: Mapping[str, Any] | None = ...,
-        tenant: str | None = ...,
-        **params: Any,
+        **params: Unpack[TextParams],
     ) -> AsyncGenerator[CompletionChunk, None]: ...
 
     @overload
@@ -588,34 +456,16 @@ class Client:
         self,
         prompt: Sequence[Mapping[str, Any]],
         *,
-        priority: PriorityLike | None = ...,
-        max_tokens: int | None = ...,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        max_retries: int | None = ...,
-        extra_body: Mapping[str, Any] | None = ...,
-        extra_headers: Mapping[str, str] | None = ...,
-        extra_query: Mapping[str, str] | None = ...,
         stream_options: Mapping[str, Any] | None = ...,
-        tenant: str | None = ...,
-        **params: Any,
+        **params: Unpack[TextParams],
     ) -> AsyncGenerator[ChatCompletionChunk, None]: ...
 
     def stream_chunks(
         self,
         prompt: str | Sequence[Mapping[str, Any]],
         *,
-        priority: PriorityLike | None = None,
-        max_tokens: int | None = None,
-        timeout: float | None = None,
-        model: str | None = None,
-        max_retries: int | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str] | None = None,
         stream_options: Mapping[str, Any] | None = None,
-        tenant: str | None = None,
-        **params: Any,
+        **params: Unpack[TextParams],
     ) -> AsyncGenerator[CompletionChunk, None] | AsyncGenerator[ChatCompletionChunk, None]:
         """Yield every event of the stream as a chunk, as openai-python's
         ``stream=True`` does: a :class:`CompletionChunk` for a prompt, a
@@ -637,30 +487,15 @@ class Client:
         leaving it early cancels the request on the server side.
         """
         chunks: AsyncGenerator[Any, None] = self._stream(
-            prompt,
-            CallOptions(
-                priority,
-                model,
-                timeout,
-                max_retries,
-                max_tokens,
-                extra_body,
-                extra_headers,
-                extra_query,
-                tenant,
-            ),
-            stream_options,
-            params,
-            chunks=True,
+            prompt, stream_options, params, chunks=True
         )
         return chunks
 
     async def _stream(
         self,
         prompt: str | Sequence[Mapping[str, Any]],
-        options: CallOptions,
         stream_options: object,
-        params: dict[str, Any],
+        params: Mapping[str, Any],
         *,
         chunks: bool,
     ) -> AsyncGenerator[Any, None]:
@@ -671,7 +506,7 @@ class Client:
         kind: Kind = "completion" if isinstance(prompt, str) else "chat"
         _check_stream_options(stream_options)
         method = "stream_chunks" if chunks else "stream"
-        submitter, spec = await self._spec(kind, method, "realtime", options, params, stream=True)
+        submitter, spec = await self._spec(kind, method, "realtime", params, stream=True)
         request = submitter.request(spec, prompt)
         send, receive = anyio.create_memory_object_stream[Any](64)
         request.deltas = send
@@ -693,10 +528,9 @@ class Client:
         self,
         inputs: Iterable[MapInput] | AsyncIterable[MapInput],
         *,
-        priority: PriorityLike | None = None,
         window: int | None = None,
         progress: ProgressLike = None,
-        **params: Any,
+        **params: Unpack[MapParams],
     ) -> list[Result[Any]]:
         """Run every input; one :class:`Result` per input, in input order.
 
@@ -712,19 +546,16 @@ class Client:
         0.2 s and once at the end.
         """
         await self._open_on_first_use()
-        runner, tier, size, tracker, params = self._map_call(
-            inputs, priority, window, progress, params
-        )
-        return await runner.collect(inputs, tier, size, params, tracker)
+        runner, tier, size, tracker, options = self._map_call(inputs, window, progress, params)
+        return await runner.collect(inputs, tier, size, options, tracker)
 
     def map_unordered(
         self,
         inputs: Iterable[MapInput] | AsyncIterable[MapInput],
         *,
-        priority: PriorityLike | None = None,
         window: int | None = None,
         progress: ProgressLike = None,
-        **params: Any,
+        **params: Unpack[MapParams],
     ) -> AsyncGenerator[tuple[int, Result[Any]], None]:
         """Yield ``(index, Result)`` as items finish, pulling inputs lazily.
 
@@ -735,24 +566,19 @@ class Client:
         call, or, on a client that its first call will open, when iteration starts.
         """
         if self._runtime.state is State.UNOPENED and current_async_library() == "asyncio":
-            return self._open_then_map_unordered(inputs, priority, window, progress, params)
-        runner, tier, size, tracker, params = self._map_call(
-            inputs, priority, window, progress, params
-        )
-        return runner.iterate(inputs, tier, size, params, ordered=False, tracker=tracker)
+            return self._open_then_map_unordered(inputs, window, progress, params)
+        runner, tier, size, tracker, options = self._map_call(inputs, window, progress, params)
+        return runner.iterate(inputs, tier, size, options, ordered=False, tracker=tracker)
 
     async def _open_then_map_unordered(
         self,
         inputs: Iterable[MapInput] | AsyncIterable[MapInput],
-        priority: PriorityLike | None,
         window: int | None,
         progress: ProgressLike,
-        params: dict[str, Any],
+        params: MapParams,
     ) -> AsyncGenerator[tuple[int, Result[Any]], None]:
         await self._open_on_first_use()
-        results = self.map_unordered(
-            inputs, priority=priority, window=window, progress=progress, **params
-        )
+        results = self.map_unordered(inputs, window=window, progress=progress, **params)
         async with contextlib.aclosing(results):
             async for item in results:
                 yield item
@@ -761,10 +587,9 @@ class Client:
         self,
         inputs: Iterable[MapInput] | AsyncIterable[MapInput],
         *,
-        priority: PriorityLike | None = None,
         window: int | None = None,
         progress: ProgressLike = None,
-        **params: Any,
+        **params: Unpack[MapParams],
     ) -> AsyncGenerator[Result[Any], None]:
         """Yield one :class:`Result` per input, in input order, with bounded memory.
 
@@ -775,10 +600,8 @@ class Client:
         input is too large for :meth:`map`'s list.
         """
         await self._open_on_first_use()
-        runner, tier, size, tracker, params = self._map_call(
-            inputs, priority, window, progress, params
-        )
-        results = runner.iterate(inputs, tier, size, params, ordered=True, tracker=tracker)
+        runner, tier, size, tracker, options = self._map_call(inputs, window, progress, params)
+        results = runner.iterate(inputs, tier, size, options, ordered=True, tracker=tracker)
         async with contextlib.aclosing(results):
             async for _index, result in results:
                 yield result
@@ -790,12 +613,12 @@ class Client:
     def _map_call(
         self,
         inputs: object,
-        priority: PriorityLike | None,
         window: int | None,
         progress: ProgressLike,
-        params: dict[str, Any],
-    ) -> tuple[MapRunner, Any, int, Any, dict[str, Any]]:
-        """Check a map call's arguments at the call site."""
+        params: Mapping[str, Any],
+    ) -> tuple[MapRunner, Priority, int, Any, dict[str, Any]]:
+        """Check a map call's arguments at the call site; its tier, and its options
+        (the view's defaults filled in) without the tier."""
         submitter = self._runtime.submitter()
         runner = self._runtime.map
         assert runner is not None
@@ -805,12 +628,11 @@ class Client:
         size = window
         check_inputs(inputs, size)
         defaults = self._defaults
-        if defaults is not None:
-            priority = defaults.priority if priority is None else priority
-            params = defaults.fill_map(params)
+        options = dict(params) if defaults is None else defaults.fill(params)
+        priority = options.pop("priority", None)
         tier = parse_priority("batch" if priority is None else priority)
-        check_map_options(submitter.specs, tier, params, kinds_of(inputs))
-        return runner, tier, size, make_tracker(progress, inputs, submitter.now), params
+        check_map_options(submitter.specs, tier, options, kinds_of(inputs))
+        return runner, tier, size, make_tracker(progress, inputs, submitter.now), options
 
     def stats(self) -> Stats:
         """An immutable snapshot of queues, outcomes, batches, latencies and tokens.

@@ -50,7 +50,7 @@ from llmbatch._request import Flight, Request
 from llmbatch._scheduler.budgets import RateBudget
 from llmbatch._server import Server
 from llmbatch._serverinfo import read_models
-from llmbatch._serverkind import PriorityField
+from llmbatch._servers import PriorityField
 from llmbatch._stats import StatsRecorder
 from llmbatch._tracing import Tracer
 from llmbatch._transports.base import HTTPRequest, HTTPResponse

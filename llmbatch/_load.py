@@ -1,5 +1,6 @@
 """What a vLLM (or llama.cpp) server says about its load, parsed sans I/O: the
-``endpoint-load-metrics`` response header and the ``/metrics`` text.
+``endpoint-load-metrics`` response header and the ``/metrics`` text (each kind of
+server's series are in its module of ``_servers``).
 
 Both are optional (other OpenAI-compatible servers send neither); every parser
 returns None for what it cannot read rather than raising, since a malformed load
@@ -12,6 +13,8 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from llmbatch._servers import METRICS
 
 __all__ = [
     "LOAD_FORMAT_HEADER",
@@ -93,29 +96,8 @@ def parse_load_header(value: str | None) -> Load | None:
     return _load_from(data)
 
 
-_GAUGES = {
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:num_requests_running": "running",
-    "vllm:kv_cache_usage_perc": "kv",
-    "vllm:gpu_cache_usage_perc": "kv",
-}
-# llama.cpp's server (``--metrics``): its gauges, and its generation totals, whose
-# change between two reads is the time per output token of each slot.
-_LLAMA_CPP = {
-    "llamacpp:requests_deferred": "waiting",
-    "llamacpp:requests_processing": "running",
-    "llamacpp:tokens_predicted_seconds_total": "tpot_sum",
-    "llamacpp:tokens_predicted_total": "tpot_count",
-}
-_HISTOGRAMS = {
-    # vLLM exports inter-token latencies under two names; the newer wins when both are.
-    "vllm:inter_token_latency_seconds_sum": "itl_sum",
-    "vllm:inter_token_latency_seconds_count": "itl_count",
-    "vllm:time_per_output_token_seconds_sum": "tpot_sum",
-    "vllm:time_per_output_token_seconds_count": "tpot_count",
-    "vllm:time_to_first_token_seconds_sum": "ttft_sum",
-    "vllm:time_to_first_token_seconds_count": "ttft_count",
-}
+#: The series' namespaces, which rule out most lines of a /metrics body at once.
+_PREFIXES = tuple({name[: name.index(":") + 1] for name in METRICS})
 
 
 def parse_metrics(text: str) -> MetricsSample | None:
@@ -124,14 +106,14 @@ def parse_metrics(text: str) -> MetricsSample | None:
     it has none of them."""
     found: dict[str, float] = {}
     for line in text.splitlines():
-        if not line.startswith(("vllm:", "llamacpp:")):
+        if not line.startswith(_PREFIXES):
             continue
         brace = line.find("{")
         if brace > 0:
             name, rest = line[:brace], line[line.find("}", brace) + 1 :].split()
         else:
             name, *rest = line.split()
-        key = _GAUGES.get(name) or _HISTOGRAMS.get(name) or _LLAMA_CPP.get(name)
+        key = METRICS.get(name)
         if key is None or not rest:
             continue
         try:

@@ -29,13 +29,13 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from llmbatch._callspec import CallSpec, Kind, SpecCache
 from llmbatch._config import Priority
 from llmbatch._exceptions import InvalidRequestError, InvalidTypeError, LLMBatchError
 from llmbatch._models import Result, make_result
 from llmbatch._progress import PROGRESS_INTERVAL, ProgressTracker
-from llmbatch._request import CallSpec, Kind, Request
+from llmbatch._request import Request
 from llmbatch._submit import Submitter
-from llmbatch._validate import CallOptions, SpecCache
 
 __all__ = ["MapInput", "MapRunner", "check_map_options", "kinds_of", "map_spec"]
 
@@ -372,21 +372,9 @@ class MapRunner:
 
 
 def map_spec(specs: SpecCache, kind: Kind, priority: object, params: Mapping[str, Any]) -> CallSpec:
-    """The spec for a map's options (or one dict item's, merged over them): llmbatch's
-    own keys taken out, the rest sampling parameters. Raises if they are invalid."""
-    sampling = {k: v for k, v in params.items() if k not in _OWN}
-    options = CallOptions(
-        priority,
-        params.get("model"),
-        params.get("timeout"),
-        params.get("max_retries"),
-        params.get("max_tokens"),
-        sampling.pop("extra_body", None),
-        sampling.pop("extra_headers", None),
-        sampling.pop("extra_query", None),
-        params.get("tenant"),
-    )
-    return specs.get(kind, "map", "batch", options, sampling)
+    """The spec for a map's options (or one dict item's, merged over them), in the
+    tier ``priority``. Raises if they are invalid."""
+    return specs.get(kind, "map", "batch", {**params, "priority": priority})
 
 
 def check_map_options(
@@ -425,10 +413,6 @@ def kinds_of(inputs: object) -> tuple[Kind, ...]:
             first = next((kind for key, kind in _KINDS.items() if key in item), None)
     kinds: tuple[Kind, ...] = tuple(_KINDS.values())
     return kinds if first is None else (first, *(k for k in kinds if k != first))
-
-
-#: Keys that are llmbatch's own, not sampling parameters.
-_OWN = frozenset({"priority", "max_tokens", "timeout", "model", "max_retries", "tenant"})
 
 
 _KINDS: dict[str, Kind] = {"prompt": "completion", "messages": "chat", "input": "embedding"}

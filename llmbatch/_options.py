@@ -19,7 +19,7 @@ from llmbatch._exceptions import (
     LLMBatchError,
 )
 from llmbatch._params import check_extra
-from llmbatch._validate import CallOptions, check_max_retries, check_tenant, check_timeout
+from llmbatch._validate import check_max_retries, check_tenant, check_timeout
 
 __all__ = ["NOT_GIVEN", "CallDefaults", "NotGiven", "check_default_headers"]
 
@@ -37,6 +37,10 @@ class NotGiven:
 
 
 NOT_GIVEN = NotGiven()
+
+
+#: The call options a default may stand in for, besides the headers.
+_DEFAULTED = ("priority", "model", "timeout", "max_retries", "tenant")
 
 
 class CallDefaults:
@@ -119,22 +123,11 @@ class CallDefaults:
             return None
         return cls(**values)
 
-    def fill(self, options: CallOptions) -> CallOptions:
-        """A call's options with these defaults filled in where it left them out."""
-        return options._replace(
-            priority=self.priority if options.priority is None else options.priority,
-            model=self.model if options.model is None else options.model,
-            timeout=self.timeout if options.timeout is None else options.timeout,
-            max_retries=self.max_retries if options.max_retries is None else options.max_retries,
-            extra_headers=self.merge_headers(options.extra_headers),
-            tenant=self.tenant if options.tenant is None else options.tenant,
-        )
-
-    def fill_map(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """A map call's keyword options with these defaults filled in (items may
-        still override them one by one)."""
+    def fill(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """A call's keywords with these defaults filled in where it left them out
+        (a map's items may still override them one by one)."""
         filled = dict(params)
-        for name in ("model", "timeout", "max_retries", "tenant"):
+        for name in _DEFAULTED:
             if filled.get(name) is None and getattr(self, name) is not None:
                 filled[name] = getattr(self, name)
         if self.headers is not None:

@@ -10,129 +10,135 @@ openai-python.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypedDict
 
 from llmbatch._exceptions import InvalidRequestError, InvalidTypeError
 
-__all__ = ["ALLOWED", "check_extra", "check_keywords", "nearest_parameter", "query_string"]
+__all__ = [
+    "ALLOWED",
+    "ChatFields",
+    "CompletionFields",
+    "EmbeddingFields",
+    "check_extra",
+    "check_keywords",
+    "nearest_parameter",
+    "query_string",
+]
 
-#: openai.completions.create's body parameters.
-OPENAI_COMPLETIONS = frozenset(
-    {
-        "best_of",
-        "echo",
-        "frequency_penalty",
-        "logit_bias",
-        "logprobs",
-        "max_tokens",
-        "n",
-        "presence_penalty",
-        "seed",
-        "stop",
-        "suffix",
-        "temperature",
-        "top_p",
-        "user",
-    }
-)
-#: openai.chat.completions.create's body parameters.
-OPENAI_CHAT = frozenset(
-    {
-        "audio",
-        "frequency_penalty",
-        "function_call",
-        "functions",
-        "logit_bias",
-        "logprobs",
-        "max_completion_tokens",
-        "max_tokens",
-        "metadata",
-        "modalities",
-        "n",
-        "parallel_tool_calls",
-        "prediction",
-        "presence_penalty",
-        "prompt_cache_key",
-        "reasoning_effort",
-        "response_format",
-        "safety_identifier",
-        "seed",
-        "service_tier",
-        "stop",
-        "store",
-        "temperature",
-        "tool_choice",
-        "tools",
-        "top_logprobs",
-        "top_p",
-        "user",
-        "verbosity",
-        "web_search_options",
-    }
-)
-#: vLLM's extra sampling parameters, on both endpoints.
-VLLM_SAMPLING = frozenset(
-    {
-        "allowed_token_ids",
-        "bad_words",
-        "ignore_eos",
-        "include_stop_str_in_output",
-        "length_penalty",
-        "min_p",
-        "min_tokens",
-        "prompt_logprobs",
-        "repetition_penalty",
-        "skip_special_tokens",
-        "spaces_between_special_tokens",
-        "stop_token_ids",
-        "top_k",
-        "truncate_prompt_tokens",
-        "use_beam_search",
-    }
-)
-#: vLLM's other extra parameters, on both endpoints.
-VLLM_EXTRA = frozenset(
-    {
-        "add_special_tokens",
-        "cache_salt",
-        "guided_choice",
-        "guided_decoding_backend",
-        "guided_grammar",
-        "guided_json",
-        "guided_regex",
-        "guided_whitespace_pattern",
-        "kv_transfer_params",
-        "logits_processors",
-        "request_id",
-        "response_format",
-        "return_token_ids",
-        "return_tokens_as_token_ids",
-        "structured_outputs",
-        "vllm_xargs",
-    }
-)
-#: vLLM's chat-only extra parameters.
-VLLM_CHAT_EXTRA = frozenset(
-    {
-        "add_generation_prompt",
-        "best_of",
-        "chat_template",
-        "chat_template_kwargs",
-        "continue_final_message",
-        "documents",
-        "echo",
-        "mm_processor_kwargs",
-    }
-)
+
+class SharedFields(TypedDict, total=False):
+    """Body fields both text endpoints take: the OpenAI API's shared sampling
+    parameters, and vLLM's extra sampling and request parameters."""
+
+    # OpenAI, both endpoints.
+    frequency_penalty: float | None
+    logit_bias: Mapping[str, int] | None
+    logprobs: int | bool | None
+    max_tokens: int | None
+    n: int | None
+    presence_penalty: float | None
+    seed: int | None
+    stop: str | Sequence[str] | None
+    temperature: float | None
+    top_p: float | None
+    user: str | None
+    best_of: int | None
+    echo: bool | None
+    # vLLM's extra sampling parameters.
+    allowed_token_ids: Sequence[int] | None
+    bad_words: Sequence[str] | None
+    ignore_eos: bool | None
+    include_stop_str_in_output: bool | None
+    length_penalty: float | None
+    min_p: float | None
+    min_tokens: int | None
+    prompt_logprobs: int | None
+    repetition_penalty: float | None
+    skip_special_tokens: bool | None
+    spaces_between_special_tokens: bool | None
+    stop_token_ids: Sequence[int] | None
+    top_k: int | None
+    truncate_prompt_tokens: int | None
+    use_beam_search: bool | None
+    # vLLM's other extra parameters (``guided_*``: vLLM before 0.12).
+    add_special_tokens: bool | None
+    cache_salt: str | None
+    guided_choice: Sequence[str] | None
+    guided_decoding_backend: str | None
+    guided_grammar: str | None
+    guided_json: str | Mapping[str, Any] | None
+    guided_regex: str | None
+    guided_whitespace_pattern: str | None
+    kv_transfer_params: Mapping[str, Any] | None
+    logits_processors: Sequence[Any] | None
+    request_id: str | None
+    response_format: Mapping[str, Any] | None
+    return_token_ids: bool | None
+    return_tokens_as_token_ids: bool | None
+    structured_outputs: Mapping[str, Any] | None
+    vllm_xargs: Mapping[str, Any] | None
+
+
+class CompletionFields(SharedFields, total=False):
+    """``/v1/completions`` body fields (``openai.completions.create``'s and vLLM's)."""
+
+    suffix: str | None
+
+
+class ChatFields(SharedFields, total=False):
+    """``/v1/chat/completions`` body fields (``openai.chat.completions.create``'s
+    and vLLM's chat extras)."""
+
+    audio: Mapping[str, Any] | None
+    function_call: str | Mapping[str, Any] | None
+    functions: Sequence[Mapping[str, Any]] | None
+    max_completion_tokens: int | None
+    metadata: Mapping[str, str] | None
+    modalities: Sequence[str] | None
+    parallel_tool_calls: bool | None
+    prediction: Mapping[str, Any] | None
+    prompt_cache_key: str | None
+    reasoning_effort: str | None
+    safety_identifier: str | None
+    service_tier: str | None
+    store: bool | None
+    tool_choice: str | Mapping[str, Any] | None
+    tools: Sequence[Mapping[str, Any]] | None
+    top_logprobs: int | None
+    verbosity: str | None
+    web_search_options: Mapping[str, Any] | None
+    # vLLM's chat-only extras.
+    add_generation_prompt: bool | None
+    chat_template: str | None
+    chat_template_kwargs: Mapping[str, Any] | None
+    continue_final_message: bool | None
+    documents: Sequence[Mapping[str, str]] | None
+    mm_processor_kwargs: Mapping[str, Any] | None
+
+
+class EmbeddingFields(TypedDict, total=False):
+    """``/v1/embeddings`` body fields (OpenAI's and vLLM's)."""
+
+    dimensions: int | None
+    encoding_format: str | None
+    user: str | None
+    truncate_prompt_tokens: int | None
+    normalize: bool | None
+    add_special_tokens: bool | None
+
+
+def _keys(fields: type) -> frozenset[str]:
+    keys: frozenset[str] = fields.__required_keys__ | fields.__optional_keys__  # type: ignore[attr-defined]
+    return keys
+
+
 ALLOWED = {
-    "completion": OPENAI_COMPLETIONS | VLLM_SAMPLING | VLLM_EXTRA,
-    "chat": OPENAI_CHAT | VLLM_SAMPLING | VLLM_EXTRA | VLLM_CHAT_EXTRA,
-    "embedding": frozenset(
-        {"dimensions", "encoding_format", "user", "truncate_prompt_tokens", "normalize"}
-    )
-    | {"add_special_tokens"},
+    "completion": _keys(CompletionFields),
+    "chat": _keys(ChatFields),
+    "embedding": _keys(EmbeddingFields),
 }
+"""The body fields each endpoint takes, by kind: what a call may pass as keywords."""
 #: Fields llmbatch sets itself; in ``extra_body`` they would break batching.
 RESERVED = frozenset(
     {"prompt", "messages", "input", "model", "stream", "stream_options", "priority"}

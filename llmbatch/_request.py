@@ -1,10 +1,10 @@
-"""A request inside the client: its validated options, its input, and its outcome.
+"""A request inside the client: its input, its place, and its outcome.
 
-:class:`CallSpec` holds what many requests share (endpoint kind, tier, model,
-sampling parameters, timeout) and is validated once per distinct set of options;
-a :class:`Request` adds one prompt or conversation, its token estimate, its place
-in the scheduler and the slot its single outcome lands in. Both are slotted and
-built without ``dataclass`` machinery: a bulk map makes tens of thousands a second.
+A :class:`Request` joins what many requests share (a :class:`CallSpec`: endpoint
+kind, tier, model, sampling parameters, timeout; ``_callspec``) to one prompt or
+conversation, its token estimate, its place in the scheduler and the slot its
+single outcome lands in. It is slotted and built without ``dataclass`` machinery:
+a bulk map makes tens of thousands a second.
 """
 
 from __future__ import annotations
@@ -12,17 +12,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
-from llmbatch._config import Priority
+from llmbatch._callspec import CallSpec, Kind
 from llmbatch._exceptions import LLMBatchError
 
 __all__ = ["CallSpec", "Flight", "Kind", "Request", "State"]
-
-Kind = Literal["completion", "chat", "embedding"]
 
 _ids = itertools.count(1)
 
@@ -39,89 +37,6 @@ class State:
     """Left the scheduler: answered, or removed because its caller went away."""
     HELD = 5
     """Held back by its tenant's limits (``TenantLimits``), before its tier's queue."""
-
-
-class CallSpec:
-    """The validated options of a call, shared by every request made with them."""
-
-    __slots__ = (
-        "attempts",
-        "body_prefix",
-        "compat_key",
-        "headers",
-        "kind",
-        "max_batch",
-        "max_tokens",
-        "max_tokens_given",
-        "model",
-        "n",
-        "params",
-        "priority",
-        "query",
-        "stream",
-        "tenant",
-        "tenant_suffix",
-        "timeout",
-    )
-
-    def __init__(
-        self,
-        *,
-        kind: Kind,
-        priority: Priority,
-        model: str,
-        params: Mapping[str, Any],
-        params_json: str,
-        max_tokens: int,
-        n: int,
-        timeout: float | None,
-        stream: bool,
-        headers: tuple[tuple[str, str], ...] = (),
-        query: str = "",
-        attempts: int | None = None,
-        tenant: str | None = None,
-    ) -> None:
-        self.kind = kind
-        self.priority = priority
-        self.model = model
-        self.params = params
-        """Sampling parameters as sent (None values dropped, ``max_tokens`` if given)."""
-        self.max_tokens = max_tokens
-        """``max_tokens`` for budgeting: the caller's, or the endpoint's default."""
-        self.max_tokens_given = "max_tokens" in params
-        self.n = n
-        self.timeout = timeout
-        self.stream = stream
-        self.headers = headers
-        """``extra_headers``: sent with the HTTP request that carries it."""
-        self.query = query
-        """``extra_query`` as ``?a=1``, appended to the endpoint's path."""
-        self.attempts = attempts
-        """HTTP attempts for this call (``max_retries + 1``); None: the client's policy."""
-        self.tenant = tenant
-        """Who the call is for (None: the shared default tenant)."""
-        # Streams never share an HTTP request: each caller reads its own SSE response.
-        self.max_batch = 1 if stream else 1024
-        # Only requests with the same endpoint, model, parameters and mode share a batch.
-        # One string, not a tuple: a string caches its hash, and the scheduler looks
-        # the key up for every request it queues.
-        self.compat_key = "\x00".join(
-            (
-                kind,
-                model,
-                params_json,
-                "stream" if stream else "",
-                repr(headers),
-                query,
-                str(attempts),
-            )
-        )
-        # A tenant's requests form groups of their own (each group one tenant, so the
-        # scheduler can weigh tenants against each other); groups that differ only in
-        # their tenant form a family, whose batches may mix tenants.
-        self.tenant_suffix = "" if tenant is None else f"\x00tenant\x00{tenant}"
-        self.body_prefix: bytes | None = None
-        """The JSON body up to the prompt, made once by the wire module."""
 
 
 class Request:

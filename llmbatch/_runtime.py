@@ -23,6 +23,7 @@ import anyio
 import sniffio
 from anyio.abc import TaskGroup
 
+from llmbatch._callspec import SpecCache
 from llmbatch._clientconfig import ClientConfig
 from llmbatch._clock import loop_clock
 from llmbatch._engine import Engine
@@ -34,7 +35,6 @@ from llmbatch._shared.budgets import SharedBudgets
 from llmbatch._stats import Stats, StatsRecorder
 from llmbatch._submit import Submitter
 from llmbatch._tracing import Tracer
-from llmbatch._validate import SpecCache
 
 __all__ = ["Runtime", "State"]
 

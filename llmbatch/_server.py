@@ -33,13 +33,7 @@ from llmbatch._load import (
     parse_metrics,
 )
 from llmbatch._serverinfo import fetch
-from llmbatch._serverkind import (
-    PriorityField,
-    ServerKind,
-    kind_from_models,
-    priority_field,
-    stated_seats,
-)
+from llmbatch._servers import GENERIC, Dialect, PriorityField, ServerKind, Version, kind_from_models
 from llmbatch._signals import STEP_TIME_SOURCES, Signals, Source
 from llmbatch._transports.base import HTTPRequest, Transport
 
@@ -114,8 +108,10 @@ class Server:
             seats_stated_by=f"Replica(max_num_seqs={stated})" if stated else "",
         )
         self.breaker = Breaker(outage_tolerance=retry.outage_tolerance)
-        self.kind = ServerKind.GENERIC
-        """What the server said it is (``detect``)."""
+        self.dialect: Dialect = GENERIC
+        """What the server said it is, and so how it speaks (``detect``)."""
+        self.version: Version | None = None
+        """Its release, where it says (``detect``)."""
         self.priority_field: PriorityField | None = None
         """How it takes the ``priority`` field (None: it is not sent)."""
         self.has_metrics: bool | None = None
@@ -312,22 +308,27 @@ class Server:
         server in an outage, in once a probe and a trial batch succeed."""
         self.breaker.open_without_failure(now, reason)
 
+    @property
+    def kind(self) -> ServerKind:
+        """What kind of server it is."""
+        return self.dialect.kind
+
     # -- probes ----------------------------------------------------------------------
 
     async def detect(self, models: Sequence[Mapping[str, object]]) -> None:
-        """Learn what the server is from its model list, and (SGLang) how it orders
-        priorities from its own server info (``_serverkind`` has the rules and their
-        sources)."""
-        kind = kind_from_models(models) or ServerKind.GENERIC
-        server_info: object = None
-        if kind is ServerKind.SGLANG:  # whether priority scheduling is on, which way
-            server_info = await self._get_json("/get_server_info")
-        self.kind = kind
-        self.priority_field = priority_field(kind, server_info)
-        if kind is ServerKind.LLAMA_CPP and self.replica.max_num_seqs is None:
-            slots = stated_seats(kind, await self._get_json("/props"))
-            if slots is not None:
-                self.controller.capacity.state(slots, f"llama.cpp /props total_slots {slots}")
+        """Learn what the server is from its model list, and from what its kind says
+        about itself (its release; SGLang: how it orders priorities; llama.cpp: its
+        slots). ``_servers`` has the rules and their sources."""
+        dialect = kind_from_models(models) or GENERIC
+        info = None if dialect.info_path is None else await self._get_json(dialect.info_path)
+        self.dialect = dialect
+        self.version = dialect.version(info)
+        self.priority_field = dialect.priority_field(info)
+        slots = dialect.stated_seats(info)
+        if slots is not None and self.replica.max_num_seqs is None:
+            self.controller.capacity.state(
+                slots, f"{dialect.kind} {dialect.info_path} total_slots {slots}"
+            )
 
     async def _get_json(self, path: str) -> object:
         """``GET {origin}{path}`` as JSON; None when it fails in any way (a probe of

@@ -10,18 +10,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from llmbatch._callspec import CallSpec, SpecCache
 from llmbatch._clock import Clock
 from llmbatch._engine import Engine
 from llmbatch._prefix import HotPrefixes, prefix_keys
-from llmbatch._request import CallSpec, Request
+from llmbatch._request import Request
 from llmbatch._tracing import Tracer
-from llmbatch._validate import (
-    TOKEN_OVERHEAD,
-    SpecCache,
-    check_messages,
-    check_prompt,
-    input_bytes,
-)
+from llmbatch._validate import TOKEN_OVERHEAD, check_messages, check_prompt, input_bytes
 
 __all__ = ["Submitter"]
 

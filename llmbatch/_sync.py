@@ -15,11 +15,18 @@ import functools
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, Unpack, overload
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from llmbatch._arguments import checked_arguments
+from llmbatch._callspec import (
+    ChatParams,
+    CompletionParams,
+    EmbeddingParams,
+    MapParams,
+    TextParams,
+)
 from llmbatch._chunks import ChatCompletionChunk, CompletionChunk
 from llmbatch._client import DEFAULT_DRAIN_TIMEOUT, Client
 from llmbatch._config import (
@@ -207,20 +214,7 @@ class SyncClient:
     # -- calls -----------------------------------------------------------------------
 
     def complete(
-        self,
-        prompt: str,
-        *,
-        priority: PriorityLike | None = None,
-        max_tokens: int | None = None,
-        timeout: float | None = None,
-        nowait: bool = False,
-        model: str | None = None,
-        max_retries: int | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str] | None = None,
-        tenant: str | None = None,
-        **params: Any,
+        self, prompt: str, *, nowait: bool = False, **params: Unpack[CompletionParams]
     ) -> Completion:
         """:meth:`Client.complete`, blocking."""
         value: Completion = self._call(self._client.complete, **_arguments(locals()))
@@ -230,70 +224,29 @@ class SyncClient:
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        priority: PriorityLike | None = None,
-        max_tokens: int | None = None,
-        timeout: float | None = None,
         nowait: bool = False,
-        model: str | None = None,
-        max_retries: int | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str] | None = None,
-        tenant: str | None = None,
-        **params: Any,
+        **params: Unpack[ChatParams],
     ) -> ChatCompletion:
         """:meth:`Client.chat`, blocking."""
         value: ChatCompletion = self._call(self._client.chat, **_arguments(locals()))
         return value
 
     @overload
-    def embed(
-        self,
-        input: str,
-        *,
-        priority: PriorityLike | None = ...,
-        timeout: float | None = ...,
-        nowait: bool = ...,
-        model: str | None = ...,
-        max_retries: int | None = ...,
-        extra_body: Mapping[str, Any] | None = ...,
-        extra_headers: Mapping[str, str] | None = ...,
-        extra_query: Mapping[str, str] | None = ...,
-        tenant: str | None = ...,
-        **params: Any,
+    def embed(  # type: ignore[overload-overlap]  # a str is also a Sequence[str]
+        self, input: str, *, nowait: bool = ..., **params: Unpack[EmbeddingParams]
     ) -> Embedding: ...
 
     @overload
     def embed(
-        self,
-        input: Sequence[str],
-        *,
-        priority: PriorityLike | None = ...,
-        timeout: float | None = ...,
-        nowait: bool = ...,
-        model: str | None = ...,
-        max_retries: int | None = ...,
-        extra_body: Mapping[str, Any] | None = ...,
-        extra_headers: Mapping[str, str] | None = ...,
-        extra_query: Mapping[str, str] | None = ...,
-        tenant: str | None = ...,
-        **params: Any,
+        self, input: Sequence[str], *, nowait: bool = ..., **params: Unpack[EmbeddingParams]
     ) -> list[Embedding]: ...
 
     def embed(
         self,
         input: str | Sequence[str],
         *,
-        priority: PriorityLike | None = None,
-        timeout: float | None = None,
         nowait: bool = False,
-        model: str | None = None,
-        max_retries: int | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str] | None = None,
-        tenant: str | None = None,
-        **params: Any,
+        **params: Unpack[EmbeddingParams],
     ) -> Embedding | list[Embedding]:
         """:meth:`Client.embed`, blocking."""
         value: Embedding | list[Embedding] = self._call(self._client.embed, **_arguments(locals()))
@@ -303,17 +256,8 @@ class SyncClient:
         self,
         prompt: str | Sequence[Mapping[str, Any]],
         *,
-        priority: PriorityLike | None = None,
-        max_tokens: int | None = None,
-        timeout: float | None = None,
-        model: str | None = None,
-        max_retries: int | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str] | None = None,
         stream_options: Mapping[str, Any] | None = None,
-        tenant: str | None = None,
-        **params: Any,
+        **params: Unpack[TextParams],
     ) -> Iterator[str]:
         """:meth:`Client.stream`: text deltas as they arrive."""
         return self._iterate(self._client.stream(**_arguments(locals())))
@@ -323,17 +267,8 @@ class SyncClient:
         self,
         prompt: str,
         *,
-        priority: PriorityLike | None = ...,
-        max_tokens: int | None = ...,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        max_retries: int | None = ...,
-        extra_body: Mapping[str, Any] | None = ...,
-        extra_headers: Mapping[str, str] | None = ...,
-        extra_query: Mapping[str, str] | None = ...,
         stream_options: Mapping[str, Any] | None = ...,
-        tenant: str | None = ...,
-        **params: Any,
+        **params: Unpack[TextParams],
     ) -> Iterator[CompletionChunk]: ...
 
     @overload
@@ -341,34 +276,16 @@ class SyncClient:
         self,
         prompt: Sequence[Mapping[str, Any]],
         *,
-        priority: PriorityLike | None = ...,
-        max_tokens: int | None = ...,
-        timeout: float | None = ...,
-        model: str | None = ...,
-        max_retries: int | None = ...,
-        extra_body: Mapping[str, Any] | None = ...,
-        extra_headers: Mapping[str, str] | None = ...,
-        extra_query: Mapping[str, str] | None = ...,
         stream_options: Mapping[str, Any] | None = ...,
-        tenant: str | None = ...,
-        **params: Any,
+        **params: Unpack[TextParams],
     ) -> Iterator[ChatCompletionChunk]: ...
 
     def stream_chunks(
         self,
         prompt: str | Sequence[Mapping[str, Any]],
         *,
-        priority: PriorityLike | None = None,
-        max_tokens: int | None = None,
-        timeout: float | None = None,
-        model: str | None = None,
-        max_retries: int | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, str] | None = None,
         stream_options: Mapping[str, Any] | None = None,
-        tenant: str | None = None,
-        **params: Any,
+        **params: Unpack[TextParams],
     ) -> Iterator[CompletionChunk] | Iterator[ChatCompletionChunk]:
         """:meth:`Client.stream_chunks`: every event's chunk as it arrives."""
         chunks: Iterator[Any] = self._iterate(self._client.stream_chunks(**_arguments(locals())))
@@ -378,10 +295,9 @@ class SyncClient:
         self,
         inputs: Iterable[MapInput],
         *,
-        priority: PriorityLike | None = None,
         window: int | None = None,
         progress: ProgressLike = None,
-        **params: Any,
+        **params: Unpack[MapParams],
     ) -> list[Result[Any]]:
         """:meth:`Client.map`, blocking: one :class:`Result` per input, in order."""
         results: list[Result[Any]] = self._call(self._client.map, **_arguments(locals()))
@@ -391,10 +307,9 @@ class SyncClient:
         self,
         inputs: Iterable[MapInput],
         *,
-        priority: PriorityLike | None = None,
         window: int | None = None,
         progress: ProgressLike = None,
-        **params: Any,
+        **params: Unpack[MapParams],
     ) -> Iterator[tuple[int, Result[Any]]]:
         """:meth:`Client.map_unordered`: ``(index, Result)`` as items finish."""
         return self._iterate(self._client.map_unordered(**_arguments(locals())))
@@ -403,10 +318,9 @@ class SyncClient:
         self,
         inputs: Iterable[MapInput],
         *,
-        priority: PriorityLike | None = None,
         window: int | None = None,
         progress: ProgressLike = None,
-        **params: Any,
+        **params: Unpack[MapParams],
     ) -> Iterator[Result[Any]]:
         """:meth:`Client.imap`: one :class:`Result` per input, in order, bounded memory."""
         return self._iterate(self._client.imap(**_arguments(locals())))

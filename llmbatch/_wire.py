@@ -18,10 +18,12 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from llmbatch._callspec import CallSpec
 from llmbatch._chunks import ChatCompletionChunk, Chunk, CompletionChunk, make_chunk
 from llmbatch._exceptions import APIStatusError, RemoteProtocolError, status_error_type
 from llmbatch._models import RawUsage
-from llmbatch._request import CallSpec, Request
+from llmbatch._request import Request
+from llmbatch._servers import PRIORITY_REFUSED, TOO_LONG
 
 __all__ = [
     "Answers",
@@ -330,29 +332,8 @@ def error_from_response(status: int, headers: Mapping[str, str], content: bytes)
 
 # -- what servers say in their error messages -----------------------------------------
 
-#: A prompt longer than the context, in each server's words (what each one says is
-#: in tests/unit/test_wire_messages.py, with where it was seen). The input's token
-#: count, where given, rules out the prompts too short to have that many.
-_TOO_LONG_RULES = (
-    # vLLM (serving_engine's validation): "This model's maximum context length is
-    # 4096 tokens. However, you requested 4200 tokens (4100 in the messages, 100 in
-    # the completion)" or "... However, your request has 5000 input tokens ...";
-    # OpenAI's own API words it the same way.
-    re.compile(r"maximum context length is (?P<limit>\d+)"),
-    # vLLM >= 0.10 and SGLang: "Requested token count exceeds the model's maximum
-    # context length of 32768 tokens. You requested a total of 67298 tokens: 50914
-    # tokens from the input messages and 16384 tokens for the completion."
-    re.compile(r"maximum context length of (?P<limit>\d+)"),
-    # SGLang's tokenizer manager and OpenAI-compatible gateways: "The input (5000
-    # tokens) is longer than the model's context length (4096 tokens)."
-    re.compile(r"input \((?P<input>\d+) tokens\) is longer than the model's context length"),
-    # TGI's validation: "Input validation error: `inputs` tokens + `max_new_tokens`
-    # must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`"
-    re.compile(r"`inputs` tokens \+ `max_new_tokens` must be <= (?P<limit>\d+)"),
-    # llama.cpp's server (error type exceed_context_size_error): "the request
-    # exceeds the available context size, try increasing it" (no count in the text).
-    re.compile(r"exceeds the available context size"),
-)
+#: The input's token count in a too-long refusal (each kind's words for the refusal
+#: are in its module of ``_servers``), which rules out prompts too short to have it.
 _INPUT_TOKENS = re.compile(
     r"(?P<a>\d+) in the messages"
     r"|has (?P<b>\d+) input tokens"
@@ -360,10 +341,6 @@ _INPUT_TOKENS = re.compile(
     r"|input \((?P<d>\d+) tokens\)"
     r"|Given: (?P<e>\d+) `inputs` tokens"
 )
-#: vLLM refuses a non-zero ``priority`` unless it runs ``--scheduling-policy priority``
-#: ("Priority scheduling is not enabled."). SGLang without
-#: ``--enable-priority-scheduling`` ignores the field rather than refusing it.
-_PRIORITY_REFUSED = re.compile(r"priority scheduling is not enabled", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,7 +355,7 @@ class TooLong:
 
 def too_long(message: str) -> TooLong | None:
     """Whether an error message says a prompt exceeds the context, and the counts."""
-    for rule in _TOO_LONG_RULES:
+    for rule in TOO_LONG:
         match = rule.search(message)
         if match is not None:
             limit = match.groupdict().get("limit")
@@ -392,7 +369,7 @@ def too_long(message: str) -> TooLong | None:
 
 def priority_refused(message: str) -> bool:
     """The server refuses the ``priority`` field (vLLM without priority scheduling)."""
-    return _PRIORITY_REFUSED.search(message) is not None
+    return any(rule.search(message) for rule in PRIORITY_REFUSED)
 
 
 # -- streams -------------------------------------------------------------------------

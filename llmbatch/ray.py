@@ -35,12 +35,12 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from llmbatch._callspec import SpecCache
 from llmbatch._config import Limits, PriorityLike, parse_priority
 from llmbatch._exceptions import ConfigError, ConfigTypeError, InvalidTypeError, LLMBatchError
 from llmbatch._map import MapInput, check_map_options
 from llmbatch._request import Kind
 from llmbatch._sync import SyncClient
-from llmbatch._validate import SpecCache
 
 __all__ = ["Chat", "Completions", "actor_options"]
 

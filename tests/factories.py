@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from llmbatch import Priority
+from llmbatch._callspec import check_call
 from llmbatch._request import Request
-from llmbatch._validate import check_prompt, validate_options
+from llmbatch._validate import check_prompt
 
 
 def make_request(
@@ -21,15 +22,18 @@ def make_request(
     tenant_as_user: bool = True,
 ) -> Request:
     """A completion request created at ``at`` (its deadline is ``at + timeout``)."""
-    spec = validate_options(
-        kind="completion",
-        priority=priority,
-        model=model,
-        params={"max_tokens": max_tokens, "temperature": temperature},
-        timeout=timeout,
+    spec = check_call(
+        "completion",
+        "complete",
+        {
+            "priority": priority,
+            "model": model,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "timeout": timeout,
+            "tenant": tenant,
+        },
         stream=stream,
-        max_model_len=None,
-        tenant=tenant,
         tenant_as_user=tenant_as_user,
     )
     return Request(spec, prompt, None, check_prompt(prompt, spec, None), at)

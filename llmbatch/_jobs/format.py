@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llmbatch._callspec import check_call
 from llmbatch._exceptions import (
     APIStatusError,
     InvalidRequestError,
@@ -36,7 +37,7 @@ from llmbatch._exceptions import (
 from llmbatch._models import ChatCompletion, Completion, Embedding, Usage
 from llmbatch._params import ALLOWED, nearest_parameter
 from llmbatch._request import Kind
-from llmbatch._validate import check_messages, check_prompt, validate_options
+from llmbatch._validate import check_messages, check_prompt
 
 __all__ = [
     "ENDPOINTS",
@@ -150,16 +151,12 @@ def _check_body(body: Mapping[str, Any], kind: Kind, url: str) -> str | None:
         params[key] = value
     if kind == "chat" and params.get("n", 1) != 1:
         raise InvalidRequestError("n: chat requests with n > 1 are not supported", field="n")
-    spec = validate_options(
-        kind=kind,
-        priority="batch",
-        model=model or "the job's model",
-        params=params,
-        timeout=None,
-        stream=False,
-        max_model_len=None,
-        method="run",
-        extra_body=body.get("extra_body"),
+    spec = check_call(
+        kind,
+        "run",
+        {**params, "extra_body": body.get("extra_body")},
+        tier="batch",
+        default_model=model or "the job's model",
     )
     given = body[field]
     if kind == "chat":

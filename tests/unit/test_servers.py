@@ -11,7 +11,17 @@ import pytest
 from fake_server import FakeServer
 
 import llmbatch
-from llmbatch._serverkind import PriorityField, ServerKind, kind_from_models, priority_field
+from llmbatch._servers import (
+    GENERIC,
+    PriorityField,
+    ServerKind,
+    dialect_of,
+    kind_from_models,
+    llamacpp,
+    parse_version,
+    sglang,
+    vllm,
+)
 from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
 
 pytestmark = pytest.mark.anyio
@@ -29,29 +39,53 @@ SGLANG_PRIORITY_ON = {
 SGLANG_PRIORITY_OFF = {"enable_priority_scheduling": False}
 
 
+def kind_of(models: list[dict[str, Any]]) -> ServerKind | None:
+    dialect = kind_from_models(models)
+    return None if dialect is None else dialect.kind
+
+
 def test_the_model_list_says_what_the_server_is() -> None:
-    assert kind_from_models(VLLM_MODELS) is ServerKind.VLLM
-    assert kind_from_models(SGLANG_MODELS) is ServerKind.SGLANG
-    assert kind_from_models(LLAMA_CPP_MODELS) is ServerKind.LLAMA_CPP
-    assert kind_from_models(OTHER_MODELS) is None
-    assert kind_from_models([{"id": "m"}]) is None
+    assert kind_of(VLLM_MODELS) is ServerKind.VLLM
+    assert kind_of(SGLANG_MODELS) is ServerKind.SGLANG
+    assert kind_of(LLAMA_CPP_MODELS) is ServerKind.LLAMA_CPP
+    assert kind_of(OTHER_MODELS) is None
+    assert kind_of([{"id": "m"}]) is None
+    for kind in ServerKind:
+        assert dialect_of(kind).kind is kind
 
 
 def test_each_kind_takes_priority_its_own_way_or_not_at_all() -> None:
-    vllm = priority_field(ServerKind.VLLM)
-    assert vllm == PriorityField(lower_first=True)
-    assert [vllm.value(rank) for rank in (0, 1, 2)] == [0, 1, 2]  # realtime lowest
-    sglang = priority_field(ServerKind.SGLANG, SGLANG_PRIORITY_ON)
-    assert sglang is not None
-    assert [sglang.value(rank) for rank in (0, 1, 2)] == [2, 1, 0]  # realtime highest
+    lower = vllm.DIALECT.priority_field({"version": "0.32.0"})
+    assert lower == PriorityField(lower_first=True)
+    assert [lower.value(rank) for rank in (0, 1, 2)] == [0, 1, 2]  # realtime lowest
+    higher = sglang.DIALECT.priority_field(SGLANG_PRIORITY_ON)
+    assert higher is not None
+    assert [higher.value(rank) for rank in (0, 1, 2)] == [2, 1, 0]  # realtime highest
     low_first = {**SGLANG_PRIORITY_ON, "schedule_low_priority_values_first": True}
-    assert priority_field(ServerKind.SGLANG, low_first) == PriorityField(lower_first=True)
+    assert sglang.DIALECT.priority_field(low_first) == PriorityField(lower_first=True)
     # Off, or not known: nothing is sent (a field read the wrong way round would put
     # bulk ahead of realtime).
-    assert priority_field(ServerKind.SGLANG, SGLANG_PRIORITY_OFF) is None
-    assert priority_field(ServerKind.SGLANG, None) is None
-    assert priority_field(ServerKind.LLAMA_CPP) is None
-    assert priority_field(ServerKind.GENERIC) is None
+    assert sglang.DIALECT.priority_field(SGLANG_PRIORITY_OFF) is None
+    assert sglang.DIALECT.priority_field(None) is None
+    assert llamacpp.DIALECT.priority_field({"total_slots": 4}) is None
+    assert GENERIC.priority_field(None) is None
+
+
+def test_llama_cpp_states_its_slots_and_no_other_kind_does() -> None:
+    assert llamacpp.DIALECT.stated_seats({"total_slots": 16}) == 16
+    for props in (None, {}, {"total_slots": 0}, {"total_slots": True}, {"total_slots": "4"}):
+        assert llamacpp.DIALECT.stated_seats(props) is None
+    assert vllm.DIALECT.stated_seats({"total_slots": 16}) is None
+
+
+def test_versions_are_read_from_what_each_server_says() -> None:
+    assert parse_version("0.12.0rc1") == (0, 12, 0)
+    assert parse_version("v0.9+cpu") == (0, 9, 0)
+    assert parse_version("dev") is None
+    assert parse_version(None) is None
+    assert vllm.DIALECT.version({"version": "0.11.2"}) == (0, 11, 2)
+    assert vllm.DIALECT.version(None) is None
+    assert sglang.DIALECT.version({"version": "0.5.3"}) == (0, 5, 3)
 
 
 class KindOfServer(FakeServer):
@@ -80,7 +114,7 @@ class KindOfServer(FakeServer):
 
 
 SERVERS = [
-    pytest.param(VLLM_MODELS, None, "vllm", [0, 2], ["models"], id="vllm"),
+    pytest.param(VLLM_MODELS, None, "vllm", [0, 2], ["models", "version"], id="vllm"),
     pytest.param(
         SGLANG_MODELS,
         SGLANG_PRIORITY_ON,
@@ -97,7 +131,9 @@ SERVERS = [
         ["models", "get_server_info"],
         id="sglang-priority-off",
     ),
-    pytest.param(LLAMA_CPP_MODELS, None, "llama.cpp", ["absent"] * 2, ["models"], id="llama.cpp"),
+    pytest.param(
+        LLAMA_CPP_MODELS, None, "llama.cpp", ["absent"] * 2, ["models", "props"], id="llama.cpp"
+    ),
     pytest.param(OTHER_MODELS, None, "openai-compatible", ["absent"] * 2, ["models"], id="other"),
 ]
 
@@ -112,7 +148,7 @@ async def test_each_server_is_sent_the_priority_it_understands(
         await c.complete("bulk", priority="batch")
         assert c.stats().servers[0].kind == kind
     assert server.priorities == sent
-    assert server.gets[: len(asked)] == asked  # only SGLang is asked anything more
+    assert server.gets[: len(asked)] == asked  # what its kind says about itself, once
 
 
 async def test_priority_scheduling_true_sends_vllms_convention_to_an_unknown_server() -> None:

@@ -1,0 +1,52 @@
+"""llama.cpp's server (its README, tools/server).
+
+It lists its models with ``"owned_by": "llamacpp"`` and has no priority. It states
+how many sequences it runs at once: ``total_slots`` in ``GET /props`` (its
+``--parallel``). With ``--metrics`` it exports its queue and its generation
+totals, whose change between two reads is each slot's time per output token. It
+constrains an answer with a ``json_schema`` field (both endpoints; a list of
+prompts included), and ignores ``response_format`` on ``/v1/completions``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from llmbatch._servers.base import Dialect, ServerKind, Version
+
+__all__ = ["DIALECT"]
+
+
+class _LlamaCpp(Dialect):
+    def stated_seats(self, info: object) -> int | None:
+        if isinstance(info, Mapping):
+            slots = info.get("total_slots")
+            if isinstance(slots, int) and not isinstance(slots, bool) and slots > 0:
+                return slots
+        return None
+
+    def schema_fields(
+        self, schema: Mapping[str, Any], name: str, version: Version | None
+    ) -> dict[str, Any]:
+        return {"json_schema": dict(schema)}
+
+
+DIALECT = _LlamaCpp(
+    kind=ServerKind.LLAMA_CPP,
+    owners=("llamacpp",),
+    info_path="/props",
+    too_long=(
+        # exceed_context_size_error: "the request exceeds the available context
+        # size, try increasing it" (no count in the text).
+        re.compile(r"exceeds the available context size"),
+    ),
+    metrics={
+        "llamacpp:requests_deferred": "waiting",
+        "llamacpp:requests_processing": "running",
+        "llamacpp:tokens_predicted_seconds_total": "tpot_sum",
+        "llamacpp:tokens_predicted_total": "tpot_count",
+    },
+)
+"""llama.cpp's server's rules."""
