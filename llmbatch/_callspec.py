@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, cast
 
 from llmbatch._config import Priority, PriorityLike, parse_priority
 from llmbatch._exceptions import InvalidRequestError, InvalidTypeError
@@ -52,9 +53,11 @@ __all__ = [
     "EmbeddingParams",
     "Kind",
     "MapParams",
+    "ResponseModel",
     "SpecCache",
     "TextParams",
     "check_call",
+    "response_model_of",
 ]
 
 Kind = Literal["completion", "chat", "embedding"]
@@ -102,8 +105,63 @@ class MapParams(CallParams, CompletionFields, ChatFields, EmbeddingFields, total
     """What a map takes for its items (a dict item may override each one)."""
 
 
-OWN_OPTIONS = frozenset(CallParams.__optional_keys__)
-"""llmbatch's own options: checked and used here, never sent as they are."""
+OWN_OPTIONS = frozenset({*CallParams.__optional_keys__, "response_model"})
+"""llmbatch's own options: checked and used here, never sent as they are
+(``response_model`` is a parameter of its own in each signature, so that the
+answer's type follows it)."""
+
+
+class ResponseModel:
+    """A call's ``response_model``: the type its answers are validated into, with
+    pydantic's ``TypeAdapter`` for it and its JSON schema (made once per type)."""
+
+    __slots__ = ("adapter", "name", "schema", "target")
+
+    def __init__(self, target: object) -> None:
+        # pydantic only when a schema is used: ``import llmbatch`` stays light.
+        from pydantic import PydanticUserError, TypeAdapter
+
+        try:
+            self.adapter: Any = TypeAdapter(cast(Any, target))
+            self.schema: dict[str, Any] = self.adapter.json_schema()
+        except (PydanticUserError, TypeError, ValueError) as exc:
+            shown = getattr(target, "__name__", None) or repr(target)
+            raise InvalidTypeError(
+                f"response_model must be a type pydantic can validate (a BaseModel, "
+                f"list[Model], a Literal, an enum, a TypedDict), got {shown}: "
+                f"{str(exc).splitlines()[0]}",
+                field="response_model",
+            ) from None
+        self.target = target
+        self.name = _schema_name(target)
+        """The schema's name, as ``response_format`` wants it (``[a-zA-Z0-9_-]``)."""
+
+    def __repr__(self) -> str:
+        return f"ResponseModel({self.name})"
+
+
+def _schema_name(target: object) -> str:
+    raw = getattr(target, "__name__", None) or str(target)
+    name = re.sub(r"[^a-zA-Z0-9_-]+", "_", raw).strip("_")[:64]
+    return name or "answer"
+
+
+#: Each type's ResponseModel, made once (a TypeAdapter takes milliseconds to build).
+_MODELS: dict[object, ResponseModel] = {}
+
+
+def response_model_of(target: object) -> ResponseModel | None:
+    """The checked ``response_model`` (None: none given); raises if pydantic cannot
+    validate ``target``."""
+    if target is None:
+        return None
+    try:
+        found = _MODELS.get(target)
+    except TypeError:  # unhashable: built each time
+        return ResponseModel(target)
+    if found is None:
+        found = _MODELS[target] = ResponseModel(target)
+    return found
 
 
 class CallSpec:
@@ -123,6 +181,7 @@ class CallSpec:
         "params",
         "priority",
         "query",
+        "response_model",
         "stream",
         "tenant",
         "tenant_suffix",
@@ -145,6 +204,7 @@ class CallSpec:
         query: str = "",
         attempts: int | None = None,
         tenant: str | None = None,
+        response_model: ResponseModel | None = None,
     ) -> None:
         self.kind = kind
         self.priority = priority
@@ -165,6 +225,8 @@ class CallSpec:
         """HTTP attempts for this call (``max_retries + 1``); None: the client's policy."""
         self.tenant = tenant
         """Who the call is for (None: the shared default tenant)."""
+        self.response_model = response_model
+        """The type its answers are validated into (None: plain answers)."""
         # Streams never share an HTTP request: each caller reads its own SSE response.
         self.max_batch = 1 if stream else 1024
         # Only requests with the same endpoint, model, parameters and mode share a batch.
@@ -265,6 +327,12 @@ def check_call(
     except ValueError as exc:  # the right type, a bad value (NaN, infinity)
         raise InvalidRequestError(f"parameters must be JSON-serialisable: {exc}") from None
     retries = check_max_retries(own.get("max_retries"))
+    structured = response_model_of(own.get("response_model"))
+    if structured is not None and (kind == "embedding" or stream or n != 1):
+        raise bad_value(
+            "response_model needs one text answer: not with embeddings, streams or n > 1",
+            "response_model",
+        )
     return CallSpec(
         kind=kind,
         priority=priority,
@@ -279,6 +347,7 @@ def check_call(
         query=query,
         attempts=None if retries is None else retries + 1,
         tenant=who,
+        response_model=structured,
     )
 
 

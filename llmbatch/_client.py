@@ -329,7 +329,12 @@ class Client:
     # -- calls -----------------------------------------------------------------------
 
     async def complete(
-        self, prompt: str, *, nowait: bool = False, **params: Unpack[CompletionParams]
+        self,
+        prompt: str,
+        *,
+        response_model: Any = None,
+        nowait: bool = False,
+        **params: Unpack[CompletionParams],
     ) -> Completion:
         """Complete one prompt; batched with compatible prompts of the same tier.
 
@@ -346,7 +351,9 @@ class Client:
         tenant's backlog never holds another's; it is sent as OpenAI's ``user`` when
         the call has no ``user`` of its own. None (the default) is one shared tenant.
         """
-        submitter, spec = await self._spec("completion", "complete", "normal", params)
+        submitter, spec = await self._spec(
+            "completion", "complete", "normal", _with_model(params, response_model)
+        )
         value: Completion = await submitter.call(submitter.request(spec, prompt), nowait=nowait)
         return value
 
@@ -354,6 +361,7 @@ class Client:
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
+        response_model: Any = None,
         nowait: bool = False,
         **params: Unpack[ChatParams],
     ) -> ChatCompletion:
@@ -366,7 +374,9 @@ class Client:
         where it has that route (vLLM 0.19+) and the call allows it, else one
         request each.
         """
-        submitter, spec = await self._spec("chat", "chat", "normal", params)
+        submitter, spec = await self._spec(
+            "chat", "chat", "normal", _with_model(params, response_model)
+        )
         value: ChatCompletion = await submitter.call(
             submitter.request(spec, messages), nowait=nowait
         )
@@ -528,6 +538,7 @@ class Client:
         self,
         inputs: Iterable[MapInput] | AsyncIterable[MapInput],
         *,
+        response_model: Any = None,
         window: int | None = None,
         progress: ProgressLike = None,
         **params: Unpack[MapParams],
@@ -546,13 +557,16 @@ class Client:
         0.2 s and once at the end.
         """
         await self._open_on_first_use()
-        runner, tier, size, tracker, options = self._map_call(inputs, window, progress, params)
+        runner, tier, size, tracker, options = self._map_call(
+            inputs, window, progress, _with_model(params, response_model)
+        )
         return await runner.collect(inputs, tier, size, options, tracker)
 
     def map_unordered(
         self,
         inputs: Iterable[MapInput] | AsyncIterable[MapInput],
         *,
+        response_model: Any = None,
         window: int | None = None,
         progress: ProgressLike = None,
         **params: Unpack[MapParams],
@@ -566,8 +580,12 @@ class Client:
         call, or, on a client that its first call will open, when iteration starts.
         """
         if self._runtime.state is State.UNOPENED and current_async_library() == "asyncio":
-            return self._open_then_map_unordered(inputs, window, progress, params)
-        runner, tier, size, tracker, options = self._map_call(inputs, window, progress, params)
+            return self._open_then_map_unordered(
+                inputs, window, progress, _with_model(params, response_model)
+            )
+        runner, tier, size, tracker, options = self._map_call(
+            inputs, window, progress, _with_model(params, response_model)
+        )
         return runner.iterate(inputs, tier, size, options, ordered=False, tracker=tracker)
 
     async def _open_then_map_unordered(
@@ -575,7 +593,7 @@ class Client:
         inputs: Iterable[MapInput] | AsyncIterable[MapInput],
         window: int | None,
         progress: ProgressLike,
-        params: MapParams,
+        params: Mapping[str, Any],
     ) -> AsyncGenerator[tuple[int, Result[Any]], None]:
         await self._open_on_first_use()
         results = self.map_unordered(inputs, window=window, progress=progress, **params)
@@ -587,6 +605,7 @@ class Client:
         self,
         inputs: Iterable[MapInput] | AsyncIterable[MapInput],
         *,
+        response_model: Any = None,
         window: int | None = None,
         progress: ProgressLike = None,
         **params: Unpack[MapParams],
@@ -600,7 +619,9 @@ class Client:
         input is too large for :meth:`map`'s list.
         """
         await self._open_on_first_use()
-        runner, tier, size, tracker, options = self._map_call(inputs, window, progress, params)
+        runner, tier, size, tracker, options = self._map_call(
+            inputs, window, progress, _with_model(params, response_model)
+        )
         results = runner.iterate(inputs, tier, size, options, ordered=True, tracker=tracker)
         async with contextlib.aclosing(results):
             async for _index, result in results:
@@ -641,6 +662,11 @@ class Client:
         the client's event loop it is taken on the loop, waiting for it up to 5 s
         (then ``TimeoutError``)."""
         return self._runtime.stats()
+
+
+def _with_model(params: Mapping[str, Any], response_model: object) -> Mapping[str, Any]:
+    """A call's keywords with its ``response_model``, where it names one."""
+    return params if response_model is None else {**params, "response_model": response_model}
 
 
 def _check_stream_options(options: object) -> None:

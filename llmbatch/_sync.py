@@ -214,7 +214,12 @@ class SyncClient:
     # -- calls -----------------------------------------------------------------------
 
     def complete(
-        self, prompt: str, *, nowait: bool = False, **params: Unpack[CompletionParams]
+        self,
+        prompt: str,
+        *,
+        response_model: Any = None,
+        nowait: bool = False,
+        **params: Unpack[CompletionParams],
     ) -> Completion:
         """:meth:`Client.complete`, blocking."""
         value: Completion = self._call(self._client.complete, **_arguments(locals()))
@@ -224,6 +229,7 @@ class SyncClient:
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
+        response_model: Any = None,
         nowait: bool = False,
         **params: Unpack[ChatParams],
     ) -> ChatCompletion:
@@ -295,6 +301,7 @@ class SyncClient:
         self,
         inputs: Iterable[MapInput],
         *,
+        response_model: Any = None,
         window: int | None = None,
         progress: ProgressLike = None,
         **params: Unpack[MapParams],
@@ -307,6 +314,7 @@ class SyncClient:
         self,
         inputs: Iterable[MapInput],
         *,
+        response_model: Any = None,
         window: int | None = None,
         progress: ProgressLike = None,
         **params: Unpack[MapParams],
@@ -318,6 +326,7 @@ class SyncClient:
         self,
         inputs: Iterable[MapInput],
         *,
+        response_model: Any = None,
         window: int | None = None,
         progress: ProgressLike = None,
         **params: Unpack[MapParams],

@@ -58,6 +58,18 @@ def test_import_is_light() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_pydantic_is_imported_only_when_a_schema_is_used() -> None:
+    code = (
+        "import sys; from llmbatch import Client, SyncClient; "
+        "Client('http://127.0.0.1:1/v1', model='m'); "
+        "print('pydantic' in sys.modules); sys.exit(1 if 'pydantic' in sys.modules else 0)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_import_pulls_no_server_code() -> None:
     code = (
         "import sys, llmbatch; "
