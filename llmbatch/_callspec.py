@@ -34,6 +34,7 @@ from llmbatch._params import (
     check_keywords,
     query_string,
 )
+from llmbatch._servers import GENERIC, Dialect, Version
 from llmbatch._validate import (
     DEFAULT_MAX_TOKENS,
     bad_value,
@@ -45,6 +46,7 @@ from llmbatch._validate import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_REASKS",
     "OWN_OPTIONS",
     "CallParams",
     "CallSpec",
@@ -105,10 +107,14 @@ class MapParams(CallParams, CompletionFields, ChatFields, EmbeddingFields, total
     """What a map takes for its items (a dict item may override each one)."""
 
 
-OWN_OPTIONS = frozenset({*CallParams.__optional_keys__, "response_model"})
+OWN_OPTIONS = frozenset({*CallParams.__optional_keys__, "response_model", "max_reasks"})
 """llmbatch's own options: checked and used here, never sent as they are
-(``response_model`` is a parameter of its own in each signature, so that the
-answer's type follows it)."""
+(``response_model`` and ``max_reasks`` are parameters of their own in the
+signatures that take them, so that the answer's type follows the model)."""
+DEFAULT_MAX_REASKS = 2
+"""How many times an answer that fails validation is sent back to be corrected."""
+#: Body fields that name a schema themselves, which a response_model would contradict.
+_SCHEMA_FIELDS = ("response_format", "structured_outputs", "guided_json", "json_schema")
 
 
 class ResponseModel:
@@ -174,6 +180,7 @@ class CallSpec:
         "headers",
         "kind",
         "max_batch",
+        "max_reasks",
         "max_tokens",
         "max_tokens_given",
         "model",
@@ -205,6 +212,8 @@ class CallSpec:
         attempts: int | None = None,
         tenant: str | None = None,
         response_model: ResponseModel | None = None,
+        max_reasks: int = DEFAULT_MAX_REASKS,
+        max_tokens_given: bool | None = None,
     ) -> None:
         self.kind = kind
         self.priority = priority
@@ -213,7 +222,9 @@ class CallSpec:
         """Body fields as sent (None values dropped, ``max_tokens`` if given)."""
         self.max_tokens = max_tokens
         """``max_tokens`` for budgeting: the caller's, or the endpoint's default."""
-        self.max_tokens_given = "max_tokens" in params
+        self.max_tokens_given = (
+            "max_tokens" in params if max_tokens_given is None else max_tokens_given
+        )
         self.n = n
         self.timeout = timeout
         self.stream = stream
@@ -227,6 +238,8 @@ class CallSpec:
         """Who the call is for (None: the shared default tenant)."""
         self.response_model = response_model
         """The type its answers are validated into (None: plain answers)."""
+        self.max_reasks = max_reasks
+        """How often an answer that fails validation goes back to be corrected."""
         # Streams never share an HTTP request: each caller reads its own SSE response.
         self.max_batch = 1 if stream else 1024
         # Only requests with the same endpoint, model, parameters and mode share a batch.
@@ -273,10 +286,13 @@ def check_call(
     max_model_len: int | None = None,
     stream: bool = False,
     tenant_as_user: bool = True,
+    dialect: Dialect = GENERIC,
+    version: Version | None = None,
 ) -> CallSpec:
     """Check one call's keywords (llmbatch's options and the body's fields) and
     build its :class:`CallSpec`, or raise. ``tier`` and ``default_model`` stand in
-    where the call names none."""
+    where the call names none; ``dialect`` and ``version`` say how the server reads
+    a body (a schema, fields it has renamed)."""
     own: dict[str, Any] = {}
     fields: dict[str, Any] = {}
     for name, value in params.items():
@@ -320,19 +336,25 @@ def check_call(
     ):
         raise wrong_type("stop", "a str or a list of str", stop)
     deadline = check_timeout(own.get("timeout"))
+    retries = check_max_retries(own.get("max_retries"))
+    structured = _structured(own, fields)
+    if structured is not None:
+        if kind == "embedding" or stream or n != 1:
+            raise bad_value(
+                "response_model needs one text answer: not with embeddings, streams or n > 1",
+                "response_model",
+            )
+        fields.update(dialect.schema_fields(structured.schema, structured.name, version))
+    session = dialect.session_field(version)
+    if who is not None and tenant_as_user and session is not None and session not in fields:
+        fields[session] = who
+    fields = dialect.body_fields(fields, chat=kind == "chat", version=version)
     try:
         params_json = json.dumps(fields, sort_keys=True, allow_nan=False)
     except TypeError as exc:  # a value JSON has no type for (an object, a set)
         raise InvalidTypeError(f"parameters must be JSON-serialisable: {exc}") from None
     except ValueError as exc:  # the right type, a bad value (NaN, infinity)
         raise InvalidRequestError(f"parameters must be JSON-serialisable: {exc}") from None
-    retries = check_max_retries(own.get("max_retries"))
-    structured = response_model_of(own.get("response_model"))
-    if structured is not None and (kind == "embedding" or stream or n != 1):
-        raise bad_value(
-            "response_model needs one text answer: not with embeddings, streams or n > 1",
-            "response_model",
-        )
     return CallSpec(
         kind=kind,
         priority=priority,
@@ -348,7 +370,38 @@ def check_call(
         attempts=None if retries is None else retries + 1,
         tenant=who,
         response_model=structured,
+        max_reasks=_max_reasks(own.get("max_reasks")),
+        max_tokens_given=max_tokens_given is not None,
     )
+
+
+def _structured(own: Mapping[str, Any], fields: dict[str, Any]) -> ResponseModel | None:
+    """The call's response model: ``response_model=``, or a class given as
+    ``response_format`` (as openai's ``parse`` takes it)."""
+    target = own.get("response_model")
+    if isinstance(fields.get("response_format"), type):
+        if target is not None:
+            raise bad_value("give response_model or response_format, not both", "response_format")
+        target = fields.pop("response_format")
+    structured = response_model_of(target)
+    if structured is not None:
+        named = next((name for name in _SCHEMA_FIELDS if name in fields), None)
+        if named is not None:
+            raise bad_value(
+                f"{named}: response_model sets the schema the server is asked for; leave it out",
+                named,
+            )
+    return structured
+
+
+def _max_reasks(value: object) -> int:
+    if value is None:
+        return DEFAULT_MAX_REASKS
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise wrong_type("max_reasks", "an int >= 0", value)
+    if value < 0:
+        raise bad_value(f"max_reasks must be >= 0, got {value}", "max_reasks")
+    return value
 
 
 class SpecCache:
@@ -367,8 +420,13 @@ class SpecCache:
         *,
         size: int = 512,
         tenant_as_user: bool = True,
+        dialect: Dialect = GENERIC,
+        version: Version | None = None,
     ) -> None:
         self.model = model
+        self.dialect = dialect
+        """How the (first) server reads a body."""
+        self.version = version
         self.max_model_len = max_model_len
         self.tenant_as_user = tenant_as_user
         """A call's tenant is sent as OpenAI's ``user`` (unless it has its own)."""
@@ -404,6 +462,8 @@ class SpecCache:
             max_model_len=self.context_of(name) if isinstance(name, str) else None,
             stream=stream,
             tenant_as_user=self.tenant_as_user,
+            dialect=self.dialect,
+            version=self.version,
         )
         if key is not None:
             if len(self._specs) >= self._size:

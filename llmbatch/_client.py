@@ -18,7 +18,7 @@ from collections.abc import (
     Sequence,
 )
 from types import TracebackType
-from typing import Any, Literal, Unpack, overload
+from typing import Any, Literal, TypeVar, Unpack, overload
 
 import anyio
 from sniffio import current_async_library
@@ -69,6 +69,9 @@ from llmbatch._tracing import Tracer
 from llmbatch._transports.base import Transport
 
 __all__ = ["Client"]
+
+M = TypeVar("M")
+"""A ``response_model``: what the answers are validated into."""
 
 #: How long ``async with`` waits on exit for queued and in-flight work by default.
 DEFAULT_DRAIN_TIMEOUT = 60.0
@@ -328,14 +331,48 @@ class Client:
 
     # -- calls -----------------------------------------------------------------------
 
+    @overload
     async def complete(
         self,
         prompt: str,
         *,
-        response_model: Any = None,
+        response_model: type[M],
+        max_reasks: int | None = ...,
+        nowait: bool = ...,
+        **params: Unpack[CompletionParams],
+    ) -> Completion[M]: ...
+
+    @overload
+    async def complete(
+        self,
+        prompt: str,
+        *,
+        response_model: None = ...,
+        max_reasks: int | None = ...,
+        nowait: bool = ...,
+        **params: Unpack[CompletionParams],
+    ) -> Completion: ...
+
+    @overload
+    async def complete(
+        self,
+        prompt: str,
+        *,
+        response_model: object,
+        max_reasks: int | None = ...,
+        nowait: bool = ...,
+        **params: Unpack[CompletionParams],
+    ) -> Completion[Any]: ...
+
+    async def complete(
+        self,
+        prompt: str,
+        *,
+        response_model: object = None,
+        max_reasks: int | None = None,
         nowait: bool = False,
         **params: Unpack[CompletionParams],
-    ) -> Completion:
+    ) -> Completion[Any]:
         """Complete one prompt; batched with compatible prompts of the same tier.
 
         Sampling parameters are keyword arguments: the OpenAI completions API's
@@ -352,19 +389,55 @@ class Client:
         the call has no ``user`` of its own. None (the default) is one shared tenant.
         """
         submitter, spec = await self._spec(
-            "completion", "complete", "normal", _with_model(params, response_model)
+            "completion", "complete", "normal", _with_model(params, response_model, max_reasks)
         )
-        value: Completion = await submitter.call(submitter.request(spec, prompt), nowait=nowait)
+        value: Completion[Any] = await submitter.call(
+            submitter.request(spec, prompt), nowait=nowait
+        )
         return value
+
+    @overload
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        response_model: type[M],
+        max_reasks: int | None = ...,
+        nowait: bool = ...,
+        **params: Unpack[ChatParams],
+    ) -> ChatCompletion[M]: ...
+
+    @overload
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        response_model: None = ...,
+        max_reasks: int | None = ...,
+        nowait: bool = ...,
+        **params: Unpack[ChatParams],
+    ) -> ChatCompletion: ...
+
+    @overload
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        response_model: object,
+        max_reasks: int | None = ...,
+        nowait: bool = ...,
+        **params: Unpack[ChatParams],
+    ) -> ChatCompletion[Any]: ...
 
     async def chat(
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        response_model: Any = None,
+        response_model: object = None,
+        max_reasks: int | None = None,
         nowait: bool = False,
         **params: Unpack[ChatParams],
-    ) -> ChatCompletion:
+    ) -> ChatCompletion[Any]:
         """Answer one conversation (``[{"role": "user", "content": "hi"}]``).
 
         Parameters as for :meth:`complete`, from the OpenAI chat API (``tools``,
@@ -375,9 +448,9 @@ class Client:
         request each.
         """
         submitter, spec = await self._spec(
-            "chat", "chat", "normal", _with_model(params, response_model)
+            "chat", "chat", "normal", _with_model(params, response_model, max_reasks)
         )
-        value: ChatCompletion = await submitter.call(
+        value: ChatCompletion[Any] = await submitter.call(
             submitter.request(spec, messages), nowait=nowait
         )
         return value
@@ -534,11 +607,48 @@ class Client:
         if request.error is not None:
             raise request.error
 
+    @overload
     async def map(
         self,
         inputs: Iterable[MapInput] | AsyncIterable[MapInput],
         *,
-        response_model: Any = None,
+        response_model: type[M],
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> list[Result[M]]: ...
+
+    @overload
+    async def map(
+        self,
+        inputs: Iterable[MapInput] | AsyncIterable[MapInput],
+        *,
+        response_model: None = ...,
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> list[Result[Any]]: ...
+
+    @overload
+    async def map(
+        self,
+        inputs: Iterable[MapInput] | AsyncIterable[MapInput],
+        *,
+        response_model: object,
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> list[Result[Any]]: ...
+
+    async def map(
+        self,
+        inputs: Iterable[MapInput] | AsyncIterable[MapInput],
+        *,
+        response_model: object = None,
+        max_reasks: int | None = None,
         window: int | None = None,
         progress: ProgressLike = None,
         **params: Unpack[MapParams],
@@ -558,15 +668,52 @@ class Client:
         """
         await self._open_on_first_use()
         runner, tier, size, tracker, options = self._map_call(
-            inputs, window, progress, _with_model(params, response_model)
+            inputs, window, progress, _with_model(params, response_model, max_reasks)
         )
         return await runner.collect(inputs, tier, size, options, tracker)
+
+    @overload
+    def map_unordered(
+        self,
+        inputs: Iterable[MapInput] | AsyncIterable[MapInput],
+        *,
+        response_model: type[M],
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> AsyncGenerator[tuple[int, Result[M]], None]: ...
+
+    @overload
+    def map_unordered(
+        self,
+        inputs: Iterable[MapInput] | AsyncIterable[MapInput],
+        *,
+        response_model: None = ...,
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> AsyncGenerator[tuple[int, Result[Any]], None]: ...
+
+    @overload
+    def map_unordered(
+        self,
+        inputs: Iterable[MapInput] | AsyncIterable[MapInput],
+        *,
+        response_model: object,
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> AsyncGenerator[tuple[int, Result[Any]], None]: ...
 
     def map_unordered(
         self,
         inputs: Iterable[MapInput] | AsyncIterable[MapInput],
         *,
-        response_model: Any = None,
+        response_model: object = None,
+        max_reasks: int | None = None,
         window: int | None = None,
         progress: ProgressLike = None,
         **params: Unpack[MapParams],
@@ -581,10 +728,10 @@ class Client:
         """
         if self._runtime.state is State.UNOPENED and current_async_library() == "asyncio":
             return self._open_then_map_unordered(
-                inputs, window, progress, _with_model(params, response_model)
+                inputs, window, progress, _with_model(params, response_model, max_reasks)
             )
         runner, tier, size, tracker, options = self._map_call(
-            inputs, window, progress, _with_model(params, response_model)
+            inputs, window, progress, _with_model(params, response_model, max_reasks)
         )
         return runner.iterate(inputs, tier, size, options, ordered=False, tracker=tracker)
 
@@ -601,11 +748,48 @@ class Client:
             async for item in results:
                 yield item
 
+    @overload
+    def imap(
+        self,
+        inputs: Iterable[MapInput] | AsyncIterable[MapInput],
+        *,
+        response_model: type[M],
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> AsyncGenerator[Result[M], None]: ...
+
+    @overload
+    def imap(
+        self,
+        inputs: Iterable[MapInput] | AsyncIterable[MapInput],
+        *,
+        response_model: None = ...,
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> AsyncGenerator[Result[Any], None]: ...
+
+    @overload
+    def imap(
+        self,
+        inputs: Iterable[MapInput] | AsyncIterable[MapInput],
+        *,
+        response_model: object,
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> AsyncGenerator[Result[Any], None]: ...
+
     async def imap(
         self,
         inputs: Iterable[MapInput] | AsyncIterable[MapInput],
         *,
-        response_model: Any = None,
+        response_model: object = None,
+        max_reasks: int | None = None,
         window: int | None = None,
         progress: ProgressLike = None,
         **params: Unpack[MapParams],
@@ -620,7 +804,7 @@ class Client:
         """
         await self._open_on_first_use()
         runner, tier, size, tracker, options = self._map_call(
-            inputs, window, progress, _with_model(params, response_model)
+            inputs, window, progress, _with_model(params, response_model, max_reasks)
         )
         results = runner.iterate(inputs, tier, size, options, ordered=True, tracker=tracker)
         async with contextlib.aclosing(results):
@@ -664,9 +848,13 @@ class Client:
         return self._runtime.stats()
 
 
-def _with_model(params: Mapping[str, Any], response_model: object) -> Mapping[str, Any]:
-    """A call's keywords with its ``response_model``, where it names one."""
-    return params if response_model is None else {**params, "response_model": response_model}
+def _with_model(
+    params: Mapping[str, Any], response_model: object, max_reasks: int | None
+) -> Mapping[str, Any]:
+    """A call's keywords with its ``response_model`` and ``max_reasks``, where given."""
+    if response_model is None and max_reasks is None:
+        return params
+    return {**params, "response_model": response_model, "max_reasks": max_reasks}
 
 
 def _check_stream_options(options: object) -> None:

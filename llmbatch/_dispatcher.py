@@ -68,6 +68,7 @@ from llmbatch._wire import (
     parse_completions,
     parse_embeddings,
     priority_refused,
+    prompt_cap,
     split_usage,
     too_long,
 )
@@ -191,6 +192,13 @@ class Dispatcher:
         live = [r for r in requests if not r.abandoned]
         if not live:
             return
+        cap = self.server.prompt_cap
+        if cap is not None and route is COMPLETIONS and len(live) > cap:
+            # The server refused a list this long once: send it in lists it takes.
+            async with anyio.create_task_group() as tg:
+                for start in range(0, len(live), cap):
+                    tg.start_soon(again, live[start : start + cap])
+            return
         body = route.body(live, self._rank(live))
         try:
             content = await self._with_retries(live, lambda: self._post(route.path, live, body))
@@ -211,7 +219,7 @@ class Dispatcher:
             await self._chat_each(live)
             return
         except BadRequestError as exc:
-            if self._priority_refused(exc, live):
+            if self._priority_refused(exc, live) or self._list_refused(exc, route, live):
                 await again(live)
                 return
             await self._split(live, exc, again)
@@ -234,6 +242,24 @@ class Dispatcher:
             error.message,
         )
         self._priority_scheduling = False
+        return True
+
+    def _list_refused(
+        self, error: BadRequestError, route: Route, requests: Sequence[Request]
+    ) -> bool:
+        """The server refused the list of prompts as too long (vLLM's
+        ``VLLM_MAX_COMPLETION_PROMPTS`` set lower than 1024): keep its cap for good
+        and resend in lists it takes."""
+        cap = prompt_cap(error.message)
+        if route is not COMPLETIONS or cap is None or len(requests) <= cap:
+            return False
+        logger.warning(
+            "%s takes at most %d prompts a request; sending lists of %d from now on",
+            self.server.base_url,
+            cap,
+            cap,
+        )
+        self.server.prompt_cap = cap
         return True
 
     async def _split(

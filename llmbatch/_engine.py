@@ -108,6 +108,11 @@ class Engine:
         if book.caps_tokens:
             book.check_size(request)
 
+    @property
+    def stats(self) -> StatsRecorder:
+        """The client's counters."""
+        return self._stats
+
     def submit(self, request: Request, *, nowait: bool = False, more: bool = False) -> None:
         """Queue ``request`` (it waits for room if its tier is full), or raise
         :class:`QueueFull` if ``nowait`` and the tier is full. Never blocks.

@@ -16,6 +16,9 @@ The tree::
     └── RequestError               a request that was accepted and then failed
         ├── DeadlineExceeded (TimeoutError)  its ``timeout`` ran out, queued or in flight
         ├── RequestCancelled       the caller went away, or the client closed before it ran
+        ├── StructuredOutputError  an answer still not valid for ``response_model`` after
+        │   │                      its re-asks
+        │   └── OutputTruncatedError  cut by ``max_tokens`` before it was complete
         ├── TransportError         no usable HTTP response
         │   ├── ConnectError       the server refused or could not be reached
         │   ├── TimeoutException   an HTTP phase took too long (``Timeout``)
@@ -61,6 +64,7 @@ __all__ = [
     "InvalidTypeError",
     "LLMBatchError",
     "NotFoundError",
+    "OutputTruncatedError",
     "PermissionDeniedError",
     "PoolTimeout",
     "QueueFull",
@@ -73,6 +77,7 @@ __all__ = [
     "ServerInfoError",
     "ServerOutageError",
     "ServiceUnavailableError",
+    "StructuredOutputError",
     "TimeoutException",
     "TransportError",
     "UnknownModelError",
@@ -199,6 +204,36 @@ class DeadlineExceeded(RequestError, TimeoutError):
 
 class RequestCancelled(RequestError):
     """The caller went away, or the client closed before the request finished."""
+
+
+class StructuredOutputError(RequestError):
+    """An answer that did not validate into the call's ``response_model``, after
+    ``max_reasks`` answers sent back to be corrected.
+
+    ``text`` is the last answer's raw text, ``errors`` pydantic's errors for it
+    (``ValidationError.errors()``: dicts with ``loc``, ``msg``, ``type``), and
+    ``reasks`` how many times it was sent back.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        text: str,
+        errors: list[dict[str, object]] | None = None,
+        reasks: int = 0,
+        request_id: str | None = None,
+        attempts: int = 0,
+    ) -> None:
+        super().__init__(message, request_id=request_id, attempts=attempts)
+        self.text = text
+        self.errors = errors or []
+        self.reasks = reasks
+
+
+class OutputTruncatedError(StructuredOutputError):
+    """The answer stopped at ``max_tokens`` (``finish_reason="length"``) before it
+    was complete: not sent back with the same budget; give the call more tokens."""
 
 
 class TransportError(RequestError):

@@ -35,6 +35,7 @@ from llmbatch._health import Health
 from llmbatch._replicas import Replica, with_default_key
 from llmbatch._server import Server
 from llmbatch._serverinfo import read_models
+from llmbatch._servers import GENERIC, Dialect, Version
 
 if TYPE_CHECKING:
     from llmbatch._clock import Clock
@@ -208,6 +209,15 @@ class Fleet:
             self._engine.wake()
 
     # -- at runtime ------------------------------------------------------------------
+
+    @property
+    def dialect(self) -> tuple[Dialect, Version | None]:
+        """How the servers read a body, and their release: the first that answered's
+        (replicas serve the same models, so the same kind is assumed of them all)."""
+        for server in self._servers:
+            if server.models is not None:
+                return server.dialect, server.version
+        return GENERIC, None
 
     @property
     def replicas(self) -> list[Replica]:

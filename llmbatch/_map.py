@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
+    Callable,
     Iterable,
     Iterator,
     Mapping,
@@ -31,7 +32,12 @@ from anyio.abc import TaskGroup
 
 from llmbatch._callspec import CallSpec, Kind, SpecCache
 from llmbatch._config import Priority
-from llmbatch._exceptions import InvalidRequestError, InvalidTypeError, LLMBatchError
+from llmbatch._exceptions import (
+    InvalidRequestError,
+    InvalidTypeError,
+    LLMBatchError,
+    RequestCancelled,
+)
 from llmbatch._models import Result, make_result
 from llmbatch._progress import PROGRESS_INTERVAL, ProgressTracker
 from llmbatch._request import Request
@@ -89,6 +95,9 @@ class _Run:
         self.specs: dict[Kind, CallSpec] = {}
         """The map's own options validated once, per kind of plain input."""
         self.on_done = self.finished  # one bound method for every item
+        self.structured: Callable[[_Run, Request], Result[Any] | None] = _no_schema
+        """Turns a ``response_model`` item's answer into its result, or sends it
+        back to be corrected (None); the runner sets it."""
         self.trace_parent: object = None
         """The caller's trace context, for the items' spans (when tracing is on)."""
         self._room = anyio.Event()
@@ -134,6 +143,11 @@ class _Run:
         """A submitted item's outcome is in (called by the request itself)."""
         self.outstanding.discard(request)
         index = request.index
+        if request.spec.response_model is not None and request.error is None:
+            result = self.structured(self, request)
+            if result is not None:  # else it went back to be corrected
+                self.emit(index, result)
+            return
         self.emit(index, make_result(index, request.value, request.error, request.metadata))
 
     def _notify(self) -> None:
@@ -154,6 +168,10 @@ class _Run:
         return not self.pending if self.collect else not self.outstanding and not self.ready
 
 
+def _no_schema(run: _Run, request: Request) -> Result[Any] | None:  # pragma: no cover
+    raise AssertionError("a response_model item in a run without a runner")
+
+
 class MapRunner:
     """Feeds inputs into the engine from the client's task group; the caller only
     reads results."""
@@ -161,6 +179,35 @@ class MapRunner:
     def __init__(self, submitter: Submitter, task_group: TaskGroup) -> None:
         self._submitter = submitter
         self._tg = task_group
+
+    def _run(self, window: int, tracker: ProgressTracker | None, *, collect: bool) -> _Run:
+        run = _Run(window, tracker, collect=collect)
+        run.structured = self._structured
+        if self._submitter.tracer is not None:
+            run.trace_parent = self._submitter.tracer.capture()
+        return run
+
+    def _structured(self, run: _Run, request: Request) -> Result[Any] | None:
+        """A ``response_model`` item's result: its validated object, or its error;
+        None when its answer went back to be corrected (batched like any item)."""
+        submitter = self._submitter
+        answer = request.value
+        verdict = submitter.check(request, answer)
+        index, metadata = request.index, request.metadata
+        if verdict.ok:
+            return Result(index=index, value=verdict.parsed, metadata=metadata, response=answer)
+        if verdict.error is not None or run.closed:
+            error = verdict.error or RequestCancelled("the map was left", request_id=request.id)
+            return Result(index=index, error=error, metadata=metadata, response=answer)
+        assert verdict.reask is not None
+        try:
+            follow = submitter.follow_up(request, verdict.reask)
+        except LLMBatchError as exc:
+            return Result(index=index, error=exc, metadata=metadata, response=answer)
+        run.outstanding.add(follow)
+        follow.on_done(run.on_done)
+        submitter.engine.submit(follow, more=True)
+        return None
 
     async def collect(
         self,
@@ -171,9 +218,7 @@ class MapRunner:
         tracker: ProgressTracker | None,
     ) -> list[Result[Any]]:
         """Every input's result, in input order (``map``)."""
-        run = _Run(window, tracker, collect=True)
-        if self._submitter.tracer is not None:
-            run.trace_parent = self._submitter.tracer.capture()
+        run = self._run(window, tracker, collect=True)
         scope = anyio.CancelScope()
         self._tg.start_soon(self._feed, scope, run, inputs, priority, params)
         try:
@@ -208,9 +253,7 @@ class MapRunner:
         tracker: ProgressTracker | None,
     ) -> AsyncGenerator[_Item, None]:
         """Yield ``(index, result)`` as items finish, or in input order if ``ordered``."""
-        run = _Run(window, tracker, collect=False)
-        if self._submitter.tracer is not None:
-            run.trace_parent = self._submitter.tracer.capture()
+        run = self._run(window, tracker, collect=False)
         # The feeder lives in the client's task group, not in this generator, so no
         # task group ever spans a yield; leaving the loop early cancels the feeder.
         scope = anyio.CancelScope()

@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic
+
+from typing_extensions import TypeVar
 
 from llmbatch._exceptions import LLMBatchError
 
@@ -405,12 +407,17 @@ def _plain(value: object) -> object:
     return value
 
 
-class Completion(_Answer):
+P = TypeVar("P", default=None)
+"""What an answer's text was validated into (``response_model``); None without one."""
+
+
+class Completion(_Answer, Generic[P]):
     """The answer to :meth:`Client.complete` (one prompt), in the OpenAI shape:
     ``id``, ``object``, ``created``, ``model``, ``choices``, ``usage``,
-    ``system_fingerprint``; plus ``text`` (the first choice's) and ``timings``."""
+    ``system_fingerprint``; plus ``text`` (the first choice's), ``timings``, and
+    ``parsed`` (the text validated into the call's ``response_model``)."""
 
-    __slots__ = ("_choices",)
+    __slots__ = ("_choices", "_parsed")
     _FIELDS = ("id", "model", "created", "choices", "usage", "timings", "system_fingerprint")
     object = "text_completion"
     # Built Choice objects, or what the server sent: its choice dicts, or the one
@@ -461,14 +468,20 @@ class Completion(_Answer):
         first = self._first()
         return first.finish_reason if isinstance(first, Choice) else _finish(first)
 
+    @property
+    def parsed(self) -> P:
+        """The text validated into the call's ``response_model`` (None without one)."""
+        return getattr(self, "_parsed", None)  # type: ignore[return-value]
 
-class ChatCompletion(_Answer):
+
+class ChatCompletion(_Answer, Generic[P]):
     """The answer to :meth:`Client.chat`, in the OpenAI shape: ``id``, ``object``,
     ``created``, ``model``, ``choices`` (each with its ``message``), ``usage``,
     ``system_fingerprint``; plus ``message``, ``finish_reason`` and ``text`` (the
-    first choice's) and ``timings``."""
+    first choice's), ``timings``, and ``parsed`` (the text validated into the
+    call's ``response_model``)."""
 
-    __slots__ = ("_choices",)
+    __slots__ = ("_choices", "_parsed")
     _FIELDS = ("id", "model", "created", "choices", "usage", "timings", "system_fingerprint")
     object = "chat.completion"
     _choices: tuple[ChatChoice, ...] | tuple[Mapping[str, Any], ...] | Mapping[str, Any]
@@ -530,6 +543,11 @@ class ChatCompletion(_Answer):
                 return _text(message, "content")
         return self.message.content or ""
 
+    @property
+    def parsed(self) -> P:
+        """The text validated into the call's ``response_model`` (None without one)."""
+        return getattr(self, "_parsed", None)  # type: ignore[return-value]
+
 
 class Embedding(_Answer):
     """The answer to :meth:`Client.embed` for one input: its vector, in the OpenAI
@@ -587,15 +605,18 @@ T = TypeVar("T")
 class Result(_Immutable, Generic[T]):
     """The outcome of one item of :meth:`Client.map`: a value or that item's error.
 
-    ``metadata`` is whatever rode along with the item's input.
+    ``metadata`` is whatever rode along with the item's input. With a
+    ``response_model``, ``value`` (and ``parsed``) is the validated object and
+    ``response`` the server's answer it came from.
     """
 
-    __slots__ = ("error", "index", "metadata", "value")
+    __slots__ = ("_response", "error", "index", "metadata", "value")
 
     index: int
     """The item's position in the inputs."""
     value: T | None
-    """A :class:`Completion` or :class:`ChatCompletion`; None if the item failed."""
+    """A :class:`Completion` or :class:`ChatCompletion` (with a ``response_model``,
+    the validated object); None if the item failed."""
     error: LLMBatchError | None
     """The item's error (:class:`InvalidRequestError` for bad input); None on success."""
     metadata: object
@@ -607,11 +628,32 @@ class Result(_Immutable, Generic[T]):
         value: T | None = None,
         error: LLMBatchError | None = None,
         metadata: object = None,
+        response: object = None,
     ) -> None:
         _set(self, "index", index)
         _set(self, "value", value)
         _set(self, "error", error)
         _set(self, "metadata", metadata)
+        if response is not None:
+            _set(self, "_response", response)
+
+    @property
+    def response(self) -> Any:
+        """The server's answer behind a ``response_model`` result (the last one, when
+        it failed validation); None for plain results, whose ``value`` is the answer."""
+        return getattr(self, "_response", None)
+
+    @property
+    def parsed(self) -> T | None:
+        """The validated object of a ``response_model`` result (None otherwise)."""
+        return self.value if self.response is not None else None
+
+    @property
+    def text(self) -> str | None:
+        """The answer's raw text (None when there is no answer)."""
+        answer = self.response if self.response is not None else self.value
+        text: str | None = getattr(answer, "text", None) if isinstance(answer, _Answer) else None
+        return text
 
     @property
     def ok(self) -> bool:
@@ -645,21 +687,37 @@ class Result(_Immutable, Generic[T]):
         )
 
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        return _rebuild_result, (self.index, self.value, self.error, self.metadata)
+        return _rebuild_result, (self.index, self.value, self.error, self.metadata, self.response)
 
     def to_dict(self) -> dict[str, Any]:
-        """The value as a dict (or None), the error's message (or None), index, metadata."""
+        """The value as a dict (or None), the error's message (or None), index,
+        metadata; with a ``response_model``, also the server's answer as ``response``
+        (the value in JSON types)."""
         value = self.value
-        return {
+        plain: dict[str, Any] = {
             "index": self.index,
-            "value": value.to_dict() if isinstance(value, _Answer) else value,
+            "value": value.to_dict() if isinstance(value, _Answer) else _jsonable(value),
             "error": None if self.error is None else str(self.error),
             "metadata": self.metadata,
         }
+        if self.response is not None:
+            plain["response"] = self.response.to_dict()
+        return plain
 
 
-def _rebuild_result(index: int, value: object, error: LLMBatchError | None, meta: object) -> Any:
-    return Result(index=index, value=value, error=error, metadata=meta)
+def _jsonable(value: object) -> object:
+    """A validated object in JSON types (pydantic's, for models, enums, dates)."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    from pydantic_core import to_jsonable_python
+
+    return to_jsonable_python(value)
+
+
+def _rebuild_result(
+    index: int, value: object, error: LLMBatchError | None, meta: object, response: object = None
+) -> Any:
+    return Result(index=index, value=value, error=error, metadata=meta, response=response)
 
 
 # -- the hot path: build without __init__'s checks (every value comes from llmbatch) --

@@ -73,9 +73,10 @@ class SharedFields(TypedDict, total=False):
     kv_transfer_params: Mapping[str, Any] | None
     logits_processors: Sequence[Any] | None
     request_id: str | None
-    response_format: Mapping[str, Any] | None
+    response_format: Mapping[str, Any] | type | None
     return_token_ids: bool | None
     return_tokens_as_token_ids: bool | None
+    session_id: str | None
     structured_outputs: Mapping[str, Any] | None
     vllm_xargs: Mapping[str, Any] | None
 

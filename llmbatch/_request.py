@@ -72,6 +72,7 @@ class Request:
         "priority",
         "prompt",
         "quota",
+        "reasks",
         "replica",
         "retried",
         "seq",
@@ -149,6 +150,9 @@ class Request:
         self.quota: Any = None
         """The tenant whose limits count it (a ``tenants.Tenant``), while it is queued
         or in flight under them."""
+        self.reasks = 0
+        """How many answers of its call went back to be corrected before it (a
+        ``response_model`` call's re-ask is a request of its own)."""
 
     def travel_alone(self) -> None:
         """Join a queue group of its own, so it is sent in a batch of one."""

@@ -108,8 +108,13 @@ class Runtime:
             loop = (
                 asyncio.get_running_loop() if sniffio.current_async_library() == "asyncio" else None
             )
+            dialect, version = fleet.dialect
             specs = SpecCache(
-                self.model, self.max_model_len, tenant_as_user=config.send_tenant_as_user
+                self.model,
+                self.max_model_len,
+                tenant_as_user=config.send_tenant_as_user,
+                dialect=dialect,
+                version=version,
             )
             self._submitter = Submitter(engine, specs, clock=now, loop=loop)
             if loop is not None:

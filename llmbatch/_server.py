@@ -108,6 +108,9 @@ class Server:
             seats_stated_by=f"Replica(max_num_seqs={stated})" if stated else "",
         )
         self.breaker = Breaker(outage_tolerance=retry.outage_tolerance)
+        self.prompt_cap: int | None = None
+        """The most prompts it takes in one ``/v1/completions`` list, once it has
+        refused a longer one (vLLM's ``VLLM_MAX_COMPLETION_PROMPTS``)."""
         self.dialect: Dialect = GENERIC
         """What the server said it is, and so how it speaks (``detect``)."""
         self.version: Version | None = None

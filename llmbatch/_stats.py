@@ -30,6 +30,7 @@ __all__ = [
     "SharedStats",
     "Stats",
     "StatsRecorder",
+    "StructuredStats",
     "TenantStats",
     "TierStats",
 ]
@@ -299,6 +300,18 @@ class SharedStats(_Snapshot):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class StructuredStats(_Snapshot):
+    """Answers checked against a call's ``response_model`` since the client opened."""
+
+    validated: int = 0
+    """Answers that validated (first time or after re-asks)."""
+    reasked: int = 0
+    """Answers sent back to be corrected (one per re-ask)."""
+    failed: int = 0
+    """Calls or items that ended in :class:`StructuredOutputError`."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Stats(_Snapshot):
     """An immutable snapshot of a client's activity (``client.stats()``)."""
 
@@ -337,6 +350,8 @@ class Stats(_Snapshot):
     other_tenants: TenantStats | None = None
     """Every tenant not named in ``Client(tenants=...)`` together, since the client
     opened (what Prometheus exports as ``tenant="other"``; None: no such tenant yet)."""
+    structured: StructuredStats = StructuredStats()
+    """Answers validated, re-asked and failed for ``response_model`` calls."""
 
     @property
     def server(self) -> ServerStats | None:
@@ -485,6 +500,9 @@ class StatsRecorder:
         self._rates = _Rates()
         self.tracer: Tracer | None = None
         """Ends each request's span as it settles, when tracing is on."""
+        self.validated = 0
+        self.reasked = 0
+        self.structured_failed = 0
 
     def batch_sent(self, size: int) -> None:
         self.batches_sent += 1
@@ -703,4 +721,7 @@ class StatsRecorder:
             shared=shared,
             tenants=tenants,
             other_tenants=other_tenants,
+            structured=StructuredStats(
+                validated=self.validated, reasked=self.reasked, failed=self.structured_failed
+            ),
         )

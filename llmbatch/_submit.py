@@ -15,6 +15,7 @@ from llmbatch._clock import Clock
 from llmbatch._engine import Engine
 from llmbatch._prefix import HotPrefixes, prefix_keys
 from llmbatch._request import Request
+from llmbatch._structured import Reask, Verdict, check_answer
 from llmbatch._tracing import Tracer
 from llmbatch._validate import TOKEN_OVERHEAD, check_messages, check_prompt, input_bytes
 
@@ -90,8 +91,54 @@ class Submitter:
 
         The request's deadline (its ``timeout``) is kept by the scheduler, not by a
         timer here; a caller that is cancelled takes its request out of the queue,
-        or out of its HTTP exchange if it was the last one waiting on it.
+        or out of its HTTP exchange if it was the last one waiting on it. With a
+        ``response_model``, the answer comes back validated (``parsed``), after any
+        re-asks, or the call raises :class:`StructuredOutputError`.
         """
+        value = await self._call(request, nowait=nowait)
+        if request.spec.response_model is None:
+            return value
+        while True:
+            verdict = self.check(request, value)
+            if verdict.ok:
+                return value
+            if verdict.error is not None:
+                raise verdict.error
+            assert verdict.reask is not None
+            request = self.follow_up(request, verdict.reask)
+            value = await self._call(request, nowait=False)
+
+    def check(self, request: Request, answer: Any) -> Verdict:
+        """Validate a ``response_model`` call's answer (setting its ``parsed``), and
+        count what became of it."""
+        verdict = check_answer(
+            answer,
+            request.spec,
+            request.prompt if request.prompt is not None else request.messages or (),
+            reasks=request.reasks,
+            request_id=request.id,
+        )
+        stats = self.engine.stats
+        if verdict.ok:
+            stats.validated += 1
+            object.__setattr__(answer, "_parsed", verdict.parsed)
+        elif verdict.error is not None:
+            stats.structured_failed += 1
+        return verdict
+
+    def follow_up(self, request: Request, reask: Reask) -> Request:
+        """The request that sends an answer back to be corrected: same options, the
+        same deadline, the same place in a map. Raises if it is not valid (a
+        conversation grown past the context)."""
+        follow = self.request(request.spec, reask.payload)
+        follow.deadline = request.deadline
+        follow.reasks = request.reasks + 1
+        follow.index = request.index
+        follow.metadata = request.metadata
+        self.engine.stats.reasked += 1
+        return follow
+
+    async def _call(self, request: Request, *, nowait: bool) -> Any:
         engine = self.engine
         engine.submit(request, nowait=nowait)
         try:

@@ -55,6 +55,7 @@ from llmbatch._transports.base import Transport
 __all__ = ["SyncClient"]
 
 T = TypeVar("T")
+M = TypeVar("M")
 
 
 class SyncClient:
@@ -213,28 +214,96 @@ class SyncClient:
 
     # -- calls -----------------------------------------------------------------------
 
+    @overload
     def complete(
         self,
         prompt: str,
         *,
-        response_model: Any = None,
+        response_model: type[M],
+        max_reasks: int | None = ...,
+        nowait: bool = ...,
+        **params: Unpack[CompletionParams],
+    ) -> Completion[M]: ...
+
+    @overload
+    def complete(
+        self,
+        prompt: str,
+        *,
+        response_model: None = ...,
+        max_reasks: int | None = ...,
+        nowait: bool = ...,
+        **params: Unpack[CompletionParams],
+    ) -> Completion: ...
+
+    @overload
+    def complete(
+        self,
+        prompt: str,
+        *,
+        response_model: object,
+        max_reasks: int | None = ...,
+        nowait: bool = ...,
+        **params: Unpack[CompletionParams],
+    ) -> Completion[Any]: ...
+
+    def complete(
+        self,
+        prompt: str,
+        *,
+        response_model: object = None,
+        max_reasks: int | None = None,
         nowait: bool = False,
         **params: Unpack[CompletionParams],
-    ) -> Completion:
+    ) -> Completion[Any]:
         """:meth:`Client.complete`, blocking."""
-        value: Completion = self._call(self._client.complete, **_arguments(locals()))
+        value: Completion[Any] = self._call(self._client.complete, **_arguments(locals()))
         return value
+
+    @overload
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        response_model: type[M],
+        max_reasks: int | None = ...,
+        nowait: bool = ...,
+        **params: Unpack[ChatParams],
+    ) -> ChatCompletion[M]: ...
+
+    @overload
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        response_model: None = ...,
+        max_reasks: int | None = ...,
+        nowait: bool = ...,
+        **params: Unpack[ChatParams],
+    ) -> ChatCompletion: ...
+
+    @overload
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        response_model: object,
+        max_reasks: int | None = ...,
+        nowait: bool = ...,
+        **params: Unpack[ChatParams],
+    ) -> ChatCompletion[Any]: ...
 
     def chat(
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        response_model: Any = None,
+        response_model: object = None,
+        max_reasks: int | None = None,
         nowait: bool = False,
         **params: Unpack[ChatParams],
-    ) -> ChatCompletion:
+    ) -> ChatCompletion[Any]:
         """:meth:`Client.chat`, blocking."""
-        value: ChatCompletion = self._call(self._client.chat, **_arguments(locals()))
+        value: ChatCompletion[Any] = self._call(self._client.chat, **_arguments(locals()))
         return value
 
     @overload
@@ -297,11 +366,48 @@ class SyncClient:
         chunks: Iterator[Any] = self._iterate(self._client.stream_chunks(**_arguments(locals())))
         return chunks
 
+    @overload
     def map(
         self,
         inputs: Iterable[MapInput],
         *,
-        response_model: Any = None,
+        response_model: type[M],
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> list[Result[M]]: ...
+
+    @overload
+    def map(
+        self,
+        inputs: Iterable[MapInput],
+        *,
+        response_model: None = ...,
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> list[Result[Any]]: ...
+
+    @overload
+    def map(
+        self,
+        inputs: Iterable[MapInput],
+        *,
+        response_model: object,
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> list[Result[Any]]: ...
+
+    def map(
+        self,
+        inputs: Iterable[MapInput],
+        *,
+        response_model: object = None,
+        max_reasks: int | None = None,
         window: int | None = None,
         progress: ProgressLike = None,
         **params: Unpack[MapParams],
@@ -310,11 +416,48 @@ class SyncClient:
         results: list[Result[Any]] = self._call(self._client.map, **_arguments(locals()))
         return results
 
+    @overload
     def map_unordered(
         self,
         inputs: Iterable[MapInput],
         *,
-        response_model: Any = None,
+        response_model: type[M],
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> Iterator[tuple[int, Result[M]]]: ...
+
+    @overload
+    def map_unordered(
+        self,
+        inputs: Iterable[MapInput],
+        *,
+        response_model: None = ...,
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> Iterator[tuple[int, Result[Any]]]: ...
+
+    @overload
+    def map_unordered(
+        self,
+        inputs: Iterable[MapInput],
+        *,
+        response_model: object,
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> Iterator[tuple[int, Result[Any]]]: ...
+
+    def map_unordered(
+        self,
+        inputs: Iterable[MapInput],
+        *,
+        response_model: object = None,
+        max_reasks: int | None = None,
         window: int | None = None,
         progress: ProgressLike = None,
         **params: Unpack[MapParams],
@@ -322,11 +465,48 @@ class SyncClient:
         """:meth:`Client.map_unordered`: ``(index, Result)`` as items finish."""
         return self._iterate(self._client.map_unordered(**_arguments(locals())))
 
+    @overload
     def imap(
         self,
         inputs: Iterable[MapInput],
         *,
-        response_model: Any = None,
+        response_model: type[M],
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> Iterator[Result[M]]: ...
+
+    @overload
+    def imap(
+        self,
+        inputs: Iterable[MapInput],
+        *,
+        response_model: None = ...,
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> Iterator[Result[Any]]: ...
+
+    @overload
+    def imap(
+        self,
+        inputs: Iterable[MapInput],
+        *,
+        response_model: object,
+        max_reasks: int | None = ...,
+        window: int | None = ...,
+        progress: ProgressLike = ...,
+        **params: Unpack[MapParams],
+    ) -> Iterator[Result[Any]]: ...
+
+    def imap(
+        self,
+        inputs: Iterable[MapInput],
+        *,
+        response_model: object = None,
+        max_reasks: int | None = None,
         window: int | None = None,
         progress: ProgressLike = None,
         **params: Unpack[MapParams],

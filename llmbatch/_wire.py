@@ -367,6 +367,17 @@ def too_long(message: str) -> TooLong | None:
     return None
 
 
+#: vLLM's refusal of a list of prompts longer than ``VLLM_MAX_COMPLETION_PROMPTS``:
+#: "prompt list length 1500 exceeds the maximum allowed count of 1024. ..."
+_PROMPT_CAP = re.compile(r"list length \d+ exceeds the maximum allowed count of (\d+)")
+
+
+def prompt_cap(message: str) -> int | None:
+    """The most prompts a list may hold, when an error message says so."""
+    match = _PROMPT_CAP.search(message)
+    return int(match.group(1)) if match is not None and int(match.group(1)) > 0 else None
+
+
 def priority_refused(message: str) -> bool:
     """The server refuses the ``priority`` field (vLLM without priority scheduling)."""
     return any(rule.search(message) for rule in PRIORITY_REFUSED)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
+import json
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
@@ -48,6 +49,9 @@ COMPLETION_COLUMN = "completion"
 """The column a row's answer goes to: its text, or None if the row failed."""
 ERROR_COLUMN = "error"
 """The column a row's failure goes to: ``"ErrorClass: message"``, or None."""
+PARSED_COLUMN = "parsed"
+"""With a ``response_model``: the column a row's validated object goes to, as JSON
+text (``Model.model_validate_json`` reads it back), or None if the row failed."""
 DEFAULT_NUM_CPUS = 0.25
 """The CPU an actor asks for: it mostly waits on the server (see docs/ray.md)."""
 DEFAULT_BATCH_SIZE = 1000
@@ -136,16 +140,22 @@ class _Rows:
         ``error`` columns added (one bad row gets an ``error``, the others still run)."""
         completions: list[str | None] = []
         errors: list[str | None] = []
+        parsed: list[str | None] = []
         tenants = None if self._tenant_column is None else _column(batch, self._tenant_column)
-        for value, error in self._answer(_column(batch, self._column), tenants):
-            completions.append(None if value is None else value.text)
+        for result, error in self._answer(_column(batch, self._column), tenants):
+            completions.append(None if result is None else result.text)
             errors.append(None if error is None else _message(error))
-        return _with_columns(batch, {COMPLETION_COLUMN: completions, ERROR_COLUMN: errors})
+            ok = result is not None and error is None and result.parsed is not None
+            parsed.append(json.dumps(result.to_dict()["value"]) if ok else None)
+        columns = {COMPLETION_COLUMN: completions, ERROR_COLUMN: errors}
+        if self._params.get("response_model") is not None:
+            columns[PARSED_COLUMN] = parsed
+        return _with_columns(batch, columns)
 
     def _answer(
         self, values: list[Any], tenants: list[Any] | None = None
     ) -> list[tuple[Any, LLMBatchError | None]]:
-        """Each row's ``(answer, None)`` or ``(None, error)``, in row order: a row
+        """Each row's ``(result, None)`` or ``(result or None, error)``, in row order: a row
         ``_input`` refuses is not sent, the others go out in one ``map`` (a row with a
         tenant as a dict item naming it; a bad tenant fails that row alone)."""
         answers: list[tuple[Any, LLMBatchError | None]] = []
@@ -167,7 +177,7 @@ class _Rows:
             client = self._client_for_call()
             results = client.map(inputs, priority=self._priority, **self._params)
             for row, result in zip(sent, results, strict=True):
-                answers[row] = (result.value, result.error)
+                answers[row] = (result, result.error)
         return answers
 
     def close(self) -> None:

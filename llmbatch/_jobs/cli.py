@@ -143,6 +143,21 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     job = parser.add_argument_group("job")
     job.add_argument(
+        "--response-model",
+        metavar="MODULE:CLASS",
+        help="validate every answer into this pydantic model (or any type pydantic "
+        "takes), imported from MODULE; each output line adds it as 'parsed', or the "
+        "validation error in 'error' (docs/structured-outputs.md) (default: none)",
+    )
+    job.add_argument(
+        "--max-reasks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="answers that fail validation are sent back to be corrected up to N times "
+        "(default: 2)",
+    )
+    job.add_argument(
         "--on-malformed",
         choices=["skip", "fail"],
         default="fail",
@@ -210,7 +225,10 @@ def handle(args: argparse.Namespace) -> int:
     if not args.input.is_file():
         return _fail(EXIT_USAGE, f"{args.input}: no such file")
     progress = ProgressBar(description=args.input.name, line_interval=LOG_PROGRESS_EVERY)
-    config = _config(args, progress if args.progress else None)
+    try:
+        config = _config(args, progress if args.progress else None)
+    except ValueError as exc:
+        return _fail(EXIT_USAGE, str(exc))
     summary = JobSummary()  # filled in as the job runs: still readable after Ctrl-C
     try:
         anyio.run(lambda: run_job(config, report=_say, summary=summary))
@@ -241,7 +259,33 @@ def _config(args: argparse.Namespace, progress: ProgressLike) -> JobConfig:
         on_malformed=args.on_malformed,
         retry_failed=args.retry_failed,
         progress=progress,
+        response_model=import_target(args.response_model) if args.response_model else None,
+        max_reasks=args.max_reasks,
     )
+
+
+def import_target(spec: str) -> object:
+    """``package.module:Name`` (dots after the colon reach nested names): the object,
+    or ValueError saying what is wrong."""
+    module_name, colon, attribute = spec.partition(":")
+    if not colon or not module_name or not attribute:
+        raise ValueError(f"--response-model {spec!r}: expected MODULE:CLASS")
+    import importlib
+
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # the current directory, as `python -m` has it
+    try:
+        target: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"--response-model {spec!r}: cannot import {module_name}: {exc}") from None
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ValueError(
+                f"--response-model {spec!r}: {module_name} has no {attribute}"
+            ) from None
+    return target
 
 
 def _finish(summary: JobSummary, args: argparse.Namespace) -> int:

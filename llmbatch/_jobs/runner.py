@@ -73,6 +73,9 @@ class JobConfig:
     progress: ProgressLike = None
     retry: RetryPolicy = DEFAULT_RETRY_POLICY
     transport: Transport | None = None
+    response_model: object = None
+    """Validate each answer into this type (``--response-model``)."""
+    max_reasks: int | None = None
 
 
 @dataclass(slots=True)
@@ -224,7 +227,12 @@ async def _run(
     )
     async with client:
         async for _index, result in client.map_unordered(
-            inputs, priority=config.priority, tenant=config.tenant, progress=config.progress
+            inputs,
+            priority=config.priority,
+            tenant=config.tenant,
+            progress=config.progress,
+            response_model=config.response_model,
+            max_reasks=config.max_reasks,
         ):
             if isinstance(result.error, JOB_FATAL):
                 summary.stopped, summary.hint = stop_reason(result.error, config)
@@ -236,13 +244,22 @@ async def _run(
 
 def _record(result: Result[Any], out: OutputFile, summary: JobSummary) -> None:
     custom_id = str(result.metadata)
-    value, error = result.value, result.error
+    error = result.error
+    # With a response model, the server's answer is ``response`` and the value the
+    # validated object; without one, the value is the answer.
+    answer = result.response if result.response is not None else result.value
     if error is None:
-        assert isinstance(value, Completion | ChatCompletion | Embedding)
-        out.write(success_record(custom_id, value))
+        assert isinstance(answer, Completion | ChatCompletion | Embedding)
+        record = success_record(custom_id, answer)
+        if result.response is not None:
+            record["parsed"] = result.to_dict()["value"]
+        out.write(record)
         summary.done += 1
-        summary.prompt_tokens += value.usage.prompt_tokens
-        summary.completion_tokens += value.usage.completion_tokens
+        summary.prompt_tokens += answer.usage.prompt_tokens
+        summary.completion_tokens += answer.usage.completion_tokens
     else:
-        out.write(failure_record(custom_id, error))
+        record = failure_record(custom_id, error)
+        if isinstance(answer, Completion | ChatCompletion):  # it answered, wrongly
+            record["response"] = success_record(custom_id, answer)["response"]
+        out.write(record)
         summary.failed += 1

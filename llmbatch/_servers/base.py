@@ -89,6 +89,19 @@ class Dialect:
         """Its release, from what :attr:`info_path` answered (None: not known)."""
         return None
 
+    def body_fields(
+        self, fields: dict[str, Any], *, chat: bool, version: Version | None
+    ) -> dict[str, Any]:
+        """A call's body fields as this server reads them (``fields`` may be changed
+        and returned); raises :class:`InvalidRequestError` for a field it would
+        silently ignore and that has no exact replacement."""
+        return fields
+
+    def session_field(self, version: Version | None) -> str | None:
+        """The body field that carries a caller's session (a tenant), where the
+        server reads one (None: none)."""
+        return None
+
     def schema_fields(
         self, schema: Mapping[str, Any], name: str, version: Version | None
     ) -> dict[str, Any]:

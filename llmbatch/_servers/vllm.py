@@ -5,8 +5,12 @@ It lists its models with ``"owned_by": "vllm"`` and says its release at
 ``--scheduling-policy priority``, and refuses it with a 400 on ``fcfs`` ("Priority
 scheduling is not enabled."), which the dispatcher notices and stops sending.
 Structured outputs: ``structured_outputs: {"json": schema}`` on both endpoints
-from 0.10.2; before, ``guided_json``, which 0.12 removed (and still accepts,
-ignoring it: a 200 with unconstrained text).
+from 0.10.2; before, ``guided_json``. 0.12 removed the ``guided_*`` fields and
+still accepts them, ignoring them: a 200 with unconstrained text (its logs warn).
+So they are translated into ``structured_outputs`` for a vLLM that no longer reads
+them, and ``guided_decoding_backend``, now the server's own setting, is refused.
+Chat takes ``max_completion_tokens`` (``max_tokens`` is deprecated there), and
+``session_id`` carries a caller's session (0.32's request models have it).
 """
 
 from __future__ import annotations
@@ -15,14 +19,25 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from llmbatch._exceptions import InvalidRequestError
 from llmbatch._servers.base import Dialect, PriorityField, ServerKind, Version, parse_version
 
-__all__ = ["DIALECT", "GUIDED_REMOVED", "STRUCTURED_OUTPUTS"]
+__all__ = ["DIALECT", "GUIDED_REMOVED", "SESSION_ID", "STRUCTURED_OUTPUTS"]
 
 STRUCTURED_OUTPUTS: Version = (0, 10, 2)
 """The first release that takes ``structured_outputs``."""
 GUIDED_REMOVED: Version = (0, 12, 0)
 """The first release that ignores the ``guided_*`` fields."""
+SESSION_ID: Version = (0, 32, 0)
+"""The first release seen to take ``session_id`` (older ones ignore the field)."""
+#: Each removed ``guided_*`` field's place in ``structured_outputs``.
+_GUIDED = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+    "guided_whitespace_pattern": "whitespace_pattern",
+}
 
 
 class _VLLM(Dialect):
@@ -32,12 +47,57 @@ class _VLLM(Dialect):
     def version(self, info: object) -> Version | None:
         return parse_version(info.get("version")) if isinstance(info, Mapping) else None
 
+    def body_fields(
+        self, fields: dict[str, Any], *, chat: bool, version: Version | None
+    ) -> dict[str, Any]:
+        removed = version is None or version >= GUIDED_REMOVED
+        if removed and any(name.startswith("guided_") for name in fields):
+            fields = _translate_guided(fields)
+        if chat and "max_tokens" in fields and "max_completion_tokens" not in fields:
+            fields["max_completion_tokens"] = fields.pop("max_tokens")
+        return fields
+
+    def session_field(self, version: Version | None) -> str | None:
+        return "session_id" if version is None or version >= SESSION_ID else None
+
     def schema_fields(
         self, schema: Mapping[str, Any], name: str, version: Version | None
     ) -> dict[str, Any]:
         if version is not None and version < STRUCTURED_OUTPUTS:
             return {"guided_json": dict(schema)}
         return {"structured_outputs": {"json": dict(schema)}}
+
+
+def _translate_guided(fields: dict[str, Any]) -> dict[str, Any]:
+    """``guided_*`` fields moved into ``structured_outputs``, which has each one."""
+    if "guided_decoding_backend" in fields:
+        raise InvalidRequestError(
+            "guided_decoding_backend: vLLM 0.12 removed it and ignores it; the backend is "
+            "now the server's setting (vllm serve --structured-outputs-config.backend ...)",
+            field="guided_decoding_backend",
+        )
+    unknown = [name for name in fields if name.startswith("guided_") and name not in _GUIDED]
+    if unknown:
+        raise InvalidRequestError(
+            f"{unknown[0]}: vLLM 0.12 removed the guided_* fields and ignores them; "
+            "use structured_outputs={...}",
+            field=unknown[0],
+        )
+    given = fields.get("structured_outputs")
+    merged = dict(given) if isinstance(given, Mapping) else {}
+    for name, key in _GUIDED.items():
+        if name not in fields:
+            continue
+        value = fields.pop(name)
+        if key in merged and merged[key] != value:
+            raise InvalidRequestError(
+                f"{name} and structured_outputs.{key} differ: give one (vLLM 0.12 reads "
+                "only structured_outputs)",
+                field=name,
+            )
+        merged[key] = value
+    fields["structured_outputs"] = merged
+    return fields
 
 
 DIALECT = _VLLM(

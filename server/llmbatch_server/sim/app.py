@@ -23,7 +23,13 @@ from llmbatch_server.sim.embeddings import embeddings
 from llmbatch_server.sim.errors import ApiError
 from llmbatch_server.sim.generate import Parser, generate
 from llmbatch_server.sim.outage import OutageMiddleware
-from llmbatch_server.sim.requests import Generation, parse, parse_batch_chat, read_json
+from llmbatch_server.sim.requests import (
+    Generation,
+    check_prompt_count,
+    parse,
+    parse_batch_chat,
+    read_json,
+)
 from llmbatch_server.sim.simulator import Simulator
 
 VERSION = "0.32.0"
@@ -61,6 +67,8 @@ def build_app(config: SimConfig) -> Starlette:
 
     def parser(chat: bool) -> Parser:
         def parse_body(body: dict[str, Any]) -> Generation:
+            if not chat:
+                check_prompt_count(body.get("prompt"), config.max_completion_prompts)
             return parse(
                 body,
                 chat=chat,

@@ -184,12 +184,22 @@ class SimConfig:
     outage: OutagePlan = field(default_factory=OutagePlan)
     #: What ``--fitted`` loaded, in words, for the start-up line (None: the defaults).
     fitted: str | None = None
+    #: The share of structured answers (a schema asked for) that come back as
+    #: invalid JSON, each drawn on its own, to exercise a client's re-asks.
+    invalid_json: float = 0.0
+    #: The longest list of prompts ``/v1/completions`` takes (vLLM's
+    #: ``VLLM_MAX_COMPLETION_PROMPTS``); a longer one is refused with a 400.
+    max_completion_prompts: int = 1024
 
     def __post_init__(self) -> None:
         if self.embedding_dim < 1:
             raise ValueError("embedding_dim must be >= 1")
         if self.metrics not in METRICS_LEVELS:
             raise ValueError(f"metrics must be one of {', '.join(METRICS_LEVELS)}")
+        if self.max_completion_prompts < 1:
+            raise ValueError("max_completion_prompts must be >= 1")
+        if not 0.0 <= self.invalid_json <= 1.0:
+            raise ValueError(f"invalid_json must be a share in [0, 1], got {self.invalid_json!r}")
 
     def __repr__(self) -> str:
         # The API key must never reach logs.

@@ -72,6 +72,8 @@ class Sequence:
     last_token_at: float | None = None
     finished: bool = False
     table: BlockTable | None = None  # its KV blocks, once admitted
+    #: A constrained answer's tokens (structured outputs); None: generated words.
+    pieces: tuple[str, ...] | None = None
 
     @property
     def kv_tokens(self) -> int:
@@ -85,7 +87,11 @@ class Sequence:
 
     def text(self, start: int = 0, stop: int | None = None) -> str:
         end = min(self.generated if stop is None else stop, self.visible)
-        return output.text(self.seed, start, end) if end > start else ""
+        if end <= start:
+            return ""
+        if self.pieces is not None:
+            return "".join(self.pieces[start:end])
+        return output.text(self.seed, start, end)
 
 
 @dataclass(eq=False)

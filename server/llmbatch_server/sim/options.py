@@ -162,6 +162,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--seed", type=int, default=0, help="seeds output text and fault draws (default: 0)"
     )
     p.add_argument(
+        "--invalid-json",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="answer this share of structured requests (a JSON schema asked for) with "
+        "invalid JSON, each drawn on its own, to exercise a client's re-asks (default: 0)",
+    )
+    p.add_argument(
+        "--max-completion-prompts",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="refuse a /v1/completions list of more prompts with a 400, as vLLM's "
+        "VLLM_MAX_COMPLETION_PROMPTS does (default: %(default)s, vLLM's)",
+    )
+    p.add_argument(
         "--no-chat-batch",
         dest="chat_batch",
         action="store_false",
@@ -325,6 +341,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         tokenizer=args.tokenizer,
         embedding_dim=args.embedding_dim,
+        invalid_json=args.invalid_json,
+        max_completion_prompts=args.max_completion_prompts,
         outage=OutagePlan(
             mode=args.outage_mode, seconds=args.outage_seconds, after=args.outage_after
         ),

@@ -15,6 +15,7 @@ from starlette.requests import Request
 
 from llmbatch_server.sim.counting import TokenCounter
 from llmbatch_server.sim.errors import ApiError
+from llmbatch_server.sim.schema import Constraint, constraint_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +40,8 @@ class Generation:
     prompt_ids: list[list[int]] | None = None
     #: OpenAI's ``user``: who the request is for (counted per user at ``/metrics``).
     user: str | None = None
+    #: What the answer is constrained to (a JSON schema, a choice); None: free text.
+    constraint: Constraint | None = None
 
 
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -232,6 +235,7 @@ def _generation(
         cache_salt=cache_salt,
         prompt_ids=prompt_ids,
         user=user,
+        constraint=constraint_of(body),
     )
 
 
@@ -261,6 +265,21 @@ async def read_json(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
     return body
+
+
+def check_prompt_count(prompt: object, limit: int) -> None:
+    """400 for a list of more prompts than ``limit``, in vLLM's words (its
+    ``VLLM_MAX_COMPLETION_PROMPTS`` check, before anything else is read)."""
+    if (
+        isinstance(prompt, list)
+        and len(prompt) > limit
+        and not all(isinstance(t, int) for t in prompt)
+    ):
+        raise ApiError.validation(
+            f"prompt list length {len(prompt)} exceeds the maximum allowed count of {limit}. "
+            "To increase this limit, set the VLLM_MAX_COMPLETION_PROMPTS environment variable.",
+            param="prompt",
+        )
 
 
 def _prompts(prompt: object) -> list[str]:

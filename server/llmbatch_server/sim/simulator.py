@@ -7,7 +7,7 @@ import asyncio
 import time
 from collections import Counter
 
-from llmbatch_server.sim import output
+from llmbatch_server.sim import output, schema
 from llmbatch_server.sim.config import SimConfig
 from llmbatch_server.sim.counting import load_counter
 from llmbatch_server.sim.engine import Engine, Group, Sequence
@@ -15,6 +15,7 @@ from llmbatch_server.sim.faults import FaultInjector
 from llmbatch_server.sim.outage import Outage
 from llmbatch_server.sim.prefix_cache import block_hashes
 from llmbatch_server.sim.requests import Generation
+from llmbatch_server.sim.schema import Constraint
 
 
 class Simulator:
@@ -63,6 +64,8 @@ class Simulator:
                 # request, so a prompt alone or in a batch gets the same answer.
                 out_seed = output.output_seed(prompt, j, seed)
                 seq = _sequence(group, p * gen.n + j, out_seed, count, max_tokens, gen)
+                if gen.constraint is not None:
+                    _constrain(seq, gen.constraint, max_tokens, self.config.invalid_json)
                 seq.block_hashes = hashes
                 out.append(seq)
         return out
@@ -83,6 +86,20 @@ class Simulator:
         """What a restart loses: every request in flight and the prefix cache."""
         self.engine.abort_all()
         self.engine.reset_prefix_cache()
+
+
+def _constrain(seq: Sequence, constraint: Constraint, max_tokens: int, invalid: float) -> None:
+    """Make ``seq`` answer with an instance of the constraint (cut at ``max_tokens``,
+    as a real engine cuts it)."""
+    pieces = schema.answer_pieces(constraint, seq.seed, invalid)
+    seq.pieces = pieces
+    if len(pieces) > max_tokens:
+        seq.target = seq.visible = max_tokens
+        seq.finish_reason = "length"
+    else:
+        seq.target = seq.visible = len(pieces)
+        seq.finish_reason = "stop"
+    seq.stop_reason = None
 
 
 def _sequence(
