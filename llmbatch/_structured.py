@@ -67,7 +67,6 @@ def check_answer(
     model = spec.response_model
     assert model is not None
     text: str = answer.text
-    attempts = answer.timings.attempts
     if answer.finish_reason == "length":
         # Sending it back with the same budget would be cut at the same place.
         return Verdict(
@@ -77,14 +76,12 @@ def check_answer(
                 text=text,
                 reasks=reasks,
                 request_id=request_id,
-                attempts=attempts,
+                attempts=answer.timings.attempts,
             )
         )
-    from pydantic import ValidationError
-
     try:
         parsed = model.adapter.validate_json(text)
-    except ValidationError as exc:
+    except _validation_error() as exc:  # (evaluated only when something was raised)
         errors = [
             dict(error)
             for error in exc.errors(include_url=False, include_context=False, include_input=False)
@@ -100,10 +97,17 @@ def check_answer(
                 errors=errors,
                 reasks=reasks,
                 request_id=request_id,
-                attempts=attempts,
+                attempts=answer.timings.attempts,
             )
         )
     return Verdict(parsed=parsed, ok=True)
+
+
+def _validation_error() -> type[Any]:
+    """pydantic's ``ValidationError`` (pydantic is imported only where a schema is used)."""
+    from pydantic import ValidationError
+
+    return ValidationError
 
 
 def _summary(errors: Sequence[Mapping[str, Any]]) -> str:

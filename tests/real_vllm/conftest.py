@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -137,13 +137,13 @@ def make_server(model_dir: str) -> Callable[..., VLLMServer]:
     """A factory of unstarted launcher servers for the test model, on a free port
     (or on ``port=``, to start one again where another was)."""
 
-    def make(port: int | None = None) -> VLLMServer:
+    def make(port: int | None = None, extra_args: Sequence[str] = ()) -> VLLMServer:
         return VLLMServer(
             model=model_dir,
             profile="latency",
             port=port or free_port(),
             vllm_bin=vllm_bin(),
-            extra_args=EXTRA_ARGS,
+            extra_args=[*EXTRA_ARGS, *extra_args],
             env={"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")},
             startup_timeout=STARTUP_TIMEOUT,
             log=_quiet_log,
@@ -158,6 +158,12 @@ def vllm_server(model_dir: str, make_server: Callable[..., VLLMServer]) -> Itera
     server = make_server()
     with ServerThread(server) as pgid:
         yield RunningServer(server.base_url, model_dir, pgid, max_model_len=1024)
+
+
+@pytest.fixture(scope="session")
+def server_thread() -> type[ServerThread]:
+    """:class:`ServerThread`, for a module that starts a server of its own."""
+    return ServerThread
 
 
 def _quiet_log(line: str) -> None:

@@ -26,12 +26,9 @@ SCHEMA = Point.model_json_schema()
 
 
 def test_each_kind_is_asked_in_its_own_dialect() -> None:
-    assert vllm.DIALECT.schema_fields(SCHEMA, "Point", (0, 32, 0)) == {
-        "structured_outputs": {"json": SCHEMA}
-    }
-    assert vllm.DIALECT.schema_fields(SCHEMA, "Point", None) == {
-        "structured_outputs": {"json": SCHEMA}
-    }
+    compact = {"structured_outputs": {"json": SCHEMA}}
+    assert vllm.DIALECT.schema_fields(SCHEMA, "Point", (0, 32, 0)) == compact
+    assert vllm.DIALECT.schema_fields(SCHEMA, "Point", None) == compact
     assert vllm.DIALECT.schema_fields(SCHEMA, "Point", (0, 9, 2)) == {"guided_json": SCHEMA}
     assert llamacpp.DIALECT.schema_fields(SCHEMA, "Point", None) == {"json_schema": SCHEMA}
     for dialect in (sglang.DIALECT, GENERIC):
@@ -82,7 +79,7 @@ def test_vllm_chat_gets_max_completion_tokens_and_a_session() -> None:
 
 def test_a_response_model_asks_the_dialect_for_its_schema() -> None:
     spec = _spec(response_model=Point, max_tokens=100)
-    assert spec.params["structured_outputs"] == {"json": SCHEMA}
+    assert spec.params["structured_outputs"]["json"] == SCHEMA
     assert spec.response_model is not None
     other = _spec(response_model=list[Point])
     assert other.compat_key != spec.compat_key  # two schemas never share a batch
