@@ -22,7 +22,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, Literal, TypedDict, cast
+from typing import Any, Literal, cast
 
 from llmbatch._config import Priority, PriorityLike, parse_priority
 from llmbatch._exceptions import InvalidRequestError, InvalidTypeError
@@ -30,8 +30,10 @@ from llmbatch._params import (
     ChatFields,
     CompletionFields,
     EmbeddingFields,
+    Fields,
     check_extra,
     check_keywords,
+    keys_of,
     query_string,
 )
 from llmbatch._servers import GENERIC, Dialect, Version
@@ -65,7 +67,7 @@ __all__ = [
 Kind = Literal["completion", "chat", "embedding"]
 
 
-class CallParams(TypedDict, total=False):
+class CallParams(Fields, total=False):
     """llmbatch's own options, which every call takes (None: left out)."""
 
     priority: PriorityLike | None
@@ -107,7 +109,7 @@ class MapParams(CallParams, CompletionFields, ChatFields, EmbeddingFields, total
     """What a map takes for its items (a dict item may override each one)."""
 
 
-OWN_OPTIONS = frozenset({*CallParams.__optional_keys__, "response_model", "max_reasks"})
+OWN_OPTIONS = keys_of(CallParams) | {"response_model", "max_reasks"}
 """llmbatch's own options: checked and used here, never sent as they are
 (``response_model`` and ``max_reasks`` are parameters of their own in the
 signatures that take them, so that the answer's type follows the model)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from llmbatch._exceptions import InvalidRequestError, InvalidTypeError
 
@@ -20,14 +20,37 @@ __all__ = [
     "ChatFields",
     "CompletionFields",
     "EmbeddingFields",
+    "Fields",
     "check_extra",
     "check_keywords",
+    "keys_of",
     "nearest_parameter",
     "query_string",
 ]
 
 
-class SharedFields(TypedDict, total=False):
+if TYPE_CHECKING:
+    from typing import TypedDict as Fields
+else:
+
+    class Fields:
+        """What the declarations below are at run time: plain classes, whose
+        annotations (strings) name the keys. To a type checker they are TypedDicts;
+        as TypedDicts at run time each key would become a compiled ForwardRef, some
+        milliseconds of ``import llmbatch`` for about ninety keys."""
+
+        def __init_subclass__(cls, **options: object) -> None:
+            super().__init_subclass__()
+
+
+def keys_of(fields: type) -> frozenset[str]:
+    """The keys a declaration names, its bases' included."""
+    return frozenset(
+        key for klass in fields.__mro__ for key in vars(klass).get("__annotations__", {})
+    )
+
+
+class SharedFields(Fields, total=False):
     """Body fields both text endpoints take: the OpenAI API's shared sampling
     parameters, and vLLM's extra sampling and request parameters."""
 
@@ -118,7 +141,7 @@ class ChatFields(SharedFields, total=False):
     mm_processor_kwargs: Mapping[str, Any] | None
 
 
-class EmbeddingFields(TypedDict, total=False):
+class EmbeddingFields(Fields, total=False):
     """``/v1/embeddings`` body fields (OpenAI's and vLLM's)."""
 
     dimensions: int | None
@@ -129,15 +152,10 @@ class EmbeddingFields(TypedDict, total=False):
     add_special_tokens: bool | None
 
 
-def _keys(fields: type) -> frozenset[str]:
-    keys: frozenset[str] = fields.__required_keys__ | fields.__optional_keys__  # type: ignore[attr-defined]
-    return keys
-
-
 ALLOWED = {
-    "completion": _keys(CompletionFields),
-    "chat": _keys(ChatFields),
-    "embedding": _keys(EmbeddingFields),
+    "completion": keys_of(CompletionFields),
+    "chat": keys_of(ChatFields),
+    "embedding": keys_of(EmbeddingFields),
 }
 """The body fields each endpoint takes, by kind: what a call may pass as keywords."""
 #: Fields llmbatch sets itself; in ``extra_body`` they would break batching.

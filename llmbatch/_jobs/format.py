@@ -33,8 +33,9 @@ from llmbatch._exceptions import (
     InvalidTypeError,
     LLMBatchError,
     RequestError,
+    StructuredOutputError,
 )
-from llmbatch._models import ChatCompletion, Completion, Embedding, Usage
+from llmbatch._models import ChatCompletion, Completion, Embedding, Result, Usage
 from llmbatch._params import ALLOWED, nearest_parameter
 from llmbatch._request import Kind
 from llmbatch._validate import check_messages, check_prompt
@@ -43,8 +44,11 @@ __all__ = [
     "ENDPOINTS",
     "JobLine",
     "MalformedLine",
+    "SchemaLine",
+    "asks_for_json",
     "failure_record",
     "parse_line",
+    "result_record",
     "success_record",
     "to_map_input",
 ]
@@ -188,10 +192,26 @@ def _json_type(value: object) -> str:
     return names.get(type(value), "a number")
 
 
+class SchemaLine(str):
+    """A line's custom_id (a map item's metadata) whose body asks for an answer in a
+    JSON schema (``response_format``): its answer's JSON goes beside it as ``parsed``."""
+
+    __slots__ = ()
+
+
+def asks_for_json(body: Mapping[str, Any]) -> bool:
+    """The body names a JSON answer: ``response_format`` ``json_schema`` or ``json_object``."""
+    response_format = body.get("response_format")
+    return isinstance(response_format, Mapping) and response_format.get("type") in (
+        "json_schema",
+        "json_object",
+    )
+
+
 def to_map_input(line: JobLine) -> dict[str, Any]:
     """The ``Client.map`` item for a line; its custom_id rides along as metadata."""
     item = {k: v for k, v in line.body.items() if k not in _RUNNER_FIELDS}
-    item["metadata"] = line.custom_id
+    item["metadata"] = SchemaLine(line.custom_id) if asks_for_json(line.body) else line.custom_id
     return item
 
 
@@ -248,6 +268,36 @@ def _record(custom_id: str, request_id: str, body: dict[str, Any]) -> dict[str, 
         "response": {"status_code": 200, "request_id": request_id, "body": body},
         "error": None,
     }
+
+
+def result_record(
+    custom_id: str, result: Result[Any], *, json_answer: bool = False
+) -> dict[str, Any]:
+    """The output line for a map's result: the answer (with a response model, the
+    server's answer, and the validated object as ``parsed`` beside it; with
+    ``json_answer``, a body that asked for JSON, the answer's JSON as ``parsed``),
+    or the error (with the answer it failed on, when there was one)."""
+    answer = result.response if result.response is not None else result.value
+    if result.error is None:
+        assert isinstance(answer, Completion | ChatCompletion | Embedding)
+        record = success_record(custom_id, answer)
+        if result.response is not None:
+            record["parsed"] = result.to_dict()["value"]
+        elif json_answer and not isinstance(answer, Embedding):
+            try:
+                record["parsed"] = json.loads(answer.text)
+            except ValueError as exc:  # the server ignored the schema, or was cut off
+                failed = failure_record(
+                    custom_id,
+                    StructuredOutputError(f"the answer is not JSON: {exc}", text=answer.text),
+                )
+                failed["response"] = record["response"]
+                return failed
+        return record
+    record = failure_record(custom_id, result.error)
+    if isinstance(answer, Completion | ChatCompletion):  # it answered, wrongly
+        record["response"] = success_record(custom_id, answer)["response"]
+    return record
 
 
 def failure_record(custom_id: str, error: LLMBatchError) -> dict[str, Any]:

@@ -18,9 +18,10 @@ from llmbatch._exceptions import LLMBatchError, ServerInfoError
 from llmbatch._jobs.format import (
     JobLine,
     MalformedLine,
+    asks_for_json,
     failure_record,
     parse_line,
-    success_record,
+    result_record,
     to_map_input,
 )
 from llmbatch._jobs.input import scan_input
@@ -28,7 +29,6 @@ from llmbatch._jobs.output import OutputFile
 from llmbatch._jobs.runner import JOB_FATAL, REPORT_LIMIT, JobConfig, stop_reason
 from llmbatch._jobs.shards import shard_name
 from llmbatch._map import MapInput
-from llmbatch._models import ChatCompletion, Completion, Embedding
 from llmbatch.ray import _column, _Rows
 
 __all__ = ["COUNTS", "FileCheck", "JobLines", "JobStopped", "check_file"]
@@ -159,18 +159,23 @@ class JobLines(_Rows):
         fatal: LLMBatchError | None = None
         with self._writing:
             out = self._output() if lines else None
-            for line, (value, error) in zip(lines, answers, strict=True):
+            for line, (result, error) in zip(lines, answers, strict=True):
                 assert out is not None
-                if error is None:
-                    assert isinstance(value, Completion | ChatCompletion | Embedding)
-                    out.write(success_record(line.custom_id, value))
-                    counts["done"] += 1
-                    counts["prompt_tokens"] += value.usage.prompt_tokens
-                    counts["completion_tokens"] += value.usage.completion_tokens
-                elif isinstance(error, JOB_FATAL):
+                if isinstance(error, JOB_FATAL):
                     fatal = error  # not written: the rerun sends it again
+                    continue
+                if result is None:  # refused before it was sent
+                    out.write(failure_record(line.custom_id, error))  # type: ignore[arg-type]
+                    counts["failed"] += 1
+                    continue
+                json_answer = asks_for_json(line.body)
+                out.write(result_record(line.custom_id, result, json_answer=json_answer))
+                if error is None:
+                    answer: Any = result.response if result.response is not None else result.value
+                    counts["done"] += 1
+                    counts["prompt_tokens"] += answer.usage.prompt_tokens
+                    counts["completion_tokens"] += answer.usage.completion_tokens
                 else:
-                    out.write(failure_record(line.custom_id, error))
                     counts["failed"] += 1
             counts["retried"] = self._retried()
         if fatal is not None:

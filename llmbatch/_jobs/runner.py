@@ -34,10 +34,10 @@ from llmbatch._exceptions import (
     ServerInfoError,
     UnknownModelError,
 )
-from llmbatch._jobs.format import failure_record, success_record
+from llmbatch._jobs.format import SchemaLine, result_record
 from llmbatch._jobs.input import PendingInputs, scan_input
 from llmbatch._jobs.output import OutputFile
-from llmbatch._models import ChatCompletion, Completion, Embedding, Result
+from llmbatch._models import Result
 from llmbatch._progress import ProgressLike
 from llmbatch._transports.base import Transport
 
@@ -243,23 +243,14 @@ async def _run(
 
 
 def _record(result: Result[Any], out: OutputFile, summary: JobSummary) -> None:
-    custom_id = str(result.metadata)
-    error = result.error
-    # With a response model, the server's answer is ``response`` and the value the
-    # validated object; without one, the value is the answer.
-    answer = result.response if result.response is not None else result.value
-    if error is None:
-        assert isinstance(answer, Completion | ChatCompletion | Embedding)
-        record = success_record(custom_id, answer)
-        if result.response is not None:
-            record["parsed"] = result.to_dict()["value"]
-        out.write(record)
+    custom_id = result.metadata
+    out.write(result_record(str(custom_id), result, json_answer=isinstance(custom_id, SchemaLine)))
+    if result.error is None:
+        # With a response model the value is the validated object; the answer is
+        # the result's response.
+        answer: Any = result.response if result.response is not None else result.value
         summary.done += 1
         summary.prompt_tokens += answer.usage.prompt_tokens
         summary.completion_tokens += answer.usage.completion_tokens
     else:
-        record = failure_record(custom_id, error)
-        if isinstance(answer, Completion | ChatCompletion):  # it answered, wrongly
-            record["response"] = success_record(custom_id, answer)["response"]
-        out.write(record)
         summary.failed += 1

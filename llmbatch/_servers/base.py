@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Dialect", "PriorityField", "ServerKind", "Version", "parse_version"]
@@ -56,25 +56,40 @@ def parse_version(text: object) -> Version | None:
     return int(major), int(minor), int(patch or 0)
 
 
-@dataclass(frozen=True)
 class Dialect:
     """One kind of server's rules. Subclasses override the methods whose answer
-    depends on what the server says about itself."""
+    depends on what the server says about itself. (A plain class, not a dataclass:
+    each kind's module makes one at import.)"""
 
-    kind: ServerKind
-    owners: tuple[str, ...] = ()
-    """What its ``/v1/models`` entries say as ``owned_by`` (lower case)."""
-    info_path: str | None = None
-    """A ``GET`` path (at the server's root) whose JSON says more about it, read once
-    at open: its version, its settings (None: nothing to read)."""
-    too_long: tuple[re.Pattern[str], ...] = ()
-    """Its words for a prompt longer than the context; a group ``limit`` catches the
-    context length, where it says it."""
-    priority_refused: re.Pattern[str] | None = None
-    """Its words for refusing the ``priority`` field."""
-    metrics: Mapping[str, str] = field(default_factory=dict)
-    """Its ``/metrics`` series llmbatch reads, by what they measure (``waiting``,
-    ``running``, ``kv``, ``tpot_sum``/``tpot_count``, ``itl_*``, ``ttft_*``)."""
+    __slots__ = ("info_path", "kind", "metrics", "owners", "priority_refused", "too_long")
+
+    def __init__(
+        self,
+        *,
+        kind: ServerKind,
+        owners: tuple[str, ...] = (),
+        info_path: str | None = None,
+        too_long: tuple[re.Pattern[str], ...] = (),
+        priority_refused: re.Pattern[str] | None = None,
+        metrics: Mapping[str, str] | None = None,
+    ) -> None:
+        self.kind = kind
+        self.owners = owners
+        """What its ``/v1/models`` entries say as ``owned_by`` (lower case)."""
+        self.info_path = info_path
+        """A ``GET`` path (at the server's root) whose JSON says more about it, read
+        once at open: its version, its settings (None: nothing to read)."""
+        self.too_long = too_long
+        """Its words for a prompt longer than the context; a group ``limit`` catches
+        the context length, where it says it."""
+        self.priority_refused = priority_refused
+        """Its words for refusing the ``priority`` field."""
+        self.metrics: Mapping[str, str] = metrics or {}
+        """Its ``/metrics`` series llmbatch reads, by what they measure (``waiting``,
+        ``running``, ``kv``, ``tpot_sum``/``tpot_count``, ``itl_*``, ``ttft_*``)."""
+
+    def __repr__(self) -> str:
+        return f"<Dialect {self.kind}>"
 
     def priority_field(self, info: object) -> PriorityField | None:
         """How it takes ``priority`` (None: send none); ``info`` is what

@@ -100,3 +100,31 @@ def test_a_bad_response_model_is_a_usage_error(
     )
     assert code == cli.EXIT_USAGE
     assert said in capsys.readouterr().err
+
+
+def test_a_body_with_its_own_json_schema_gets_the_answers_json(
+    sim: SimulatorProcess, tmp_path: Path
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
+        "required": ["ok", "n"],
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "Check", "schema": schema}}
+    rows = [
+        chat_line(f"c{i}", f"check {i}", max_tokens=100, model="m", response_format=fmt)
+        for i in range(40)
+    ]
+    rows.append(chat_line("plain", "no schema", max_tokens=4, model="m"))
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    llmbatch_run(str(src), "-o", str(out), "--base-url", sim.base_url)
+    records = {r["custom_id"]: r for r in read_output(out)}
+    assert "parsed" not in records.pop("plain")
+    parsed = [r for r in records.values() if r["error"] is None]
+    broken = [r for r in records.values() if r["error"] is not None]
+    assert all(set(r["parsed"]) == {"ok", "n"} for r in parsed)
+    # The simulator answers a fifth with invalid JSON: no model, so no re-asks.
+    assert broken
+    assert all(r["error"]["code"] == "structured_output_error" for r in broken)
+    assert all(r["response"]["body"]["choices"] for r in broken)
