@@ -110,7 +110,7 @@ async def run_outage(job: Job) -> RunMetrics:
 
                 async def consume() -> None:
                     results = client.map_unordered(
-                        prompts(job.n), max_tokens=job.max_tokens, **job.params
+                        prompts(job.n, job.prompt_start), max_tokens=job.max_tokens, **job.params
                     )
                     async with contextlib.aclosing(results):
                         async for index, result in results:

@@ -220,6 +220,9 @@ class _Runner:
         self.priority = (
             config.priority_scheduling if config.priority_scheduling is not None else auto
         )
+        self._prompts_used = 0
+        """Bulk prompts handed out so far: the next job's start (no prefix-cache
+        hits on an earlier job's prompts)."""
         if hot:
             # The hot path compares llmbatch with raw requests of the same body: no
             # priority field on either side (a zero-latency server queues nothing).
@@ -243,8 +246,11 @@ class _Runner:
             # The hot path's server is the job's alone while it runs: its count of API
             # requests over the measurement is the client's.
             "count_requests": self.hot,
+            "prompt_start": self._prompts_used,
         }
-        return Job(**{**base, **fields})
+        job = Job(**{**base, **fields})
+        self._prompts_used += job.n
+        return job
 
     def run(self, job: Job, context: dict[str, Any] | None = None) -> RunMetrics | None:
         """Run ``job`` in its worker; ``context`` (what its numbers are judged in)

