@@ -123,7 +123,7 @@ class ResponseModel:
     """A call's ``response_model``: the type its answers are validated into, with
     pydantic's ``TypeAdapter`` for it and its JSON schema (made once per type)."""
 
-    __slots__ = ("adapter", "name", "schema", "target")
+    __slots__ = ("adapter", "name", "schema", "target", "validate_json")
 
     def __init__(self, target: object) -> None:
         # pydantic only when a schema is used: ``import llmbatch`` stays light.
@@ -132,6 +132,11 @@ class ResponseModel:
         try:
             self.adapter: Any = TypeAdapter(cast(Any, target))
             self.schema: dict[str, Any] = self.adapter.json_schema()
+            # pydantic-core's validator itself, without the adapter's Python wrapper
+            # (once per answer of a bulk map).
+            self.validate_json: Any = getattr(
+                self.adapter, "validator", self.adapter
+            ).validate_json
         except (PydanticUserError, TypeError, ValueError) as exc:
             shown = getattr(target, "__name__", None) or repr(target)
             raise InvalidTypeError(

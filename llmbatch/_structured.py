@@ -80,7 +80,7 @@ def check_answer(
             )
         )
     try:
-        parsed = model.adapter.validate_json(text)
+        parsed = model.validate_json(text)
     except _validation_error() as exc:  # (evaluated only when something was raised)
         errors = [
             dict(error)
