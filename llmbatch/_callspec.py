@@ -134,9 +134,7 @@ class ResponseModel:
             self.schema: dict[str, Any] = self.adapter.json_schema()
             # pydantic-core's validator itself, without the adapter's Python wrapper
             # (once per answer of a bulk map).
-            self.validate_json: Any = getattr(
-                self.adapter, "validator", self.adapter
-            ).validate_json
+            self.validate_json: Any = getattr(self.adapter, "validator", self.adapter).validate_json
         except (PydanticUserError, TypeError, ValueError) as exc:
             shown = getattr(target, "__name__", None) or repr(target)
             raise InvalidTypeError(
