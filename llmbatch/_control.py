@@ -123,6 +123,8 @@ SEATS_PROBE_EVERY_STEPS = 30
 SEATS_PROBE_STEPS = 10
 SEATS_PROBE_MIN_SECONDS = 0.5
 SEATS_PROBE_MIN = 4
+#: The server's prompt tokens over the client's estimate are believed within this range.
+PROMPT_RATIO_RANGE = (0.25, 8.0)
 #: Bulk prompt tokens go out at most this many times the rate that keeps the limit
 #: full: enough to refill seats as they free, never a whole limit's worth at once ...
 PACE_HEADROOM = 2.0
@@ -214,6 +216,9 @@ class AdmissionController:
         step time, how long a bulk sequence runs on the engine."""
         self.prompt_tokens: float | None = None
         """Estimated prompt tokens of a bulk sequence, on average."""
+        self.prompt_ratio: float | None = None
+        """The server's count of prompt tokens over the client's estimate (its
+        tokenizer against four bytes a token), from the answers' usage."""
         self.waiting: int | None = None
         self.running: int | None = None
         self.kv_usage: float | None = None
@@ -366,6 +371,21 @@ class AdmissionController:
         if kv_usage is not None:
             self.kv_usage = kv_usage
             self._kv_full.observe(now, kv_usage >= KV_FULL, step, kv_usage)
+
+    def on_prompt_usage(self, estimated: int, counted: int) -> None:
+        """A batch's prompts were estimated at ``estimated`` tokens; the server
+        counted ``counted``."""
+        if estimated > 0 and counted > 0:
+            ratio = min(PROMPT_RATIO_RANGE[1], max(PROMPT_RATIO_RANGE[0], counted / estimated))
+            self.prompt_ratio = _ewma(self.prompt_ratio, ratio)
+
+    def batch_prefill_cap(self, step_tokens: int | None) -> float | None:
+        """The most estimated prompt tokens one batch should carry: one engine step's
+        worth (``step_tokens``, counted as the server counts), so a batch is not one
+        long prefill that stalls the decodes beside it (None: no cap)."""
+        if step_tokens is None:
+            return None
+        return step_tokens / (self.prompt_ratio or 1.0)
 
     def on_answer(self) -> None:
         """An answer that was not a 429 or 503."""

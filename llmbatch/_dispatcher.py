@@ -698,6 +698,9 @@ class Dispatcher:
         kind = _ANSWER_TYPES[first.spec.kind]
         if self._rate is not None and usage[2]:
             self._rate.correct(sum(r.est_tokens for r in requests), usage[2])
+        if usage[0] and first.spec.n == 1:
+            # The server's count against the estimate: batches are sized by it.
+            self.server.on_prompt_usage(sum(r.prefill_tokens for r in requests), usage[0])
         prompt_parts, completion_parts = split_usage(usage, requests, answers.choices)
         if usage[2]:
             for request, prompt, completion in zip(

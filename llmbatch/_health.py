@@ -74,6 +74,7 @@ class Health:
                 limit = server.bulk_limit
                 grew = grew or limit > seats.bulk_cap
                 scheduler.set_bulk_limit(limit, seats.index)
+            scheduler.set_batch_prefill(server.batch_prefill, seats.index)
             pace = server.bulk_pace
             if pace is None:
                 if seats.pace is not None:

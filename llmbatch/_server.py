@@ -238,6 +238,16 @@ class Server:
         return slo is not None and slo.pace
 
     @property
+    def batch_prefill(self) -> float | None:
+        """The most estimated prompt tokens one batch should carry here (None: no
+        cap): one engine step's worth, as its kind takes them."""
+        return self.controller.batch_prefill_cap(self.dialect.step_tokens)
+
+    def on_prompt_usage(self, estimated: int, counted: int) -> None:
+        """A batch's prompt tokens: the client's estimate, and the server's count."""
+        self.controller.on_prompt_usage(estimated, counted)
+
+    @property
     def bulk_pace(self) -> Pace | None:
         """How fast bulk prompt tokens may go here now (None: unpaced)."""
         return self.controller.pace()

@@ -350,6 +350,11 @@ class Scheduler:
         ``Limits.max_in_flight``."""
         self.seats[replica].set_bulk_limit(sequences)
 
+    def set_batch_prefill(self, tokens: float | None, replica: int = 0) -> None:
+        """Keep each batch to ``replica`` within ``tokens`` estimated prompt tokens
+        (None: no cap)."""
+        self.seats[replica].batch_prefill = math.inf if tokens is None else max(1.0, tokens)
+
     def set_pace(
         self, tokens_per_second: float | None, slice_tokens: float = 0.0, replica: int = 0
     ) -> None:
@@ -567,8 +572,10 @@ class Scheduler:
                 room_tokens, busy = int(shared_tokens), self.in_flight > 0
         limit = min(policy.max_batch_size, room_seqs, group.head().spec.max_batch)
         tier = self._tiers[priority]
+        step = seats.batch_prefill
         if tier.tenanted and len(tier.families[group.family]) > 1:
-            return self._plan_mixed(tier, group, limit, room_tokens, busy, (paced, first))
+            return self._plan_mixed(tier, group, limit, room_tokens, busy, (paced, first), step)
+        measure = pace is not None or step != math.inf
         count = tokens = prefill = 0
         for request in group.items:
             if request.state != _QUEUED:
@@ -579,9 +586,11 @@ class Scheduler:
             over_batch = count and tokens + cost > policy.max_batch_tokens
             # An oversize request may go alone, but only onto an otherwise idle server.
             over_room = tokens + cost > room_tokens and (count or busy)
-            prompt = request.prefill_tokens if pace is not None else 0
+            prompt = request.prefill_tokens if measure else 0
             over_pace = prefill + prompt > (paced if count else first)
-            if over_batch or over_room or over_pace:
+            # A batch is at most one engine step's prompts, so not one long prefill.
+            over_step = count and prefill + prompt > step
+            if over_batch or over_room or over_pace or over_step:
                 break
             count += 1
             tokens += cost
@@ -596,6 +605,7 @@ class Scheduler:
         room_tokens: int,
         busy: bool,
         paced: tuple[float, float],
+        step: float = math.inf,
     ) -> tuple[int, int, list[Request]]:
         """A batch from ``first``'s family: each place goes to the tenant served least
         for its weight so far (counting what this batch already gives it), ``first``
@@ -620,9 +630,11 @@ class Scheduler:
             cost = request.est_tokens
             over_batch = taken and tokens + cost > policy.max_batch_tokens
             over_room = tokens + cost > room_tokens and (taken or busy)
-            prompt = request.prefill_tokens if pace_room != math.inf else 0
+            measure = pace_room != math.inf or step != math.inf
+            prompt = request.prefill_tokens if measure else 0
             over_pace = prefill + prompt > (pace_room if taken else pace_first)
-            if over_batch or over_room or over_pace:
+            over_step = taken and prefill + prompt > step
+            if over_batch or over_room or over_pace or over_step:
                 break
             taken.append(request)
             tokens += cost

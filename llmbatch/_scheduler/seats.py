@@ -7,6 +7,8 @@ from its controller); the scheduler books what it sends here and routes by it.
 
 from __future__ import annotations
 
+import math
+
 from llmbatch._buckets import TokenBucket
 from llmbatch._config import Limits, Priority
 
@@ -18,6 +20,7 @@ class Seats:
 
     __slots__ = (
         "active",
+        "batch_prefill",
         "bulk_cap",
         "bulk_in_flight",
         "bulk_in_flight_tokens",
@@ -52,6 +55,9 @@ class Seats:
         """False once removed: it takes nothing new, and its in-flight work drains."""
         self.pace: TokenBucket | None = None
         """Bulk prompt tokens it may be sent, refilled by time (None: unpaced)."""
+        self.batch_prefill = math.inf
+        """The most estimated prompt tokens one batch may carry here (one engine
+        step's worth; a single prompt goes whatever its size)."""
         self.set_bulk_limit(limits.max_in_flight - limits.reserved_realtime)
 
     def set_bulk_limit(self, sequences: int) -> None:

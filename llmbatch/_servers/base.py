@@ -61,7 +61,15 @@ class Dialect:
     depends on what the server says about itself. (A plain class, not a dataclass:
     each kind's module makes one at import.)"""
 
-    __slots__ = ("info_path", "kind", "metrics", "owners", "priority_refused", "too_long")
+    __slots__ = (
+        "info_path",
+        "kind",
+        "metrics",
+        "owners",
+        "priority_refused",
+        "step_tokens",
+        "too_long",
+    )
 
     def __init__(
         self,
@@ -72,6 +80,7 @@ class Dialect:
         too_long: tuple[re.Pattern[str], ...] = (),
         priority_refused: re.Pattern[str] | None = None,
         metrics: Mapping[str, str] | None = None,
+        step_tokens: int | None = None,
     ) -> None:
         self.kind = kind
         self.owners = owners
@@ -87,6 +96,10 @@ class Dialect:
         self.metrics: Mapping[str, str] = metrics or {}
         """Its ``/metrics`` series llmbatch reads, by what they measure (``waiting``,
         ``running``, ``kv``, ``tpot_sum``/``tpot_count``, ``itl_*``, ``ttft_*``)."""
+        self.step_tokens = step_tokens
+        """The prompt tokens one engine step takes by default (vLLM's
+        ``max_num_batched_tokens``): a batch's prompts are kept within it, so a batch
+        is not one long prefill (None: not known, no such cap)."""
 
     def __repr__(self) -> str:
         return f"<Dialect {self.kind}>"

@@ -42,6 +42,8 @@ DIALECT = _LlamaCpp(
         # size, try increasing it" (no count in the text).
         re.compile(r"exceeds the available context size"),
     ),
+    # Its logical batch (-b), 2,048 by default: the prompt tokens one decode call takes.
+    step_tokens=2048,
     metrics={
         "llamacpp:requests_deferred": "waiting",
         "llamacpp:requests_processing": "running",

@@ -114,6 +114,10 @@ DIALECT = _VLLM(
         re.compile(r"maximum context length of (?P<limit>\d+)"),
     ),
     priority_refused=re.compile(r"priority scheduling is not enabled", re.IGNORECASE),
+    # max_num_batched_tokens: vLLM's API server defaults to 2,048 on most hardware and
+    # 8,192 on an H100 (engine/arg_utils.py, 0.32); 8,192 is also the launcher's
+    # latency profile. A middle value: it keeps long prompts from one long prefill.
+    step_tokens=8192,
     metrics={
         "vllm:num_requests_waiting": "waiting",
         "vllm:num_requests_running": "running",

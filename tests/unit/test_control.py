@@ -484,3 +484,18 @@ def test_the_queue_a_try_asks_for_is_not_taken_for_a_real_one() -> None:
         now += 0.05
     assert controller.state().inferences[0] == before  # no evidence either way
     assert controller.capacity.seats == 16
+
+
+def test_batches_are_sized_by_the_servers_count_of_prompt_tokens() -> None:
+    controller = AdmissionController(ceiling=256, max_reserve=1)
+    assert controller.batch_prefill_cap(None) is None
+    assert controller.batch_prefill_cap(8192) == 8192  # the estimate, until counted
+    for _ in range(30):  # a tokenizer of about one token a byte: 4x the estimate
+        controller.on_prompt_usage(1000, 4000)
+    cap = controller.batch_prefill_cap(8192)
+    assert cap is not None
+    assert 2000 <= cap <= 2100
+    controller.on_prompt_usage(0, 100)  # nothing estimated: no reading
+    controller.on_prompt_usage(10, 10_000)  # beyond belief: held to 8x
+    assert controller.prompt_ratio is not None
+    assert controller.prompt_ratio <= 8.0

@@ -436,3 +436,25 @@ def test_unpaced_again_sends_everything_queued() -> None:
     assert [len(b.requests) for b in s.poll(0.0).batches] == [1]
     s.set_pace(None)
     assert [len(b.requests) for b in s.poll(0.0).batches] == [3]
+
+
+def test_a_batch_is_kept_to_one_engine_steps_prompt_tokens() -> None:
+    # Prompts of 20 estimated tokens ("x" * 76: 76 // 4 + 1), a step of 50: two a
+    # batch, where 64 would have been one long prefill.
+    s = scheduler(BatchPolicy(max_batch_size=64, max_wait=0.0), max_in_flight=256)
+    s.set_batch_prefill(50.0)
+    for _ in range(5):
+        s.add(make(BULK, prompt="x" * 76))
+    assert [len(b.requests) for b in s.poll(0.0).batches] == [2, 2, 1]
+    s.set_batch_prefill(None)
+    for _ in range(5):
+        s.add(make(BULK, prompt="x" * 76))
+    assert [len(b.requests) for b in s.poll(1.0).batches] == [5]
+
+
+def test_a_prompt_larger_than_a_step_still_goes_alone() -> None:
+    s = scheduler(BatchPolicy(max_batch_size=64, max_wait=0.0), max_in_flight=256)
+    s.set_batch_prefill(50.0)
+    s.add(make(BULK, prompt="x" * 400))  # 101 tokens
+    s.add(make(BULK, prompt="x" * 76))
+    assert [len(b.requests) for b in s.poll(0.0).batches] == [1, 1]
