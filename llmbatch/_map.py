@@ -75,7 +75,14 @@ def check_inputs(inputs: object, window: object) -> None:
 class _Run:
     """One map call: the window, the items in flight and the results not yet taken."""
 
-    def __init__(self, window: int, tracker: ProgressTracker | None, *, collect: bool) -> None:
+    def __init__(
+        self,
+        window: int,
+        tracker: ProgressTracker | None,
+        *,
+        collect: bool,
+        structured: Callable[[_Run, Request], Result[Any] | None],
+    ) -> None:
         self.free = window
         self.refill = max(1, min(_MAX_REFILL, window // _REFILL_FRACTION))
         self.tracker = tracker
@@ -95,9 +102,9 @@ class _Run:
         self.specs: dict[Kind, CallSpec] = {}
         """The map's own options validated once, per kind of plain input."""
         self.on_done = self.finished  # one bound method for every item
-        self.structured: Callable[[_Run, Request], Result[Any] | None] = _no_schema
+        self.structured = structured
         """Turns a ``response_model`` item's answer into its result, or sends it
-        back to be corrected (None); the runner sets it."""
+        back to be corrected (None)."""
         self.trace_parent: object = None
         """The caller's trace context, for the items' spans (when tracing is on)."""
         self._room = anyio.Event()
@@ -168,10 +175,6 @@ class _Run:
         return not self.pending if self.collect else not self.outstanding and not self.ready
 
 
-def _no_schema(run: _Run, request: Request) -> Result[Any] | None:  # pragma: no cover
-    raise AssertionError("a response_model item in a run without a runner")
-
-
 class MapRunner:
     """Feeds inputs into the engine from the client's task group; the caller only
     reads results."""
@@ -181,8 +184,7 @@ class MapRunner:
         self._tg = task_group
 
     def _run(self, window: int, tracker: ProgressTracker | None, *, collect: bool) -> _Run:
-        run = _Run(window, tracker, collect=collect)
-        run.structured = self._structured
+        run = _Run(window, tracker, collect=collect, structured=self._structured)
         if self._submitter.tracer is not None:
             run.trace_parent = self._submitter.tracer.capture()
         return run

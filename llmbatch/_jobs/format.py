@@ -45,6 +45,7 @@ __all__ = [
     "JobLine",
     "MalformedLine",
     "SchemaLine",
+    "answer_of",
     "asks_for_json",
     "failure_record",
     "parse_line",
@@ -270,6 +271,12 @@ def _record(custom_id: str, request_id: str, body: dict[str, Any]) -> dict[str, 
     }
 
 
+def answer_of(result: Result[Any]) -> Any:
+    """The server's answer behind a map's result: its ``response`` with a response
+    model (whose value is the validated object), else the value itself."""
+    return result.response if result.response is not None else result.value
+
+
 def result_record(
     custom_id: str, result: Result[Any], *, json_answer: bool = False
 ) -> dict[str, Any]:
@@ -277,7 +284,7 @@ def result_record(
     server's answer, and the validated object as ``parsed`` beside it; with
     ``json_answer``, a body that asked for JSON, the answer's JSON as ``parsed``),
     or the error (with the answer it failed on, when there was one)."""
-    answer = result.response if result.response is not None else result.value
+    answer = answer_of(result)
     if result.error is None:
         assert isinstance(answer, Completion | ChatCompletion | Embedding)
         record = success_record(custom_id, answer)

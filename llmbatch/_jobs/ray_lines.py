@@ -18,6 +18,7 @@ from llmbatch._exceptions import LLMBatchError, ServerInfoError
 from llmbatch._jobs.format import (
     JobLine,
     MalformedLine,
+    answer_of,
     asks_for_json,
     failure_record,
     parse_line,
@@ -171,7 +172,7 @@ class JobLines(_Rows):
                 json_answer = asks_for_json(line.body)
                 out.write(result_record(line.custom_id, result, json_answer=json_answer))
                 if error is None:
-                    answer: Any = result.response if result.response is not None else result.value
+                    answer = answer_of(result)
                     counts["done"] += 1
                     counts["prompt_tokens"] += answer.usage.prompt_tokens
                     counts["completion_tokens"] += answer.usage.completion_tokens

@@ -34,7 +34,7 @@ from llmbatch._exceptions import (
     ServerInfoError,
     UnknownModelError,
 )
-from llmbatch._jobs.format import SchemaLine, result_record
+from llmbatch._jobs.format import SchemaLine, answer_of, result_record
 from llmbatch._jobs.input import PendingInputs, scan_input
 from llmbatch._jobs.output import OutputFile
 from llmbatch._models import Result
@@ -246,9 +246,7 @@ def _record(result: Result[Any], out: OutputFile, summary: JobSummary) -> None:
     custom_id = result.metadata
     out.write(result_record(str(custom_id), result, json_answer=isinstance(custom_id, SchemaLine)))
     if result.error is None:
-        # With a response model the value is the validated object; the answer is
-        # the result's response.
-        answer: Any = result.response if result.response is not None else result.value
+        answer = answer_of(result)
         summary.done += 1
         summary.prompt_tokens += answer.usage.prompt_tokens
         summary.completion_tokens += answer.usage.completion_tokens
