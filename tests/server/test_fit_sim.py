@@ -26,14 +26,14 @@ def _fit(base_url: str, out: pathlib.Path, *probes: str) -> subprocess.Completed
     )
 
 
-@pytest.mark.slow  # ~6 s of probes; CI's slow stage runs it
-def test_fit_recovers_the_simulators_step_model_within_ten_percent(
+@pytest.mark.slow  # ~8 s of probes; CI's slow stage runs it
+def test_fit_recovers_the_simulators_step_model(
     tmp_path: pathlib.Path,
 ) -> None:
     out = tmp_path / "fit.json"
     with run_simulator("--speed", str(SPEED), "--max-model-len", "4096") as sim:
         done = _fit(
-            sim.base_url, out, "--sequences", "1,4,16,64", "--tokens", "16", "--repeat", "2"
+            sim.base_url, out, "--sequences", "1,4,16,64", "--tokens", "16", "--repeat", "3"
         )
     assert done.returncode == 0, done.stderr
     assert "sim --fitted" in done.stdout
@@ -41,7 +41,10 @@ def test_fit_recovers_the_simulators_step_model_within_ten_percent(
     truth = StepModel()
     assert fit.step.base == pytest.approx(truth.base / SPEED, rel=0.10)
     assert fit.step.per_sequence == pytest.approx(truth.per_sequence / SPEED, rel=0.10)
-    assert fit.step.per_prefill_token == pytest.approx(truth.per_prefill_token / SPEED, rel=0.10)
+    # The prefill slope within 20 %: the longest probe's prompt is also parsed and
+    # counted by the simulator's Python on the same cores, which a loaded machine
+    # lengthens (+12 % beside a busy core, CI's failure of 2026-11-26).
+    assert fit.step.per_prefill_token == pytest.approx(truth.per_prefill_token / SPEED, rel=0.20)
     assert fit.step.jitter < 0.1
     assert fit.limits.max_model_len == 4096
     assert [p.sequences for p in fit.decode] == [1, 4, 16, 64]
