@@ -381,11 +381,14 @@ class AdmissionController:
 
     def batch_prefill_cap(self, step_tokens: int | None) -> float | None:
         """The most estimated prompt tokens one batch should carry: one engine step's
-        worth (``step_tokens``, counted as the server counts), so a batch is not one
-        long prefill that stalls the decodes beside it (None: no cap)."""
+        worth (``step_tokens``, counted as the server counts) less a token for each
+        sequence running there (the step's decodes take their tokens first), so a
+        batch is not one long prefill that stalls the decodes beside it (None: no
+        cap)."""
         if step_tokens is None:
             return None
-        return step_tokens / (self.prompt_ratio or 1.0)
+        free = max(step_tokens - (self.running or 0), step_tokens / 2)
+        return free / (self.prompt_ratio or 1.0)
 
     def on_answer(self) -> None:
         """An answer that was not a 429 or 503."""

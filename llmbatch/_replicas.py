@@ -37,31 +37,30 @@ class Replica:
         ])
     """
 
-    __slots__ = ("_api_key", "base_url", "max_num_seqs")
+    __slots__ = ("_api_key", "base_url", "max_num_batched_tokens", "max_num_seqs")
 
     @checked_arguments
     def __init__(
-        self, base_url: str, *, api_key: str | None = None, max_num_seqs: int | None = None
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
     ) -> None:
         self.base_url = check_base_url(base_url)
         """The replica's OpenAI-style base URL (``http://host:port/v1``), no trailing slash."""
         self._api_key = check_api_key(api_key)
-        if max_num_seqs is not None and (
-            isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int)
-        ):
-            raise ConfigTypeError(
-                f"max_num_seqs must be a positive int, got {type(max_num_seqs).__name__}",
-                field="max_num_seqs",
-            )
-        if max_num_seqs is not None and max_num_seqs < 1:
-            raise ConfigError(
-                f"max_num_seqs must be a positive int, got {max_num_seqs}", field="max_num_seqs"
-            )
-        self.max_num_seqs = max_num_seqs
+        self.max_num_seqs = _positive("max_num_seqs", max_num_seqs)
         """How many sequences the server runs at once (vLLM's ``--max-num-seqs``, as
         ``llmbatch-server fit`` finds it), if you know it: bulk then stays below it
         by the realtime reserve, instead of the client learning it from a queue that
         lasts (None: learnt; llama.cpp's server states its own slots)."""
+        self.max_num_batched_tokens = _positive("max_num_batched_tokens", max_num_batched_tokens)
+        """The prompt tokens one engine step takes (vLLM's ``--max-num-batched-tokens``,
+        llama.cpp's ``--batch-size``), if you know it: a bulk batch then carries at
+        most one step of prompts less the running decodes (None: the kind's default,
+        docs/concepts.md "Batches sized by the engine's step")."""
 
     @property
     def api_key(self) -> str | None:
@@ -70,8 +69,15 @@ class Replica:
 
     def __repr__(self) -> str:
         key = ", api_key=<set>" if self._api_key else ""
-        seats = "" if self.max_num_seqs is None else f", max_num_seqs={self.max_num_seqs}"
-        return f"Replica({self.base_url!r}{key}{seats})"
+        stated = "".join(
+            f", {name}={value}"
+            for name, value in (
+                ("max_num_seqs", self.max_num_seqs),
+                ("max_num_batched_tokens", self.max_num_batched_tokens),
+            )
+            if value is not None
+        )
+        return f"Replica({self.base_url!r}{key}{stated})"
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Replica) and other.base_url == self.base_url
@@ -112,7 +118,12 @@ def resolve(base_url: object, api_key: str | None) -> list[Replica]:
 def with_default_key(replica: Replica, api_key: str | None) -> Replica:
     """``replica`` as it is if it has a key of its own, else with ``api_key``."""
     if replica.api_key is None and api_key is not None:
-        return Replica(replica.base_url, api_key=api_key, max_num_seqs=replica.max_num_seqs)
+        return Replica(
+            replica.base_url,
+            api_key=api_key,
+            max_num_seqs=replica.max_num_seqs,
+            max_num_batched_tokens=replica.max_num_batched_tokens,
+        )
     return replica
 
 
@@ -157,3 +168,16 @@ def check_api_key(key: object) -> str | None:
             field="api_key",
         )
     return key
+
+
+def _positive(name: str, value: object) -> int | None:
+    """``value`` if it is None or a positive int; else a typed error naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigTypeError(
+            f"{name} must be a positive int, got {type(value).__name__}", field=name
+        )
+    if value < 1:
+        raise ConfigError(f"{name} must be a positive int, got {value}", field=name)
+    return value

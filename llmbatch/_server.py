@@ -240,8 +240,10 @@ class Server:
     @property
     def batch_prefill(self) -> float | None:
         """The most estimated prompt tokens one batch should carry here (None: no
-        cap): one engine step's worth, as its kind takes them."""
-        return self.controller.batch_prefill_cap(self.dialect.step_tokens)
+        cap): one engine step's worth (as stated on its ``Replica``, else as its kind
+        takes them), less the decodes running there."""
+        step = self.replica.max_num_batched_tokens or self.dialect.step_tokens
+        return self.controller.batch_prefill_cap(step)
 
     def on_prompt_usage(self, estimated: int, counted: int) -> None:
         """A batch's prompt tokens: the client's estimate, and the server's count."""

@@ -1,37 +1,39 @@
-"""The engine's own ceiling: vLLM's offline ``LLM.generate`` with the same engine
-arguments and prompts, beside llmbatch and the baselines over HTTP.
+"""The engine's own ceiling: vLLM's offline ``LLM.generate`` with the engine
+arguments ``vllm serve`` gets, the yardstick of ``llmbatch bench --vllm MODEL
+--scenario ceiling``.
 
-    python -m llmbatch_bench.ceiling --model DIR --vllm-bin VENV/bin/vllm \\
-        --prompts short --n 2000 [-- extra vllm serve flags]
-
-First the offline run, in the vLLM installation's own Python (its ``EngineArgs``
-parse the very flags ``vllm serve`` would get: the launcher's profile plus the
-extra ones), timed around ``LLM.generate`` alone; then ``vllm serve`` with those
-flags, and a bulk run of each client on prompts of its own (no prefix-cache
-gifts). Every client's prompts/s and output tokens/s are printed as a share of
-the offline run's.
+The offline run goes first, in the vLLM installation's own Python (its
+``EngineArgs`` parse the very flags ``vllm serve`` would get: the launcher's profile
+plus the extra ones), timed around ``LLM.generate`` alone, with the CPU of that
+process and its children (the engine core) over the same span. Then the harness
+starts ``vllm serve`` with those flags and runs each client's bulk work on prompts
+of its own (no prefix-cache gifts); the report gives each as a share of this run.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from llmbatch_bench.jobs import PROMPTS_ENV, prompts
+from llmbatch_bench.config import BenchConfig
+from llmbatch_bench.jobs import prompts
 
-__all__ = ["main", "offline_argv", "offline_ceiling"]
+__all__ = ["OFFLINE_PROMPT_START", "measure", "offline_argv", "offline_ceiling", "python_of"]
+
+#: The offline run's prompts are numbered from here, apart from the HTTP runs'.
+OFFLINE_PROMPT_START = 50_000_000
 
 #: Run by the vLLM installation's Python: parse ``vllm serve``'s flags into its own
 #: EngineArgs, build an LLM from them, and time one ``generate`` of the prompts.
 _OFFLINE = r"""
 import dataclasses, json, sys, time
+import psutil
 spec = json.load(sys.stdin)
 try:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -44,11 +46,22 @@ engine = EngineArgs.from_cli_args(parser.parse_args(spec["argv"]))
 llm = LLM(**{f.name: getattr(engine, f.name) for f in dataclasses.fields(engine)})
 params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True)
 llm.generate(spec["warmup"], params, use_tqdm=False)
+me = psutil.Process()
+def cpu(process):
+    times = process.cpu_times()
+    return times.user + times.system
+engines = me.children(recursive=True)
+before = (cpu(me), sum(cpu(p) for p in engines))
 started = time.perf_counter()
 outputs = llm.generate(spec["prompts"], params, use_tqdm=False)
 seconds = time.perf_counter() - started
+after = (cpu(me), sum(cpu(p) for p in engines))
 tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-result = {"seconds": seconds, "prompts": len(outputs), "output_tokens": tokens}
+result = {
+    "seconds": seconds, "prompts": len(outputs), "output_tokens": tokens,
+    # The LLM's own process (scheduling, detokenizing) and its engine core's.
+    "front_cpu_s": after[0] - before[0], "engine_cpu_s": after[1] - before[1],
+}
 print("CEILING " + json.dumps(result))
 """
 
@@ -111,70 +124,28 @@ def offline_ceiling(
     return result
 
 
-def _python_of(vllm_bin: str) -> str:
-    """The Python beside a ``vllm`` executable (its installation's)."""
-    candidate = Path(vllm_bin).resolve().parent / "python"
+def python_of(vllm_bin: str | None) -> str:
+    """The Python beside a ``vllm`` executable (its installation's; ``vllm`` on PATH
+    when None)."""
+    found = shutil.which(vllm_bin or "vllm")
+    if found is None:
+        raise RuntimeError(f"the ceiling scenario cannot find {vllm_bin or 'vllm'!r}")
+    candidate = Path(found).resolve().parent / "python"
     return str(candidate) if candidate.exists() else sys.executable
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra: list[str] = []
-    if "--" in argv:
-        split = argv.index("--")
-        argv, extra = argv[:split], argv[split + 1 :]
-    p = argparse.ArgumentParser(prog="python -m llmbatch_bench.ceiling", description=__doc__)
-    p.add_argument("--model", required=True, help="the model directory or name")
-    p.add_argument("--vllm-bin", default="vllm", help="the vllm executable (default: vllm)")
-    p.add_argument("--profile", default="latency", help="the launcher's profile")
-    p.add_argument("--prompts", default="short", help="short, standard, long or mixed")
-    p.add_argument("--n", type=int, default=2000, help="prompts a run (default: 2000)")
-    p.add_argument("--max-tokens", type=int, default=4, help="tokens a prompt (default: 4)")
-    p.add_argument("--clients", default="llmbatch,aiohttp,openai", help="clients over HTTP")
-    p.add_argument("--json", help="write the result here")
-    args = p.parse_args(argv)
-    os.environ[PROMPTS_ENV] = args.prompts
-    texts = list(prompts(args.n, start=50_000_000))  # the HTTP runs use their own
-    engine_argv = offline_argv(args.model, args.profile, extra)
-    print(f"offline: LLM(**EngineArgs({' '.join(engine_argv)}))", file=sys.stderr)
-    ceiling = offline_ceiling(_python_of(args.vllm_bin), engine_argv, texts, args.max_tokens)
-    print(
-        f"offline LLM.generate: {ceiling['prompts_per_s']:.1f} prompts/s, "
-        f"{ceiling['output_tokens_per_s']:.0f} output tokens/s"
+def measure(config: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]:
+    """The offline run of ``config``: ``config.n`` prompts of its shape (numbered
+    apart from every HTTP run's), ``config.max_tokens`` each."""
+    if config.vllm_model is None:
+        raise ValueError("the ceiling scenario runs vLLM's offline engine: it needs --vllm MODEL")
+    argv = offline_argv(config.vllm_model, config.vllm_profile, config.vllm_args)
+    progress(f"ceiling: LLM.generate of {config.n} prompts, LLM(**EngineArgs({' '.join(argv)}))")
+    texts = list(prompts(config.n, start=OFFLINE_PROMPT_START))
+    result = offline_ceiling(python_of(config.vllm_bin), argv, texts, config.max_tokens)
+    result.update(engine_argv=argv, prompt_shape=config.prompts)
+    progress(
+        f"ceiling: {result['prompts_per_s']:.1f} prompts/s, "
+        f"{result['output_tokens_per_s']:.0f} output tokens/s offline"
     )
-    report_path = Path(tempfile.mkdtemp()) / "bulk.json"
-    bench = [
-        sys.executable, "-m", "llmbatch_bench", "--vllm", args.model, "--vllm-bin", args.vllm_bin,
-        "--vllm-profile", args.profile, "--scenario", "bulk", "--prompts", args.prompts,
-        "--n", str(args.n), "--max-tokens", str(args.max_tokens), "--clients", args.clients,
-        "--concurrency", "64", "--quiet", "--json", str(report_path),
-    ]  # fmt: skip
-    if extra:
-        bench += ["--", *extra]
-    run = subprocess.run(bench, capture_output=True, text=True, timeout=1800, check=False)
-    if run.returncode != 0:
-        print(run.stderr[-3000:], file=sys.stderr)
-        return run.returncode
-    report = json.loads(report_path.read_text())
-    rows = []
-    for summary in report["summaries"]:
-        share = summary["prompts_per_s"] / ceiling["prompts_per_s"]
-        rows.append(
-            {
-                "client": summary["label"],
-                "prompts_per_s": summary["prompts_per_s"],
-                "of_ceiling": share,
-            }
-        )
-        print(
-            f"{summary['label']:9s} {summary['prompts_per_s']:8.1f} prompts/s "
-            f"= {share:.2f}x the ceiling"
-        )
-    if args.json:
-        out = {"ceiling": ceiling, "engine_argv": engine_argv, "clients": rows, "bench": report}
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return result

@@ -329,6 +329,11 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if args.scale is not None:
         chosen.add("scale")
     scenarios = tuple(s for s in SCENARIOS if s in chosen)
+    if "ceiling" in scenarios and not args.vllm:
+        raise ValueError(
+            "the ceiling scenario runs vLLM's offline LLM.generate with the server's own "
+            "engine flags: it needs --vllm MODEL"
+        )
     for name in (
         "n",
         "max_tokens",

@@ -38,15 +38,16 @@ __all__ = [
     "BenchConfig",
 ]
 
-SERVER_SCENARIOS = ("sweep", "bulk", "bulk-chat", "mixed")
+SERVER_SCENARIOS = ("sweep", "bulk", "ceiling", "bulk-chat", "mixed")
 CLOSED_SCENARIOS = ("slo", "saturate", "outage", "control")
 REPLICA_SCENARIOS = ("replicas",)
 HOT_SCENARIOS = ("overhead", "chat", "embed", "single", "burst", "dropin", "transport", "scale")
 #: What "all" (the default) leaves out: scenarios without a target (bulk-chat, the
 #: chat batch route against one request per chat; embed needs a
-#: server with /v1/embeddings), diagnostics, the long 1M-prompt run, and the
-#: replicas scenario (four simulators at a time, minutes).
-EXTRA_SCENARIOS = ("bulk-chat", "replicas", "embed", "transport", "scale")
+#: server with /v1/embeddings), diagnostics, the long 1M-prompt run, the
+#: replicas scenario (four simulators at a time, minutes) and the ceiling (vLLM's
+#: offline engine: it needs --vllm).
+EXTRA_SCENARIOS = ("bulk-chat", "ceiling", "replicas", "embed", "transport", "scale")
 #: Every scenario, in the order a run takes them.
 SCENARIOS = (*SERVER_SCENARIOS, *CLOSED_SCENARIOS, *REPLICA_SCENARIOS, *HOT_SCENARIOS)
 #: The simulator's calibrated default profile, 100x faster so a full run takes minutes.

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from llmbatch import __version__
-from llmbatch_bench import closedplan, hotplan, replicaplan
+from llmbatch_bench import ceiling, closedplan, hotplan, replicaplan
 from llmbatch_bench.config import (
     CLOSED_SCENARIOS,
     HOT_SCENARIOS,
@@ -65,15 +65,20 @@ def run_bench(
         "closed_loop_server": None,
         "hot_server": None,
         "replicas_server": None,
+        "ceiling": None,
     }
     main = [s for s in SERVER_SCENARIOS if s in config.scenarios]
     hot = [s for s in HOT_SCENARIOS if s in config.scenarios]
     closed = [s for s in CLOSED_SCENARIOS if s in config.scenarios]
+    if "ceiling" in main:
+        # Before the server starts: the engine alone on the machine (and the GPU).
+        servers["ceiling"] = ceiling.measure(config, progress)
     if main:
         with _main_server(config) as server:
             progress(f"server: {server.base_url} model={server.model} sim_args={server.sim_args}")
             servers["server"] = _describe(server, config.url)
             runner = _Runner(config, server, runs, notes, progress)
+            runner.ceiling_result = servers.get("ceiling")
             for scenario in main:
                 getattr(runner, scenario.replace("-", "_"))(contenders)
     if closed:
@@ -221,6 +226,8 @@ class _Runner:
             config.priority_scheduling if config.priority_scheduling is not None else auto
         )
         self._prompts_used = 0
+        self.ceiling_result: dict[str, Any] | None = None
+        """The offline run the ceiling scenario's jobs are judged against."""
         """Bulk prompts handed out so far: the next job's start (no prefix-cache
         hits on an earlier job's prompts)."""
         if hot:
@@ -325,6 +332,23 @@ class _Runner:
                     kind="bulk", scenario="bulk", contender=name, n=c.n, max_tokens=c.max_tokens
                 )
             )
+
+    def ceiling(self, contenders: Sequence[str]) -> None:
+        """The bulk work again, each client judged against vLLM's offline run of the
+        same prompt shape and count (:mod:`.ceiling`, measured before the server
+        started)."""
+        c = self.config
+        offline = self.ceiling_result or {}
+        context = {
+            "ceiling_prompts_per_s": offline.get("prompts_per_s"),
+            "ceiling_output_tokens_per_s": offline.get("output_tokens_per_s"),
+            "prompt_shape": c.prompts,
+        }
+        for name in contenders:
+            job = self.job(
+                kind="bulk", scenario="ceiling", contender=name, n=c.n, max_tokens=c.max_tokens
+            )
+            self.run(job, context)
 
     def bulk_chat(self, contenders: Sequence[str]) -> None:
         """Conversations instead of prompts: llmbatch's ``map`` (the chat batch route

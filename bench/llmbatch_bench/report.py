@@ -9,6 +9,7 @@ scenarios' in :mod:`.report_hot`, plots in :mod:`.plots`.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ def render(report: Mapping[str, Any]) -> str:
     sections = [
         _sweep(report),
         _bulk(report),
+        _ceiling(report),
         _bulk(report, "bulk-chat"),
         _mixed(report),
         *report_closed.sections(report),
@@ -141,6 +143,59 @@ def _bulk(report: Mapping[str, Any], scenario: str = "bulk") -> str:
             "one chat.completions.create per conversation. " + note
         )
     return section("Bulk" if scenario == "bulk" else "Bulk chat", table(headers, rows), note)
+
+
+def _ceiling(report: Mapping[str, Any]) -> str:
+    """Each client as a share of vLLM's offline run (the first row), with the CPU
+    each process spent a prompt: the client's, the API server's, the engine's."""
+    offline = report.get("ceiling")
+    runs = runs_of(report, "ceiling")
+    if not offline:
+        return ""
+    rows = [
+        [
+            "vLLM LLM.generate (offline)",
+            f"{offline['prompts']}/{offline['prompts']}",
+            num(offline["prompts_per_s"]),
+            num(offline["output_tokens_per_s"]),
+            "1.00x",
+            "-",
+            num(offline.get("front_cpu_s", math.nan) / offline["prompts"] * 1e6, 0),
+            num(offline.get("engine_cpu_s", math.nan) / offline["prompts"] * 1e6, 0),
+        ]
+    ]
+    for r in runs:
+        share = r["prompts_per_s"] / offline["prompts_per_s"]
+        rows.append(
+            [
+                r["label"],
+                f"{r['ok']}/{r['requested']}",
+                num(r["prompts_per_s"]),
+                num(r["output_tokens_per_s"]),
+                f"{share:.2f}x",
+                num(r["cpu_us_per_prompt"], 1),
+                server_cpu_per_prompt(r),
+                server_cpu_per_prompt(r, "engine_cpu_s"),
+            ]
+        )
+    headers = [
+        "client",
+        "ok",
+        "prompts/s",
+        "tokens/s",
+        "of the ceiling",
+        "client CPU µs/prompt",
+        "API server CPU µs/prompt",
+        "engine CPU µs/prompt",
+    ]
+    note = (
+        f"The ceiling: vLLM's offline LLM.generate of {offline['prompts']} "
+        f"{offline.get('prompt_shape', '')} prompts with the engine flags vllm serve got "
+        "(measured before the server started), then each client over HTTP on prompts of "
+        "its own. For the offline row, 'API server' is the LLM's own process "
+        "(scheduling, detokenizing) and 'engine' its engine core."
+    )
+    return section("The engine's ceiling", table(headers, rows), note)
 
 
 def _mixed(report: Mapping[str, Any]) -> str:

@@ -20,9 +20,11 @@ from llmbatch_bench.metrics import RunMetrics
 from llmbatch_bench.summary import Summary, find_summary, ratio, summarize
 
 __all__ = [
+    "BASELINE_RATIO",
     "BULK_RATIO",
     "BURST_CPU_RATIO",
     "BURST_RSS_MB",
+    "CEILING_RATIO",
     "CHAT_RATIO",
     "CPU_RATIO",
     "CPU_US",
@@ -38,6 +40,11 @@ __all__ = [
 ]
 
 BULK_RATIO = 0.95
+#: llmbatch / vLLM's offline ``LLM.generate`` on the same engine, prompts/s: short
+#: prompts (the API server's own cost dominates), then every other shape.
+CEILING_RATIO = {"short": 0.95, "other": 0.9}
+#: llmbatch / the best baseline's prompts/s in the ceiling scenario: short, others.
+BASELINE_RATIO = {"short": 2.0, "other": 1.0}
 REALTIME_RATIO = 1.5
 #: Client CPU per prompt of ``map`` at 64 prompts per request (µs).
 CPU_US = 20.0
@@ -123,6 +130,7 @@ def evaluate(runs: Sequence[RunMetrics], scenarios: Collection[str] | None = Non
     summaries = summarize(runs)
     groups: list[tuple[tuple[str, ...], Callable[[], list[Target]]]] = [
         (("bulk", "sweep"), lambda: [_bulk(runs)]),
+        (("ceiling",), lambda: _ceiling(runs)),
         (("mixed",), lambda: [_realtime(runs)]),
         (("overhead",), lambda: _overhead(summaries)),
         (("burst",), lambda: _burst(summaries)),
@@ -158,6 +166,40 @@ def _bulk(runs: Sequence[RunMetrics]) -> Target:
     )
     description = "bulk throughput / server's saturated capacity (best of the sweep)"
     return _target("bulk_throughput", description, value, ">=", BULK_RATIO, "x", detail)
+
+
+def _ceiling(runs: Sequence[RunMetrics]) -> list[Target]:
+    ours = find(runs, "ceiling", "llmbatch")
+    shape = str(ours.extra.get("prompt_shape", "")) if ours else ""
+    key = "short" if shape == "short" else "other"
+    offline = ours.extra.get("ceiling_prompts_per_s") if ours else None
+    value = ratio(ours.prompts_per_s if ours else math.nan, offline or 0.0)
+    detail = (
+        f"llmbatch {ours.prompts_per_s:.0f} prompts/s vs LLM.generate {offline:.0f} "
+        f"prompts/s ({shape} prompts)"
+        if ours and offline
+        else "needs the ceiling scenario (--vllm)"
+    )
+    baselines = [r for r in runs if r.scenario == "ceiling" and r.label != "llmbatch" and r.ok]
+    best = max(baselines, key=lambda r: r.prompts_per_s, default=None)
+    lead = ratio(ours.prompts_per_s if ours else math.nan, best.prompts_per_s if best else 0)
+    lead_detail = (
+        f"llmbatch {ours.prompts_per_s:.0f} vs {best.label} {best.prompts_per_s:.0f} prompts/s"
+        if ours and best
+        else "needs the ceiling scenario and a baseline"
+    )
+    return [
+        _target(
+            "ceiling_share",
+            f"llmbatch prompts/s / vLLM's offline LLM.generate, same engine flags ({shape})",
+            value, ">=", CEILING_RATIO[key], "x", detail,
+        ),
+        _target(
+            "ceiling_vs_baseline",
+            f"llmbatch prompts/s / the best baseline's, same server ({shape})",
+            lead, ">=", BASELINE_RATIO[key], "x", lead_detail,
+        ),
+    ]  # fmt: skip
 
 
 def _realtime(runs: Sequence[RunMetrics]) -> Target:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI: the short form of `llmbatch bench` against a real vLLM (issue #22), so that the
-# bench keeps working on the engine itself; then `llmbatch-server fit` on it, and the
+# bench keeps working on the engine itself: the engine's ceiling (#33), bulk and slo;
+# then `llmbatch-server fit` on it, and the
 # simulator serving that fit. Printed, never judged: the machine is
 # shared, and the figures worth reading come from full runs (docs/benchmarks.md).
 # Usage: server/vllm-cpu/bench-short.sh [PYTHON] [VLLM_VENV]
@@ -23,6 +24,11 @@ trap cleanup EXIT
 PYTHONPATH=server "$VENV/bin/python" -c \
     "import sys; from llmbatch_server.tiny_model import make_tiny_model; make_tiny_model(sys.argv[1])" \
     "$work/model" >/dev/null
+# The engine's ceiling in its short form (~1 min): vLLM's offline LLM.generate with the
+# server's engine flags, then llmbatch and raw aiohttp over HTTP, as shares of it.
+VLLM_CPU_KVCACHE_SPACE=1 timeout --kill-after=30 600 "$PYTHON" -m llmbatch_bench \
+    --vllm "$work/model" --vllm-bin "$VENV/bin/vllm" --scenario ceiling --prompts short \
+    --n 300 --max-tokens 4 --clients llmbatch,aiohttp -- --enforce-eager --max-model-len 1024
 port=$("$PYTHON" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 VLLM_CPU_KVCACHE_SPACE=1 "$PYTHON" -m llmbatch_server vllm --model "$work/model" \
     --profile latency --port "$port" --vllm-bin "$VENV/bin/vllm" --startup-timeout 300 \

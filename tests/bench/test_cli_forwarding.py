@@ -73,6 +73,7 @@ def test_vllm_takes_its_own_arguments_after_the_double_dash() -> None:
         (["--vllm", "m", "--url", "http://127.0.0.1:1/v1"], "exclude each other"),
         (["--vllm", "m", "--sim"], "exclude each other"),
         (["--n", "5", "--", "--enforce-eager"], "need --vllm MODEL"),
+        (["--scenario", "ceiling"], "it needs --vllm MODEL"),
     ],
 )
 def test_vllm_refuses_what_it_cannot_mean(

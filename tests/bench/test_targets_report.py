@@ -78,6 +78,7 @@ def full_set() -> list[RunMetrics]:
         run("sweep", "probe c=256", ok=1000, extra={"concurrency": 256}),
         run("bulk", "llmbatch", ok=960, cpu=0.0096),
         run("bulk", "openai", ok=400, cpu=1.2),
+        *_ceiling_runs("standard"),
         run("idle", "llmbatch", tier="realtime", latency=0.010),
         run("mixed", "llmbatch", tier="realtime", latency=0.014),
         run("idle", "aiohttp", tier="realtime", latency=0.010),
@@ -330,3 +331,52 @@ def test_a_run_lists_only_the_targets_its_scenarios_measure() -> None:
     bulk = {t.id: t for t in evaluate([], ["bulk"])}
     assert set(bulk) == {"bulk_throughput"}
     assert bulk["bulk_throughput"].met is None
+
+
+def _ceiling_runs(shape: str) -> list[RunMetrics]:
+    """llmbatch at 900 prompts/s, aiohttp at 400, beside an offline 1,000."""
+    context = {"ceiling_prompts_per_s": 1000.0, "prompt_shape": shape}
+    return [
+        run("ceiling", "llmbatch", ok=900, extra={**context, "engine_cpu_s": 0.9}),
+        run("ceiling", "aiohttp", ok=400, extra=context),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("shape", "share_met", "lead_met"), [("short", False, True), ("standard", True, True)]
+)
+def test_ceiling_targets_hold_llmbatch_to_the_offline_engine_and_the_best_baseline(
+    shape: str, share_met: bool, lead_met: bool
+) -> None:
+    targets = {t.id: t for t in evaluate(_ceiling_runs(shape), ["ceiling"])}
+    share, lead = targets["ceiling_share"], targets["ceiling_vs_baseline"]
+    assert share.value == pytest.approx(0.9)
+    assert share.threshold == (0.95 if shape == "short" else 0.9)
+    assert share.met is share_met
+    assert lead.value == pytest.approx(2.25)
+    assert lead.threshold == (2.0 if shape == "short" else 1.0)
+    assert lead.met is lead_met
+    assert "LLM.generate 1000 prompts/s" in share.detail
+
+
+def test_ceiling_targets_without_the_scenario_are_unmeasured() -> None:
+    targets = {t.id: t for t in evaluate([], ["ceiling"])}
+    assert targets["ceiling_share"].met is None
+    assert "--vllm" in targets["ceiling_share"].detail
+
+
+def test_ceiling_table_starts_with_the_offline_run_and_gives_each_share() -> None:
+    data = report(_ceiling_runs("short"))
+    data["ceiling"] = {
+        "prompts": 2000, "prompts_per_s": 1000.0, "output_tokens_per_s": 4000.0,
+        "front_cpu_s": 1.0, "engine_cpu_s": 2.0, "prompt_shape": "short",
+    }  # fmt: skip
+    rows = rows_of(render(data), "The engine's ceiling")
+    # ok, prompts/s, tokens/s, share, client CPU, API server CPU, engine CPU
+    assert rows["vLLM LLM.generate (offline)"] == [
+        "2000/2000", "1,000", "4,000", "1.00x", "-", "500", "1,000",
+    ]  # fmt: skip
+    assert rows["llmbatch"][3] == "0.90x"
+    assert rows["llmbatch"][6] == "1,000"  # 0.9 s over 900 prompts
+    assert rows["aiohttp"][3] == "0.40x"
+    assert "### The engine's ceiling" not in render(report(_ceiling_runs("short")))

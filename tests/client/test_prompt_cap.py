@@ -30,3 +30,31 @@ async def test_the_list_cap_is_learnt_from_the_refusal_and_kept(
         assert stats.tiers[llmbatch.Priority.BATCH].failed == 0
     learnt = [r for r in caplog.records if "takes at most 5 prompts" in r.getMessage()]
     assert len(learnt) == 1  # refused once, kept after
+
+
+@pytest.mark.parametrize(("stated", "most"), [(None, 40), (1200, 4)])
+async def test_a_stated_step_budget_keeps_each_batch_to_one_steps_prompts(
+    stated: int | None, most: int
+) -> None:
+    """Prompts of ~300 tokens: the kind's default step (vLLM: 8,192) takes a whole
+    map of 40 in one request; a stated 1,200 takes at most four."""
+    prompts = [f"{i} " + "word " * 300 for i in range(40)]
+    policy = llmbatch.BatchPolicy(max_batch_size=64, max_wait=0.05, send_when_idle=False)
+    with run_simulator("--zero-latency") as sim:
+        replica = llmbatch.Replica(sim.base_url, max_num_batched_tokens=stated)
+        async with llmbatch.Client(replica, batching={"batch": policy}) as client:
+            results = await client.map(prompts, max_tokens=2)
+            stats = client.stats()
+    assert all(r.ok for r in results)
+    assert 1 < stats.max_batch_size <= most
+    if stated is None:
+        assert stats.max_batch_size > 4
+
+
+def test_a_bad_step_budget_is_refused_naming_the_field() -> None:
+    with pytest.raises(llmbatch.ConfigError, match="max_num_batched_tokens"):
+        llmbatch.Replica("http://127.0.0.1:1/v1", max_num_batched_tokens=0)
+    with pytest.raises(TypeError, match="max_num_batched_tokens"):
+        llmbatch.Replica("http://127.0.0.1:1/v1", max_num_batched_tokens=1.5)  # type: ignore[arg-type]
+    replica = llmbatch.Replica("http://127.0.0.1:1/v1", max_num_batched_tokens=4096)
+    assert repr(replica) == "Replica('http://127.0.0.1:1/v1', max_num_batched_tokens=4096)"

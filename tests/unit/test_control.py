@@ -499,3 +499,11 @@ def test_batches_are_sized_by_the_servers_count_of_prompt_tokens() -> None:
     controller.on_prompt_usage(10, 10_000)  # beyond belief: held to 8x
     assert controller.prompt_ratio is not None
     assert controller.prompt_ratio <= 8.0
+
+
+def test_a_batch_leaves_the_running_decodes_their_tokens_of_the_step() -> None:
+    controller = AdmissionController(ceiling=256, max_reserve=1)
+    controller.on_load(1.0, waiting=0, running=100, kv_usage=0.1)
+    assert controller.batch_prefill_cap(2048) == 2048 - 100
+    controller.on_load(2.0, waiting=0, running=2000, kv_usage=0.1)
+    assert controller.batch_prefill_cap(2048) == 1024  # never below half a step
