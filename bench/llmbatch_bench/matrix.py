@@ -14,8 +14,9 @@ saturating bulk; SLO = ``factor`` x the idle per-token time) on one simulator mo
 ``gauges-only``               ``/metrics`` gauges without histograms (older vLLM, proxy)
 ``nothing``                   no ``/metrics``, no load header (most other servers)
 ``load-header-only``          the load header alone
-``transient-queue``           ``--speed 1``: a real engine's step, whose arrivals a
-                              scraper sees waiting although seats are free
+``transient-queue``           ``--speed 1 --queue-gauge live``: a real engine's
+                              step, whose arrivals a scraper sees waiting although
+                              seats are free
                               (realtime at 2/s: the same load on a step ten times
                               as long as the other rows' 20/s)
 ``step-model``                256 seats, step 10 ms + 1 ms a running sequence, SLO
@@ -75,7 +76,7 @@ ROWS: tuple[Row, ...] = (
     Row("load-header-only", "--speed 10 --metrics none", what="the load header alone"),
     Row(
         "transient-queue",
-        "--speed 1",
+        "--speed 1 --queue-gauge live",
         what="a real engine's step: arrivals seen waiting",
         bench_args="--realtime-rate 2",
     ),

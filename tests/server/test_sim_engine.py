@@ -56,6 +56,15 @@ async def _run_until(engine: Engine, done: Callable[[], bool], limit: int = 1_00
         task.cancel()
 
 
+async def _until_step(engine: Engine, step: int) -> None:
+    """Let the running engine (on virtual time) start its ``step``-th step."""
+    for _ in range(100_000):
+        if engine.steps >= step:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the engine stopped stepping")
+
+
 def _engine(vt: VirtualTime, **limits: object) -> Engine:
     return Engine(EngineLimits(**limits), StepModel(), clock=vt.clock, sleep=vt.sleep)  # type: ignore[arg-type]
 
@@ -317,3 +326,41 @@ def test_jitter_spreads_steps_around_the_model_and_is_seeded() -> None:
     assert min(first) >= 0.7 * alone * 0.999
     assert max(first) <= 1.3 * alone * 1.001
     assert max(first) - min(first) > 0.4 * alone  # spread, not every step alike
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("queue_gauge", "seats", "after_arrival", "after_next_step"),
+    [
+        ("step", 8, (1, 0), (2, 0)),  # vLLM v1: the arrival is admitted, never seen waiting
+        ("step", 1, (1, 0), (1, 1)),  # no seat: seen waiting once a step has left it there
+        ("live", 8, (1, 1), (2, 0)),  # a server counting its HTTP queue shows it at once
+    ],
+)
+async def test_the_gauges_show_the_queue_a_step_left_or_the_live_one(
+    queue_gauge: str,
+    seats: int,
+    after_arrival: tuple[int, int],
+    after_next_step: tuple[int, int],
+) -> None:
+    vt = VirtualTime()
+    engine = Engine(
+        EngineLimits(max_num_seqs=seats),
+        StepModel(),
+        clock=vt.clock,
+        sleep=vt.sleep,
+        queue_gauge=queue_gauge,
+    )
+    first, second = Group(), Group()
+    engine.add(first, _seqs(first, 1, target=1000))
+    task = asyncio.ensure_future(engine.run())
+    try:
+        await _until_step(engine, 3)
+        assert engine.gauges == (1, 0)
+        engine.add(second, _seqs(second, 1, target=1000))  # arrives during a step
+        assert (engine.num_running, engine.num_waiting) == (1, 1)
+        assert engine.gauges == after_arrival
+        await _until_step(engine, engine.steps + 2)
+        assert engine.gauges == after_next_step
+    finally:
+        task.cancel()

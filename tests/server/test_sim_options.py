@@ -25,6 +25,13 @@ def test_jitter_and_preemption_are_off_unless_asked() -> None:
     assert asked.limits.preemption is True
 
 
+def test_the_queue_gauge_is_vllms_per_step_reading_unless_asked_live() -> None:
+    assert _config().queue_gauge == "step"
+    assert _config("--queue-gauge", "live").queue_gauge == "live"
+    with pytest.raises(SystemExit):
+        _config("--queue-gauge", "sometimes")
+
+
 @pytest.mark.parametrize("value", ["-0.1", "1", "2.5"])
 def test_a_jitter_outside_its_range_is_refused_naming_the_flag(value: str) -> None:
     with pytest.raises(ValueError, match="--step-jitter must be in"):

@@ -140,11 +140,12 @@ def build_app(config: SimConfig) -> Starlette:
         if config.metrics == "none":
             return JSONResponse({"detail": "Not Found"}, status_code=404)
         engine = sim.engine
+        running, waiting = engine.gauges
         text = metrics.render(
             engine.metrics,
             model=config.model,
-            running=engine.num_running,
-            waiting=engine.num_waiting,
+            running=running,
+            waiting=waiting,
             kv_usage=engine.kv_usage,
             prefix_queries=engine.kv.queries,
             prefix_hits=engine.kv.hits,

@@ -144,6 +144,8 @@ class FaultRates:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
+#: When ``--queue-gauge`` reads the running and waiting gauges.
+QUEUE_GAUGES = ("step", "live")
 #: What ``--metrics`` may ask ``/metrics`` to expose, most first.
 METRICS_LEVELS = ("full", "gauges", "none")
 
@@ -167,6 +169,13 @@ class SimConfig:
     #: ``"gauges"`` (the gauges alone, as an older vLLM or a filtering proxy) or
     #: ``"none"`` (404, as most other OpenAI-compatible servers).
     metrics: str = "full"
+    #: When the running and waiting gauges (``/metrics`` and the load report) are read:
+    #: ``"step"`` as vLLM v1 publishes them, the scheduler's state after each step
+    #: (a request that arrives during a step is in neither until the next step
+    #: schedules it, so a step's arrivals never show as waiting while seats are
+    #: free); ``"live"`` every request not yet running, a step's arrivals included
+    #: (as a server that counts its HTTP queue shows them).
+    queue_gauge: str = "step"
     #: Answer the ``endpoint-load-metrics-format`` request header with a load report
     #: (vLLM's ORCA header); off emulates servers that send none.
     load_header: bool = True
@@ -198,6 +207,8 @@ class SimConfig:
             raise ValueError(f"metrics must be one of {', '.join(METRICS_LEVELS)}")
         if self.max_completion_prompts < 1:
             raise ValueError("max_completion_prompts must be >= 1")
+        if self.queue_gauge not in QUEUE_GAUGES:
+            raise ValueError(f"queue_gauge must be one of {', '.join(QUEUE_GAUGES)}")
         if not 0.0 <= self.invalid_json <= 1.0:
             raise ValueError(f"invalid_json must be a share in [0, 1], got {self.invalid_json!r}")
 

@@ -118,8 +118,12 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         seed: int = 0,
+        queue_gauge: str = "step",
     ) -> None:
         self.limits = limits
+        self._live_gauges = queue_gauge == "live"
+        self._shown = (0, 0)
+        """Running and waiting as the last step left them (vLLM v1's gauges)."""
         self.step_model = step
         self.metrics = EngineMetrics()
         self._clock = clock
@@ -150,6 +154,15 @@ class Engine:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def gauges(self) -> tuple[int, int]:
+        """Running and waiting as ``/metrics`` and the load report show them: after
+        the last step (``queue_gauge="step"``, vLLM v1: a request that arrived during
+        a step is in neither until a step schedules it), or now (``"live"``)."""
+        if self._live_gauges:
+            return len(self._running), len(self._waiting)
+        return self._shown
 
     @property
     def kv_usage(self) -> float:
@@ -198,6 +211,7 @@ class Engine:
         for group in groups:
             self.abort(group)
         self._waiting.clear()
+        self._shown = (0, 0)
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached block no sequence holds."""
@@ -221,6 +235,7 @@ class Engine:
             # Yield even for a zero-cost step so HTTP handlers keep running.
             await self._sleep(max(remaining, 0.0))
             self._advance(batch)
+            self._shown = (len(self._running), len(self._waiting))
 
     # -- one step --------------------------------------------------------------
 

@@ -86,7 +86,8 @@ async def generate(
     fmt = request.headers.get(metrics.LOAD_FORMAT_HEADER)
     if load_report and fmt and sim.config.load_header:
         engine = sim.engine
-        headers = metrics.load_report(fmt, waiting=engine.num_waiting, kv_usage=engine.kv_usage)
+        waiting = engine.gauges[1]
+        headers = metrics.load_report(fmt, waiting=waiting, kv_usage=engine.kv_usage)
     response_cls = CutResponse if fault is Fault.DROP else Response
     return response_cls(dumps(payload), media_type="application/json", headers=headers)
 

@@ -13,6 +13,7 @@ from llmbatch_server.launcher.profiles import PROFILES
 from llmbatch_server.sim.config import (
     DEFAULT_MODEL,
     METRICS_LEVELS,
+    QUEUE_GAUGES,
     ZERO_LATENCY,
     EngineLimits,
     FaultRates,
@@ -160,6 +161,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--seed", type=int, default=0, help="seeds output text and fault draws (default: 0)"
+    )
+    p.add_argument(
+        "--queue-gauge",
+        choices=QUEUE_GAUGES,
+        default="step",
+        help="when the running and waiting gauges are read: 'step', as vLLM v1 "
+        "publishes them, after each step's scheduling (a step's arrivals never show as "
+        "waiting while seats are free); 'live', every request not yet running, a "
+        "step's arrivals included (default: %(default)s)",
     )
     p.add_argument(
         "--invalid-json",
@@ -342,6 +352,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         tokenizer=args.tokenizer,
         embedding_dim=args.embedding_dim,
         invalid_json=args.invalid_json,
+        queue_gauge=args.queue_gauge,
         max_completion_prompts=args.max_completion_prompts,
         outage=OutagePlan(
             mode=args.outage_mode, seconds=args.outage_seconds, after=args.outage_after

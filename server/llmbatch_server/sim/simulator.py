@@ -25,7 +25,9 @@ class Simulator:
         self.config = config
         #: Counts prompt tokens for usage, limits and /tokenize alike.
         self.counter = load_counter(config.tokenizer)
-        self.engine = Engine(config.limits, config.step, seed=config.seed)
+        self.engine = Engine(
+            config.limits, config.step, seed=config.seed, queue_gauge=config.queue_gauge
+        )
         self.faults = FaultInjector(config.faults, seed=config.seed + 7919 * config.replica)
         self.outage = Outage(on_restart=self.restart)
         self._frontend_free_at = 0.0
