@@ -137,6 +137,12 @@ MIN_SLICE_PROMPTS = 8
 #: ... up to this many prompt tokens: long prompts cost the API server more by their
 #: tokens than by their requests, and each lengthens a step by its whole prefill.
 MIN_SLICE_TOKENS = 1024
+#: Seconds of bulk sends over which their prefill rate is read: the decode step is the
+#: measured step less what that prefill adds to it (with a stated prefill cost).
+PREFILL_WINDOW = 1.0
+#: The decode step is never taken as less than this share of the measured one, so a
+#: stated prefill cost too high for the server cannot make every step all prefill.
+MIN_DECODE_SHARE = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,8 +201,16 @@ class AdmissionController:
         interval: float = DEFAULT_INTERVAL,
         seats: int | None = None,
         seats_stated_by: str = "",
+        prefill_cost: float | None = None,
     ) -> None:
         self.ceiling = ceiling
+        self.prefill_cost = prefill_cost
+        """Seconds a step grows by per prompt token it prefills, as the server counts
+        them (stated: ``llmbatch-server fit`` measures it), if known: pacing then keeps
+        the prefill a step carries within the SLO's room beside the decodes."""
+        self._bulk_sent: deque[tuple[float, int]] = deque()
+        """(time, estimated prompt tokens) of the bulk sent within PREFILL_WINDOW."""
+        self._bulk_sent_tokens = 0
         self.slo = slo if slo is not None and (slo.ttft or slo.tpot) else None
         self._max_reserve = max_reserve
         self.interval = interval
@@ -279,6 +293,12 @@ class AdmissionController:
         ``prompt_tokens`` prompt tokens in all (bulk: normal or batch work)."""
         if bulk and prompts and prompt_tokens:
             self.prompt_tokens = _ewma(self.prompt_tokens, prompt_tokens / prompts)
+            if self.prefill_cost is not None:
+                window = self._bulk_sent
+                window.append((now, prompt_tokens))
+                self._bulk_sent_tokens += prompt_tokens
+                while window[0][0] < now - PREFILL_WINDOW:
+                    self._bulk_sent_tokens -= window.popleft()[1]
         sent = self._sent
         sent.append((now, prompts))
         horizon = now - self._arrival_window()
@@ -486,8 +506,25 @@ class AdmissionController:
             return None
         lifetime = generated * step
         rate = PACE_HEADROOM * self.limit * tokens / lifetime
-        least = max(tokens, min(MIN_SLICE_PROMPTS * tokens, MIN_SLICE_TOKENS))
+        least = min(MIN_SLICE_PROMPTS * tokens, MIN_SLICE_TOKENS)
+        if self.prefill_cost and self.slo.tpot:
+            room = self._prefill_room(step, self.slo.tpot, self.prefill_cost)
+            # At least one bulk sequence a bulk lifetime, so bulk never stops; and no
+            # slice larger than a few steps' room, whose prefill would land in one.
+            rate = min(rate, max(room / step, tokens / lifetime))
+            least = min(least, PACE_SLICE_STEPS * room)
+        least = max(tokens, least)
         return Pace(rate, max(least, rate * PACE_SLICE_STEPS * step))
+
+    def _prefill_room(self, step: float, tpot: float, cost: float) -> float:
+        """The estimated bulk prompt tokens a step may prefill and stay within the
+        SLO's aim: the decode step (the measured one less what the latest bulk
+        prefill added to it) plus the prefill it then carries."""
+        ratio = self.prompt_ratio or 1.0
+        sent = self._bulk_sent_tokens * ratio / PREFILL_WINDOW  # server tokens a second
+        decode = max(MIN_DECODE_SHARE * step, step - cost * sent * step)
+        room = max(0.0, tpot * self.aim - decode)  # seconds a step may add
+        return room / cost / ratio
 
     def update(self, now: float) -> bool:
         """Recompute the limit if ``interval`` has passed since the last change;

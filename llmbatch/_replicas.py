@@ -4,6 +4,7 @@ any of them into a :class:`ConfigError` at the call site."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from urllib.parse import urlsplit
@@ -37,7 +38,13 @@ class Replica:
         ])
     """
 
-    __slots__ = ("_api_key", "base_url", "max_num_batched_tokens", "max_num_seqs")
+    __slots__ = (
+        "_api_key",
+        "base_url",
+        "max_num_batched_tokens",
+        "max_num_seqs",
+        "prefill_seconds_per_token",
+    )
 
     @checked_arguments
     def __init__(
@@ -47,6 +54,7 @@ class Replica:
         api_key: str | None = None,
         max_num_seqs: int | None = None,
         max_num_batched_tokens: int | None = None,
+        prefill_seconds_per_token: float | None = None,
     ) -> None:
         self.base_url = check_base_url(base_url)
         """The replica's OpenAI-style base URL (``http://host:port/v1``), no trailing slash."""
@@ -61,6 +69,14 @@ class Replica:
         llama.cpp's ``--batch-size``), if you know it: a bulk batch then carries at
         most one step of prompts less the running decodes (None: the kind's default,
         docs/concepts.md "Batches sized by the engine's step")."""
+        self.prefill_seconds_per_token = _positive_seconds(
+            "prefill_seconds_per_token", prefill_seconds_per_token
+        )
+        """How much longer an engine step takes per prompt token it prefills, if you
+        know it (``llmbatch-server fit`` prints it: ``step.per_prefill_token`` in its
+        JSON): with ``SLO(pace=True)``, bulk is then paced so that each step's prefill
+        stays within the room the SLO leaves beside the decodes (docs/concepts.md,
+        "Pacing")."""
 
     @property
     def api_key(self) -> str | None:
@@ -74,6 +90,7 @@ class Replica:
             for name, value in (
                 ("max_num_seqs", self.max_num_seqs),
                 ("max_num_batched_tokens", self.max_num_batched_tokens),
+                ("prefill_seconds_per_token", self.prefill_seconds_per_token),
             )
             if value is not None
         )
@@ -123,6 +140,7 @@ def with_default_key(replica: Replica, api_key: str | None) -> Replica:
             api_key=api_key,
             max_num_seqs=replica.max_num_seqs,
             max_num_batched_tokens=replica.max_num_batched_tokens,
+            prefill_seconds_per_token=replica.prefill_seconds_per_token,
         )
     return replica
 
@@ -181,3 +199,18 @@ def _positive(name: str, value: object) -> int | None:
     if value < 1:
         raise ConfigError(f"{name} must be a positive int, got {value}", field=name)
     return value
+
+
+def _positive_seconds(name: str, value: object) -> float | None:
+    """``value`` as a float if it is None or a positive finite number; else a typed
+    error naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigTypeError(
+            f"{name} must be a positive number of seconds, got {type(value).__name__}",
+            field=name,
+        )
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name} must be a positive number of seconds, got {value}", field=name)
+    return float(value)

@@ -106,6 +106,7 @@ class Server:
             slo=slo,
             seats=stated,
             seats_stated_by=f"Replica(max_num_seqs={stated})" if stated else "",
+            prefill_cost=replica.prefill_seconds_per_token,
         )
         self.breaker = Breaker(outage_tolerance=retry.outage_tolerance)
         self.prompt_cap: int | None = None

@@ -169,6 +169,14 @@ def _configure(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the slo scenario's SLOs pace bulk for its prefill: SLO(pace=True) (default: unpaced)",
     )
+    closed.add_argument(
+        "--slo-prefill-cost",
+        type=float,
+        metavar="SECONDS",
+        help="tell the slo scenario's SLO clients how much a server step grows per prompt "
+        "token it prefills (Replica(prefill_seconds_per_token=); llmbatch-server fit "
+        "prints it); with --slo-pace, each step's prefill is kept within the SLO's room",
+    )
     closed.add_argument("--slo-duration", type=float, help="seconds of realtime arrivals")
     closed.add_argument(
         "--slo-baselines",
@@ -417,6 +425,7 @@ def _closed(args: argparse.Namespace) -> dict[str, Any]:
         "slo_duration",
         "slo_baselines",
         "slo_pace",
+        "slo_prefill_cost",
         "saturate_n",
         "saturate_sweep",
         "saturate_rounds",

@@ -139,6 +139,7 @@ def slo(runner: Runner, contenders: list[str]) -> None:
             slo_tpot=slo_tpot,
             slo_ttft=slo_ttft,
             slo_pace=c.slo_pace and slo_tpot is not None,
+            prefill_cost=c.slo_prefill_cost if slo_tpot is not None else None,
             **realtime,
         )
         runner.run(job, context)

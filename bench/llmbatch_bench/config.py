@@ -101,6 +101,9 @@ class BenchConfig:
     slo_baselines: tuple[str, ...] = ("aiohttp",)
     #: The slo scenario's SLOs pace bulk for its prefill (``SLO(pace=True)``).
     slo_pace: bool = False
+    #: Seconds a server step grows per prompt token it prefills, stated to the paced
+    #: client (``Replica(prefill_seconds_per_token=)``; None: not stated).
+    slo_prefill_cost: float | None = None
     saturate_n: int = 2_000
     saturate_sweep: tuple[int, ...] = (192, 256, 320, 384)
     saturate_rounds: int = 3

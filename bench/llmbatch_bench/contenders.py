@@ -65,6 +65,7 @@ class LlmbatchContender:
         slo_tpot: float | None = None,
         slo_ttft: float | None = None,
         slo_pace: bool = False,
+        prefill_cost: float | None = None,
         transport: Any = None,
     ) -> None:
         import llmbatch
@@ -75,8 +76,11 @@ class LlmbatchContender:
             limits = llmbatch.Limits(max_in_flight=max_in_flight, reserved_realtime=reserved)
         self.mode = mode
         self.params = dict(params or {})
+        target: Any = base_url
+        if prefill_cost is not None and isinstance(base_url, str):
+            target = llmbatch.Replica(base_url, prefill_seconds_per_token=prefill_cost)
         self._client = llmbatch.Client(
-            base_url,
+            target,
             model=model,
             api_key=api_key,
             limits=limits,
@@ -178,6 +182,7 @@ def make_contender(
     slo_tpot: float | None = None,
     slo_ttft: float | None = None,
     slo_pace: bool = False,
+    prefill_cost: float | None = None,
 ) -> Contender:
     """Build contender ``name`` (``llmbatch``, ``httpx``, ``aiohttp`` or ``openai``)."""
     if name == "llmbatch":
@@ -192,6 +197,7 @@ def make_contender(
             slo_tpot=slo_tpot,
             slo_ttft=slo_ttft,
             slo_pace=slo_pace,
+            prefill_cost=prefill_cost,
         )
     try:
         baseline = BASELINES[name]

@@ -110,6 +110,8 @@ class Job:
     slo_ttft: float | None = None
     #: llmbatch ``SLO(pace=True)``: bulk paced for its prefill.
     slo_pace: bool = False
+    #: ``Replica(prefill_seconds_per_token=)`` for llmbatch (None: not stated).
+    prefill_cost: float | None = None
     #: Record the controller's time series (:mod:`.trace`) while the job runs.
     trace: bool = False
     #: Prompts per request for ``probe``; ``BatchPolicy.max_batch_size`` for ``llmbatch``.

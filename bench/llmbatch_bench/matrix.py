@@ -5,6 +5,7 @@ differently, so the admission controller is judged where it was not tuned.
     python -m llmbatch_bench.matrix --smoke          # each row in its short form (CI)
     python -m llmbatch_bench.matrix --llama-server BIN --llama-model GGUF   # + llama.cpp
     python -m llmbatch_bench.matrix --pace           # SLO(pace=True): bulk paced
+    python -m llmbatch_bench.matrix --pace --prefill-cost   # ... within each step's room
 
 Each row is the bench's own ``slo`` scenario (realtime 16-token streams at 2/s beside
 saturating bulk; SLO = ``factor`` x the idle per-token time) on one simulator mode:
@@ -135,6 +136,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--pace", action="store_true", help="the SLOs pace bulk for its prefill (SLO(pace=True))"
     )
+    p.add_argument(
+        "--prefill-cost",
+        action="store_true",
+        help="state each simulated row's prefill cost to the client "
+        "(Replica(prefill_seconds_per_token=), as llmbatch-server fit measures it)",
+    )
     p.add_argument("--llama-server", help="llama.cpp's llama-server binary, for its row")
     p.add_argument("--llama-model", help="the GGUF it serves")
     return p
@@ -145,7 +152,19 @@ def _bench_args(row: Row, args: argparse.Namespace, url: str | None = None) -> l
     argv += ["--url", url] if url else ["--closed-sim", row.sim_args]
     argv += row.bench_args.split()
     argv += ["--slo-pace"] if args.pace else []
+    if args.prefill_cost and not url:
+        argv += ["--slo-prefill-cost", repr(row_prefill_cost(row))]
     return argv + (["--smoke"] if args.smoke else [])
+
+
+def row_prefill_cost(row: Row) -> float:
+    """Seconds a step of ``row``'s simulator grows per prompt token it prefills: the
+    step model's cost over the row's ``--speed``."""
+    from llmbatch_server.sim.config import StepModel
+
+    words = row.sim_args.split()
+    speed = float(words[words.index("--speed") + 1]) if "--speed" in words else 1.0
+    return StepModel().per_prefill_token / speed
 
 
 def _llama_cpp(args: argparse.Namespace) -> dict[str, Any]:

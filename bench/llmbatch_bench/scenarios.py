@@ -66,6 +66,7 @@ async def run_job(job: Job, contender: Contender | None = None) -> RunMetrics:
             slo_tpot=job.slo_tpot,
             slo_ttft=job.slo_ttft,
             slo_pace=job.slo_pace,
+            prefill_cost=job.prefill_cost,
         )
     runner = {"bulk": _bulk, "mixed": _mixed, "idle": _idle}[job.kind]
     return await runner(job, contender)

@@ -7,7 +7,14 @@ from typing import Any
 import pytest
 
 from llmbatch_bench.cli import build_parser, config_from_args
-from llmbatch_bench.matrix import ROWS, _bench_args, _parser, render, summarize_row
+from llmbatch_bench.matrix import (
+    ROWS,
+    _bench_args,
+    _parser,
+    render,
+    row_prefill_cost,
+    summarize_row,
+)
 from llmbatch_bench.stepmodel import sim_model
 
 
@@ -40,3 +47,16 @@ def test_every_simulated_row_is_a_simulator_the_bench_can_bound() -> None:
         config = config_from_args(build_parser().parse_args(argv))
         assert config.scenarios == ("slo",)
     assert {r.name for r in ROWS} >= {"transient-queue", "step-model", "refusals-503"}
+
+
+def test_a_rows_prefill_cost_is_its_step_models_over_its_speed() -> None:
+    row = next(r for r in ROWS if r.name == "long-prompts")  # --speed 10
+    assert row_prefill_cost(row) == pytest.approx(0.0002 / 10)
+    argv = _bench_args(row, _parser().parse_args(["--pace", "--prefill-cost"]))
+    config = config_from_args(build_parser().parse_args(argv))
+    assert config.slo_pace is True
+    assert config.slo_prefill_cost == pytest.approx(0.00002)
+    unstated = config_from_args(
+        build_parser().parse_args(_bench_args(row, _parser().parse_args([])))
+    )
+    assert unstated.slo_prefill_cost is None

@@ -58,3 +58,34 @@ def test_a_bad_step_budget_is_refused_naming_the_field() -> None:
         llmbatch.Replica("http://127.0.0.1:1/v1", max_num_batched_tokens=1.5)  # type: ignore[arg-type]
     replica = llmbatch.Replica("http://127.0.0.1:1/v1", max_num_batched_tokens=4096)
     assert repr(replica) == "Replica('http://127.0.0.1:1/v1', max_num_batched_tokens=4096)"
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [(0, llmbatch.ConfigError), (float("nan"), llmbatch.ConfigError), ("1e-5", TypeError)],
+)
+def test_a_bad_prefill_cost_is_refused_naming_the_field(value: object, error: type) -> None:
+    with pytest.raises(error, match="prefill_seconds_per_token"):
+        llmbatch.Replica("http://127.0.0.1:1/v1", prefill_seconds_per_token=value)  # type: ignore[arg-type]
+
+
+async def test_a_stated_prefill_cost_paces_bulk_in_smaller_slices() -> None:
+    """Paced under an SLO, a prefill cost stated too high for the SLO's room leaves
+    one prompt a slice, where the unpriced pace sends eight."""
+    slo = llmbatch.SLO(tpot=0.01, pace=True)
+    prompts = [f"p{i} " + "word " * 20 for i in range(300)]
+    slices = []
+    with run_simulator("--speed", "20") as sim:
+        for cost in (None, 0.01):
+            replica = llmbatch.Replica(sim.base_url, prefill_seconds_per_token=cost)
+            async with llmbatch.Client(replica, slo=slo) as client:
+                results = await client.map(prompts, max_tokens=16)
+                server = client.stats().servers[0]
+            assert all(r.ok for r in results)
+            assert server.bulk_pace is not None
+            slices.append(server.bulk_slice)
+    unpriced, priced = slices
+    assert priced is not None
+    assert unpriced is not None
+    assert priced < unpriced
+    assert priced <= 40  # one prompt's estimated tokens

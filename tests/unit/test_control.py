@@ -399,6 +399,48 @@ def test_bulk_is_paced_only_under_an_slo_once_measured() -> None:
     )  # type: ignore[union-attr]
 
 
+def _paced(tpot: float, prefill_cost: float | None) -> AdmissionController:
+    """Steps of 30 ms, bulk answers of 64 tokens, 300 prompt tokens sent in the last
+    second (three prompts of 100)."""
+    c = AdmissionController(
+        ceiling=256, max_reserve=8, slo=SLO(tpot=tpot, pace=True), prefill_cost=prefill_cost
+    )
+    c.on_step_time(0.03)
+    c.on_bulk_answer(64)
+    for t in (0.2, 0.5, 0.9):
+        c.on_sent(t, 1, 100, bulk=True)
+    return c
+
+
+def test_a_stated_prefill_cost_keeps_each_steps_prefill_within_the_slos_room() -> None:
+    unpriced = _paced(0.035, None).pace()
+    assert unpriced is not None
+    assert unpriced.tokens_per_second == pytest.approx(2 * 8 * 100 / (64 * 0.03))
+    # 1 ms a prompt token: the last second's 300 tokens put 9 in each 30 ms step,
+    # 9 ms of it, so decodes take 21 ms; the aim (0.9 x 35 ms) leaves 10.5 ms a
+    # step: 10.5 tokens a step, 350 a second.
+    priced = _paced(0.035, 0.001).pace()
+    assert priced is not None
+    assert priced.tokens_per_second == pytest.approx(350.0)
+    # Slices of at most four steps' room (42 tokens), but a whole prompt: one prompt.
+    assert priced.slice_tokens == pytest.approx(100)
+    assert unpriced.slice_tokens == pytest.approx(800)  # eight prompts, unpriced
+    # No room at all: one bulk sequence a bulk lifetime still goes (64 x 30 ms).
+    starved = _paced(0.01, 0.001).pace()
+    assert starved is not None
+    assert starved.tokens_per_second == pytest.approx(100 / (64 * 0.03))
+    # Counted by the server at twice the estimate: half the estimated tokens fit.
+    counted = _paced(0.035, 0.001)
+    for _ in range(40):
+        counted.on_prompt_usage(100, 200)
+    ratio = counted.prompt_ratio
+    assert ratio is not None
+    decode = 0.03 - 0.001 * 300 * ratio * 0.03
+    expected = (0.9 * 0.035 - decode) / 0.001 / 0.03 / ratio
+    assert counted.pace().tokens_per_second == pytest.approx(expected)  # type: ignore[union-attr]
+    assert counted.pace().tokens_per_second < 350  # type: ignore[union-attr]
+
+
 def test_realtime_sends_do_not_count_toward_the_bulk_prompt_size() -> None:
     c = AdmissionController(ceiling=256, max_reserve=8, slo=SLO(tpot=0.1))
     c.on_sent(0.0, 1, 5_000)
