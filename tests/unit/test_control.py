@@ -549,3 +549,43 @@ def test_a_batch_leaves_the_running_decodes_their_tokens_of_the_step() -> None:
     assert controller.batch_prefill_cap(2048) == 2048 - 100
     controller.on_load(2.0, waiting=0, running=2000, kv_usage=0.1)
     assert controller.batch_prefill_cap(2048) == 1024  # never below half a step
+
+
+def _readings(
+    controller: AdmissionController, *, in_flight: int, running: list[int], waiting: list[int]
+) -> None:
+    """A reading every 50 ms for 2.5 s, cycling through ``running`` and ``waiting``."""
+    controller.on_step_time(0.004)
+    controller.on_in_flight(in_flight)
+    for i in range(50):
+        controller.on_load(
+            10.0 + i * 0.05,
+            waiting=waiting[i % len(waiting)],
+            running=running[i % len(running)],
+            kv_usage=0.1,
+        )
+
+
+def test_seats_are_learnt_from_a_flat_running_count_beside_a_queue_that_comes_and_goes() -> None:
+    """vLLM at --max-num-seqs 16, a client with 23 in flight: bulk finishes in waves,
+    so the queue empties for a reading every few and never lasts as one."""
+    controller = AdmissionController(ceiling=256, max_reserve=4, slo=SLO(tpot=0.011))
+    _readings(controller, in_flight=23, running=[16, 16, 12, 16], waiting=[7, 7, 0])
+    seats = controller.state().inferences[1]
+    assert (seats.name, seats.value, seats.source) == ("seats", 16.0, "learnt")
+    assert "ran at most 16 while this client had 23 there" in seats.evidence
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "running", "waiting"),
+    [
+        (64, [20, 33, 28], [0, 0, 0, 0, 3]),  # an API server slower than its engine
+        (18, [16], [7, 7, 0]),  # the client has no more there than the server runs
+    ],
+)
+def test_no_seats_from_a_plateau_without_a_queue_or_without_the_clients_surplus(
+    in_flight: int, running: list[int], waiting: list[int]
+) -> None:
+    controller = AdmissionController(ceiling=256, max_reserve=4, slo=SLO(tpot=0.011))
+    _readings(controller, in_flight=in_flight, running=running, waiting=waiting)
+    assert controller.capacity.seats is None
