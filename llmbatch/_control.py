@@ -123,8 +123,6 @@ SEATS_PROBE_EVERY_STEPS = 30
 SEATS_PROBE_STEPS = 10
 SEATS_PROBE_MIN_SECONDS = 0.5
 SEATS_PROBE_MIN = 4
-#: Readings of the server's ``running`` a plateau needs, over SEATS_LEARN_SECONDS.
-PLATEAU_READINGS = 8
 #: The server's prompt tokens over the client's estimate are believed within this range.
 PROMPT_RATIO_RANGE = (0.25, 8.0)
 #: Bulk prompt tokens go out at most this many times the rate that keeps the limit
@@ -257,11 +255,6 @@ class AdmissionController:
         self._next_probe: float | None = None
         self.seat_probes = 0
         """Times a learnt capacity was tried again."""
-        self._in_flight = 0
-        """Sequences this client has on the server now (every tier)."""
-        self._plateau: deque[tuple[float, int, int, int]] = deque()
-        """(time, the server's running, this client's in flight, the server's
-        waiting) over the last SEATS_LEARN_SECONDS, since it last said one waited."""
         self._realtime_peak = 0
         self._realtime_seen: float | None = None
         self.slo_met = 0
@@ -395,39 +388,9 @@ class AdmissionController:
             if real and running and lasted:
                 where = queue.describe("waiting", step)
                 self.capacity.learn(running, f"ran {running} while {where}")
-            elif running is not None and not probing:
-                self._watch_plateau(now, running, waiting)
         if kv_usage is not None:
             self.kv_usage = kv_usage
             self._kv_full.observe(now, kv_usage >= KV_FULL, step, kv_usage)
-
-    def _watch_plateau(self, now: float, running: int, waiting: int) -> None:
-        """A server's queue that comes and goes (admissions in waves empty it for a
-        reading now and then) never lasts as one, yet what runs there stays flat
-        below what this client has sent. So, as evidence of its seats too: over
-        SEATS_LEARN_SECONDS, it ran at most ``m``, said requests waited in at least
-        half the readings, and this client had on average more than ``m`` plus the
-        queue allowance there; then it runs ``m`` at once. (An API server slower
-        than its engine holds requests too, but its engine's queue stays empty.)"""
-        window = self._plateau
-        if waiting <= 0 and not window:
-            return
-        window.append((now, running, self._in_flight, waiting))
-        while now - window[0][0] > SEATS_LEARN_SECONDS:
-            window.popleft()
-        if now - window[0][0] < SEATS_LEARN_SECONDS * 0.9 or len(window) < PLATEAU_READINGS:
-            return
-        most = max(r for _, r, _, _ in window)
-        held = sum(f for _, _, f, _ in window) / len(window)
-        queued = sum(1 for _, _, _, w in window if w > 0)
-        if most and held > most + self._queue_allowance() and 2 * queued >= len(window):
-            self.capacity.learn(
-                most,
-                f"ran at most {most} while this client had {held:.0f} there on average "
-                f"and requests waited in {queued} of {len(window)} readings over "
-                f"{now - window[0][0]:.1f} s",
-            )
-            window.clear()
 
     def on_prompt_usage(self, estimated: int, counted: int) -> None:
         """A batch's prompts were estimated at ``estimated`` tokens; the server
@@ -463,10 +426,6 @@ class AdmissionController:
     def on_blocked(self) -> None:
         """Bulk work waited because of the limit (evidence that more would be used)."""
         self._blocked = True
-
-    def on_in_flight(self, count: int) -> None:
-        """Sequences this client has on the server now (every tier)."""
-        self._in_flight = count
 
     def on_realtime_in_flight(self, now: float, count: int) -> None:
         """Realtime sequences in flight now: the reserve follows their recent peak."""

@@ -206,14 +206,11 @@ class Server:
             # quiet gives way by itself; none switches another off for good.
             controller.on_step_time(tpot)
 
-    def control(
-        self, now: float, *, blocked: bool, realtime_in_flight: int, in_flight: int = 0
-    ) -> bool:
+    def control(self, now: float, *, blocked: bool, realtime_in_flight: int) -> bool:
         """Update the bulk limit (at most every controller interval): ``blocked`` if
         bulk work waited for it, with ``realtime_in_flight`` realtime sequences
-        (``in_flight`` of every tier) there now. Returns whether the limit changed."""
+        there now. Returns whether the limit changed."""
         controller = self.controller
-        controller.on_in_flight(in_flight)
         if blocked:
             controller.on_blocked()
         controller.on_realtime_in_flight(now, realtime_in_flight)
