@@ -36,8 +36,20 @@ def job(src: Path, out: Path, sim: SimulatorProcess, *extra: str) -> subprocess.
     argv = [sys.executable, "-m", "llmbatch", "run", str(src), "-o", str(out)]
     argv += ["--base-url", sim.base_url, *extra]
     return subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ)
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+        preexec_fn=_ctrl_c_as_in_a_terminal,
     )
+
+
+def _ctrl_c_as_in_a_terminal() -> None:
+    """In the job's process before it starts: SIGINT at its default, as in a terminal.
+    (A test run started in the background by a shell without job control inherits
+    SIGINT ignored, and Python then never turns it into KeyboardInterrupt.)"""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def finish(process: subprocess.Popen[str]) -> tuple[int, list[str]]:
