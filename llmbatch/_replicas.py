@@ -4,12 +4,12 @@ any of them into a :class:`ConfigError` at the call site."""
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from llmbatch._arguments import checked_arguments
+from llmbatch._config import _check_number
 from llmbatch._exceptions import ConfigError, ConfigTypeError
 
 __all__ = [
@@ -69,8 +69,11 @@ class Replica:
         llama.cpp's ``--batch-size``), if you know it: a bulk batch then carries at
         most one step of prompts less the running decodes (None: the kind's default,
         docs/concepts.md "Batches sized by the engine's step")."""
-        self.prefill_seconds_per_token = _positive_seconds(
-            "prefill_seconds_per_token", prefill_seconds_per_token
+        _check_number(
+            "Replica", "prefill_seconds_per_token", prefill_seconds_per_token, optional=True
+        )
+        self.prefill_seconds_per_token = (
+            None if prefill_seconds_per_token is None else float(prefill_seconds_per_token)
         )
         """How much longer an engine step takes per prompt token it prefills, if you
         know it (``llmbatch-server fit`` prints it: ``step.per_prefill_token`` in its
@@ -199,18 +202,3 @@ def _positive(name: str, value: object) -> int | None:
     if value < 1:
         raise ConfigError(f"{name} must be a positive int, got {value}", field=name)
     return value
-
-
-def _positive_seconds(name: str, value: object) -> float | None:
-    """``value`` as a float if it is None or a positive finite number; else a typed
-    error naming ``name``."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigTypeError(
-            f"{name} must be a positive number of seconds, got {type(value).__name__}",
-            field=name,
-        )
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{name} must be a positive number of seconds, got {value}", field=name)
-    return float(value)
