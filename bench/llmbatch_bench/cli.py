@@ -13,6 +13,7 @@ llmbatch-bench --scale                          # all, plus 1M prompts through m
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
@@ -35,6 +36,19 @@ from llmbatch_bench.contenders import CONTENDERS
 __all__ = ["build_parser", "config_from_args", "main", "run"]
 
 _DEFAULTS = BenchConfig()
+
+
+def _prefill_cost(text: str) -> float | str:
+    """``--slo-prefill-cost``: seconds a prompt token (> 0), or "fit"."""
+    if text == "fit":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'fit', got {text!r}") from None
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text!r}")
+    return value
 
 
 def _csv(kind: type, choices: Sequence[str] | None = None, *, allow_empty: bool = False) -> Any:
@@ -171,11 +185,12 @@ def _configure(p: argparse.ArgumentParser) -> None:
     )
     closed.add_argument(
         "--slo-prefill-cost",
-        type=float,
-        metavar="SECONDS",
+        type=_prefill_cost,
+        metavar="SECONDS|fit",
         help="tell the slo scenario's SLO clients how much a server step grows per prompt "
         "token it prefills (Replica(prefill_seconds_per_token=); llmbatch-server fit "
-        "prints it); with --slo-pace, each step's prefill is kept within the SLO's room",
+        "prints it; 'fit': measure it on the server first, with fit's prefill probe); "
+        "with --slo-pace, each step's prefill is kept within the SLO's room",
     )
     closed.add_argument("--slo-duration", type=float, help="seconds of realtime arrivals")
     closed.add_argument(

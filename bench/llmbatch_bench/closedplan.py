@@ -121,6 +121,8 @@ def slo(runner: Runner, contenders: list[str]) -> None:
         else None
     )
     context["slo_ttft_s"] = ttft
+    prefill_cost = _prefill_cost(runner)
+    context["prefill_cost_s"] = prefill_cost
     plan: list[tuple[str, str, float | None, float | None]] = [
         ("llmbatch", SLO_ON, tpot, None),
         ("llmbatch", SLO_OFF, None, None),
@@ -139,10 +141,36 @@ def slo(runner: Runner, contenders: list[str]) -> None:
             slo_tpot=slo_tpot,
             slo_ttft=slo_ttft,
             slo_pace=c.slo_pace and slo_tpot is not None,
-            prefill_cost=c.slo_prefill_cost if slo_tpot is not None else None,
+            prefill_cost=prefill_cost if slo_tpot is not None else None,
             **realtime,
         )
         runner.run(job, context)
+
+
+def _prefill_cost(runner: Runner) -> float | None:
+    """The prefill cost the SLO clients are told: as given, or measured now with
+    ``llmbatch-server fit``'s prefill probe on the idle server ("fit")."""
+    c = runner.config
+    if c.slo_prefill_cost != "fit":
+        return c.slo_prefill_cost
+    import asyncio
+
+    from llmbatch_server.fit.measure import Probe, prefill_cost
+
+    # Lengths up to 1,024 tokens (those below half the context are sent): on a GPU a
+    # few hundred tokens' prefill is lost in the request's own time.
+    probe = Probe(prompt_lengths=(16, 256, 512, 1024))
+    seconds, points = asyncio.run(
+        prefill_cost(
+            runner.server.base_url, api_key=c.api_key, model=runner.server.model, probe=probe
+        )
+    )
+    runner.notes.append(
+        f"slo: prefill cost measured on the server, {seconds * 1e6:.2f} µs a prompt token ("
+        + ", ".join(f"{p.prompt_tokens} tokens {p.latency_s * 1e3:.1f} ms" for p in points)
+        + ")"
+    )
+    return seconds
 
 
 def saturate(runner: Runner, contenders: list[str]) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from llmbatch_bench.contenders import CONTENDERS
 
@@ -102,8 +102,9 @@ class BenchConfig:
     #: The slo scenario's SLOs pace bulk for its prefill (``SLO(pace=True)``).
     slo_pace: bool = False
     #: Seconds a server step grows per prompt token it prefills, stated to the paced
-    #: client (``Replica(prefill_seconds_per_token=)``; None: not stated).
-    slo_prefill_cost: float | None = None
+    #: client (``Replica(prefill_seconds_per_token=)``; None: not stated; "fit":
+    #: measured on the server before the scenario, by ``llmbatch-server fit``'s probe).
+    slo_prefill_cost: float | Literal["fit"] | None = None
     saturate_n: int = 2_000
     saturate_sweep: tuple[int, ...] = (192, 256, 320, 384)
     saturate_rounds: int = 3

@@ -73,16 +73,20 @@ def run_bench(
     if "ceiling" in main:
         # Before the server starts: the engine alone on the machine (and the GPU).
         servers["ceiling"] = ceiling.measure(config, progress)
-    if main:
-        with _main_server(config) as server:
-            progress(f"server: {server.base_url} model={server.model} sim_args={server.sim_args}")
-            servers["server"] = _describe(server, config.url)
-            runner = _Runner(config, server, runs, notes, progress)
-            runner.ceiling_result = servers.get("ceiling")
-            for scenario in main:
-                getattr(runner, scenario.replace("-", "_"))(contenders)
-    if closed:
-        _closed_loop(config, closed, contenders, runs, notes, progress, servers)
+    on_one_server = bool(main) or any(s in ("slo", "saturate") for s in closed)
+    with _one_vllm(config, on_one_server) as engine:
+        if main:
+            with _reuse(engine) or _main_server(config) as server:
+                progress(
+                    f"server: {server.base_url} model={server.model} sim_args={server.sim_args}"
+                )
+                servers["server"] = _describe(server, config.url)
+                runner = _Runner(config, server, runs, notes, progress)
+                runner.ceiling_result = servers.get("ceiling")
+                for scenario in main:
+                    getattr(runner, scenario.replace("-", "_"))(contenders)
+        if closed:
+            _closed_loop(config, closed, contenders, runs, notes, progress, servers, engine)
     fleet = "replicas" in config.scenarios
     if fleet:
         own = None if config.url else config.replicas_sim_args
@@ -145,6 +149,22 @@ def _loadavg() -> list[float] | None:
 
 
 @contextlib.contextmanager
+def _one_vllm(config: BenchConfig, wanted: bool) -> Iterator[ServerInfo | None]:
+    """With ``--vllm``, one server for the main and the closed-loop scenarios: an
+    engine takes a minute or more to start (minutes on a GPU). None otherwise."""
+    if not (wanted and config.vllm_model and not config.url):
+        yield None
+        return
+    with _main_server(config) as info:
+        yield info
+
+
+def _reuse(server: ServerInfo | None) -> contextlib.AbstractContextManager[ServerInfo] | None:
+    """A server already started, as a context that leaves it running; None if none."""
+    return contextlib.nullcontext(server) if server is not None else None
+
+
+@contextlib.contextmanager
 def _main_server(config: BenchConfig) -> Iterator[ServerInfo]:
     if config.url:
         yield discover(config.url, config.api_key, config.model)
@@ -171,13 +191,16 @@ def _closed_loop(
     notes: list[str],
     progress: Callable[[str], None],
     servers: dict[str, dict[str, Any] | None],
+    engine: ServerInfo | None = None,
 ) -> None:
-    """slo and saturate on one simulator (or ``--url``); outage and control each start
-    their own (``--url`` cannot be taken down, so they need the simulator)."""
+    """slo and saturate on one simulator (or ``--url``, or the vLLM ``engine`` shared
+    with the main scenarios); outage and control each start their own (``--url`` cannot be
+    taken down, so they need the simulator)."""
     own = None if config.url else config.closed_sim_args
     shared = [s for s in scenarios if s in ("slo", "saturate")]
     if shared:
-        with _main_server(dataclasses.replace(config, sim_args=config.closed_sim_args)) as server:
+        closed_config = dataclasses.replace(config, sim_args=config.closed_sim_args)
+        with _reuse(engine) or _main_server(closed_config) as server:
             progress(f"closed-loop server: {server.base_url} sim_args={server.sim_args}")
             servers["closed_loop_server"] = _describe(server, config.url)
             runner = _Runner(config, server, runs, notes, progress)

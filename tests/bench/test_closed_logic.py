@@ -440,3 +440,21 @@ def test_a_step_model_server_is_two_simulator_flags_and_the_bound_follows_them()
     )
     # 10 ms + 1 ms a running sequence, ten times faster.
     assert (model.base, model.per_sequence, model.speed) == (0.01, 0.001, 10)
+
+
+def test_the_prefill_cost_is_seconds_or_fit_and_nothing_else() -> None:
+    def parsed(value: str) -> object:
+        args = build_parser().parse_args(["--scenario", "slo", "--slo-prefill-cost", value])
+        return config_from_args(args).slo_prefill_cost
+
+    assert parsed("fit") == "fit"
+    assert parsed("2e-05") == pytest.approx(2e-5)
+    for bad in ("0", "-1e-5", "inf", "fast"):
+        with pytest.raises(SystemExit):
+            parsed(bad)
+
+
+def test_a_stated_prefill_cost_is_passed_on_as_given() -> None:
+    runner = SimpleNamespace(config=BenchConfig(slo_prefill_cost=3e-5), notes=[])
+    assert closedplan._prefill_cost(runner) == pytest.approx(3e-5)  # type: ignore[arg-type]
+    assert runner.notes == []

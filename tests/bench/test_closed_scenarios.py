@@ -137,3 +137,23 @@ async def test_control_records_the_limit_following_load(tmp_path: Path) -> None:
     assert extra["realtime"]  # one row per stream
     report = {"runs": [m.to_json()], "targets": []}
     assert [p.name for p in write_plots(report, tmp_path)] == ["control.png"]
+
+
+@pytest.mark.slow  # ~2 s of probes
+def test_fit_as_the_prefill_cost_measures_the_server_it_is_given() -> None:
+    from types import SimpleNamespace
+
+    from llmbatch_server.sim.config import StepModel
+    from llmbatch_server.testing import run_simulator
+
+    from llmbatch_bench.server import ServerInfo
+
+    with run_simulator("--speed", "2", "--max-model-len", "4096") as sim:
+        runner = SimpleNamespace(
+            config=BenchConfig(slo_prefill_cost="fit"),
+            server=ServerInfo(base_url=sim.base_url, model="llmbatch-sim"),
+            notes=[],
+        )
+        seconds = closedplan._prefill_cost(runner)  # type: ignore[arg-type]
+    assert seconds == pytest.approx(StepModel().per_prefill_token / 2, rel=0.25)
+    assert "prefill cost measured on the server" in runner.notes[0]

@@ -144,3 +144,16 @@ def test_fit_recovers_the_api_servers_costs(
     # The simulator said what it serves; the fit said its limits in words.
     assert f"fitted to {known} (model 'm')" in start_line
     assert "limits: context 2,048 tokens" in done.stdout
+
+
+@pytest.mark.slow  # ~2 s of probes
+def test_the_prefill_probe_alone_measures_the_prefill_cost() -> None:
+    import asyncio
+
+    from llmbatch_server.fit.measure import prefill_cost
+
+    with run_simulator("--speed", str(SPEED), "--max-model-len", "4096") as sim:
+        seconds, points = asyncio.run(prefill_cost(sim.base_url))
+    assert [p.prompt_tokens for p in points] == sorted(p.prompt_tokens for p in points)
+    assert len(points) == 3  # 16, 256 and 1,024 tokens: all below half the context
+    assert seconds == pytest.approx(StepModel().per_prefill_token / SPEED, rel=0.20)

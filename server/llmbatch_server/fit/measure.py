@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from llmbatch_server.fit.model import BurstPoint, DecodePoint, FittedLimits, PrefillPoint
+from llmbatch_server.fit.model import BurstPoint, DecodePoint, FittedLimits, PrefillPoint, line
 
 _TEXT = (
     "the quick brown fox jumps over a lazy dog while servers batch prompts and tokens "
@@ -302,8 +302,7 @@ async def measure(
         await prober.complete(prober.prompt(4), 2)  # first-request costs out of the way
         await prober.calibrate()
         decode, ttft, max_num_seqs = await _decode(prober, gauges, probe.sequences)
-        aims = [t for t in probe.prompt_lengths if max_model_len is None or t < max_model_len // 2]
-        prefill = [await prober.prefill_point(t) for t in aims or probe.prompt_lengths[:1]]
+        prefill = await _prefill(prober, probe, max_model_len)
         batch_latency, batch_tokens = await prober.batch_point()
         burst = [await prober.burst_point(n) for n in sorted(set(probe.burst))]
         gaps = [g for _ in range(probe.repeat) for g in await prober.stream_gaps(probe.tokens)]
@@ -318,7 +317,7 @@ async def measure(
     )
     return name, Measured(
         decode=tuple(decode),
-        prefill=tuple(prefill),
+        prefill=prefill,
         idle_ttft_s=ttft,
         limits=fitted_limits,
         batch_prompts=probe.batch_prompts,
@@ -327,6 +326,36 @@ async def measure(
         burst=tuple(burst),
         gaps=tuple(gaps),
     )
+
+
+async def prefill_cost(
+    base_url: str,
+    *,
+    api_key: str | None = None,
+    model: str | None = None,
+    probe: Probe = Probe(),
+) -> tuple[float, tuple[PrefillPoint, ...]]:
+    """The prefill probe alone (a few seconds on an idle server): seconds a step
+    grows per prompt token, as ``fit`` measures ``per_prefill_token``, and its points."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(
+        base_url=base_url.rstrip("/"), headers=headers, timeout=probe.timeout
+    ) as http:
+        name, max_model_len = await discover_model(http, model)
+        prober = Prober(http, name, probe)
+        await prober.complete(prober.prompt(4), 2)  # first-request costs out of the way
+        await prober.calibrate()
+        points = await _prefill(prober, probe, max_model_len)
+    _, per_token = line([p.prompt_tokens for p in points], [p.latency_s for p in points])
+    return max(per_token, 0.0), points
+
+
+async def _prefill(
+    prober: Prober, probe: Probe, max_model_len: int | None
+) -> tuple[PrefillPoint, ...]:
+    """The prefill points, at the probe's lengths below half the context."""
+    aims = [t for t in probe.prompt_lengths if max_model_len is None or t < max_model_len // 2]
+    return tuple([await prober.prefill_point(t) for t in aims or probe.prompt_lengths[:1]])
 
 
 async def _decode(
