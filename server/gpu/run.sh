@@ -8,15 +8,15 @@
 # prefill probe). JSON, the bench's log and vLLM's log land in $OUT.
 set -u
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; B=$(cd "$(dirname "$0")" && pwd); S=/tmp/site; mkdir -p $S/bin
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; B=$(cd "$(dirname "$0")" && pwd); S=/tmp/site; mkdir -p $S
 if [ ! -f $S/.done ]; then
-  cat /tmp/gpu/vllm.part00 "$B/vllm.part01" | LD_LIBRARY_PATH="$B/bin" "$B/bin/zstd" -d -q | tar x -C $S || { el "untar failed"; exit 1; }
+  cat /tmp/gpu/vllm.part00 /tmp/gpu/vllm.part00b "$B/vllm.part01" | LD_LIBRARY_PATH="$B/bin" "$B/bin/zstd" -d -q | tar x -C $S || { el "untar failed"; exit 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $S "$B"/*.whl /tmp/gpu/*.whl 2>&1 | tail -3
   touch $S/.done
 fi
 export PYTHONPATH=$S PATH=$S/bin:$PATH PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 # The untarred package has no console script; the launcher runs `vllm serve`.
-printf '#!/usr/bin/env python3\nimport sys\nfrom vllm.entrypoints.cli.main import main\nsys.exit(main())\n' > $S/bin/vllm
+mkdir -p $S/bin; printf '#!/usr/bin/env python3\nimport sys\nfrom vllm.entrypoints.cli.main import main\nif __name__ == "__main__":\n    sys.exit(main())\n' > $S/bin/vllm
 chmod +x $S/bin/vllm
 M=/tmp/model8b; mkdir -p $M; cp "$B"/model/* $M/
 python3 -c "import vllm, llmbatch; print('vllm', vllm.__version__, 'llmbatch', llmbatch.__version__)"
