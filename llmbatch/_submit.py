@@ -140,8 +140,10 @@ class Submitter:
 
     async def _call(self, request: Request, *, nowait: bool) -> Any:
         engine = self.engine
-        engine.submit(request, nowait=nowait)
+        alone = engine.submit(request, nowait=nowait, here=True)
         try:
+            if alone is not None:
+                await engine.send_here(alone)
             loop = self._loop
             if request.done:
                 pass

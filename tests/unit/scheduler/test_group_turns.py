@@ -54,7 +54,8 @@ def test_a_group_with_work_waits_a_bounded_number_of_tokens(
     most its own last batch, and the sender's batch that overtakes it)."""
     s = scheduler(max_in_flight=seats)
     batch = READY.max_batch_size
-    sizes = [make(BULK, prompt="0-0.0-0", max_tokens=g + 1).est_tokens for g in range(groups)]
+    # Each group's largest request so far: prompts grow by a digit as ``now`` does.
+    sizes = [0] * groups
     in_flight = []
     owed: dict[tuple[int, int], int] = {}  # (waiting, sender) -> sender's tokens since
     queued = dict.fromkeys(range(groups), 0)
@@ -62,7 +63,9 @@ def test_a_group_with_work_waits_a_bounded_number_of_tokens(
     for group, arrivals in steps:
         group %= groups
         for i in range(arrivals):
-            s.add(make(BULK, prompt=f"{group}-{now}-{i}", max_tokens=group + 1), nowait=False)
+            request = make(BULK, prompt=f"{group}-{now}-{i}", max_tokens=group + 1)
+            sizes[group] = max(sizes[group], request.est_tokens)
+            s.add(request, nowait=False)
             queued[group] += 1
         for sent_batch in s.poll(now).batches:
             sent = sent_batch.requests[0].spec.params["max_tokens"] - 1

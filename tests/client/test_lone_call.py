@@ -1,0 +1,117 @@
+"""A lone realtime call is sent from its caller's own task (one event-loop iteration
+less than a sender task), and keeps every promise a sent batch keeps: its caller's
+cancellation, its deadline and the client's close end it, each settled once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+from fake_server import FakeServer
+
+import llmbatch
+from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
+
+pytestmark = pytest.mark.anyio
+
+URL = "http://127.0.0.1:9/v1"
+REALTIME = llmbatch.Priority.REALTIME
+
+
+class Recording:
+    """A FakeServer that notes the task each completion is sent from, and answers
+    after ``delay`` seconds (None: never); ``ended`` counts exchanges that were
+    cancelled."""
+
+    def __init__(self, delay: float | None = 0.0) -> None:
+        self.fake = FakeServer()
+        self.delay = delay
+        self.tasks: list[int] = []
+        self.cancelled = 0
+
+    async def __call__(self, request: HTTPRequest) -> MockResponse:
+        if request.url.endswith("/completions"):
+            self.tasks.append(anyio.get_current_task().id)
+            try:
+                if self.delay is None:
+                    await anyio.sleep_forever()
+                await anyio.sleep(self.delay)
+            except anyio.get_cancelled_exc_class():
+                self.cancelled += 1
+                raise
+        response: MockResponse = self.fake(request)
+        return response
+
+
+def client(server: Recording, **options: Any) -> llmbatch.Client:
+    return llmbatch.Client(URL, transport=MockTransport(server), **options)
+
+
+async def settled(c: llmbatch.Client, server: Recording) -> None:
+    """One call answered and the client's loop asleep again: a call now finds it idle
+    (just after opening, trio may not have run the loop yet)."""
+    delay, server.delay = server.delay, 0.0
+    await c.complete("warm", max_tokens=2)
+    await anyio.sleep(0.05)
+    server.delay = delay
+    server.tasks.clear()
+
+
+async def test_a_lone_realtime_call_goes_from_its_callers_task() -> None:
+    server = Recording()
+    async with client(server) as c:
+        await settled(c, server)
+        me = anyio.get_current_task().id
+        answer = await c.complete("now", max_tokens=2, priority="realtime")
+        await c.complete("later", max_tokens=2)  # normal: the loop's sender sends it
+    assert answer.text
+    assert server.tasks[0] == me
+    assert server.tasks[1] != me
+
+
+async def test_cancelling_the_caller_cancels_its_exchange_and_settles_it_once() -> None:
+    server = Recording(delay=None)
+    async with client(server) as c:
+        await settled(c, server)
+        with anyio.move_on_after(0.2) as scope:
+            await c.complete("hang", max_tokens=2, priority="realtime")
+        assert scope.cancelled_caught
+        assert server.cancelled == 1
+        tier = c.stats().tiers[REALTIME]
+        assert (tier.in_flight, tier.cancelled, tier.failed, tier.done) == (0, 1, 0, 0)
+        # Its seat is free: the next realtime call goes (and is answered).
+        server.delay = 0.0
+        assert (await c.complete("again", max_tokens=2, priority="realtime")).text
+
+
+async def test_its_deadline_ends_the_exchange() -> None:
+    server = Recording(delay=None)
+    with anyio.fail_after(10):
+        async with client(server) as c:
+            await settled(c, server)
+            with pytest.raises(llmbatch.DeadlineExceeded):
+                await c.complete("hang", max_tokens=2, priority="realtime", timeout=0.2)
+            assert server.cancelled == 1
+            assert c.stats().tiers[REALTIME].in_flight == 0
+
+
+async def test_closing_with_cancel_ends_it_as_the_client_closing() -> None:
+    server = Recording(delay=None)
+    errors: list[BaseException] = []
+
+    async def ask(c: llmbatch.Client) -> None:
+        try:
+            await c.complete("hang", max_tokens=2, priority="realtime")
+        except llmbatch.RequestCancelled as exc:
+            errors.append(exc)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            async with client(server, on_close="cancel") as c:
+                tg.start_soon(ask, c)
+                while not server.tasks:
+                    await anyio.sleep(0.01)
+    assert len(errors) == 1
+    assert "client closed" in str(errors[0])
+    assert server.cancelled == 1
