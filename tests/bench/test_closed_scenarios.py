@@ -143,10 +143,9 @@ async def test_control_records_the_limit_following_load(tmp_path: Path) -> None:
 def test_fit_as_the_prefill_cost_measures_the_server_it_is_given() -> None:
     from types import SimpleNamespace
 
+    from llmbatch_bench.server import ServerInfo
     from llmbatch_server.sim.config import StepModel
     from llmbatch_server.testing import run_simulator
-
-    from llmbatch_bench.server import ServerInfo
 
     with run_simulator("--speed", "2", "--max-model-len", "4096") as sim:
         runner = SimpleNamespace(

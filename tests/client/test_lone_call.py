@@ -29,10 +29,12 @@ class Recording:
         self.delay = delay
         self.tasks: list[int] = []
         self.cancelled = 0
+        self.sent = anyio.Event()
 
     async def __call__(self, request: HTTPRequest) -> MockResponse:
         if request.url.endswith("/completions"):
             self.tasks.append(anyio.get_current_task().id)
+            self.sent.set()
             try:
                 if self.delay is None:
                     await anyio.sleep_forever()
@@ -56,6 +58,7 @@ async def settled(c: llmbatch.Client, server: Recording) -> None:
     await anyio.sleep(0.05)
     server.delay = delay
     server.tasks.clear()
+    server.sent = anyio.Event()
 
 
 async def test_a_lone_realtime_call_goes_from_its_callers_task() -> None:
@@ -110,8 +113,7 @@ async def test_closing_with_cancel_ends_it_as_the_client_closing() -> None:
         async with anyio.create_task_group() as tg:
             async with client(server, on_close="cancel") as c:
                 tg.start_soon(ask, c)
-                while not server.tasks:
-                    await anyio.sleep(0.01)
+                await server.sent.wait()
     assert len(errors) == 1
     assert "client closed" in str(errors[0])
     assert server.cancelled == 1
