@@ -29,7 +29,7 @@ timeout "${BENCH_TIMEOUT:-470}" llmbatch bench --vllm $M --vllm-bin $S/bin/vllm 
   --scenario "${SCENARIOS:-ceiling,slo}" --prompts "${SHAPE:-standard}" --n "${N:-4000}" --max-tokens 64 \
   --clients llmbatch,aiohttp --concurrency 256 \
   --slo-pace --slo-prefill-cost fit --slo-baselines '' --realtime-rate 2 --realtime-max-tokens 16 \
-  --slo-duration 20 --slo-warmup 8 --json "$OUT/${SHAPE:-standard}-${SCENARIOS:-ceiling,slo}.json" \
+  --slo-duration 20 --slo-warmup 8 --json "$OUT/gpu-${SHAPE:-standard}.json" \
   -- --load-format dummy --max-model-len 2048 --gpu-memory-utilization 0.85 >"$OUT/bench.log" 2>&1
 el "bench exited $?"
 grep -E '^\| |ceiling:|prefill cost|server:' "$OUT/bench.log" | head -60; tail -5 "$OUT/bench.log"
