@@ -381,6 +381,16 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         raise ValueError("--scale must be >= 1")
     closed = _closed(args)
     fleet = _fleet(args)
+    if args.vllm:
+        from llmbatch_bench.server import check_prompts_fit
+
+        check_prompts_fit(
+            args.vllm,
+            args.vllm_profile,
+            getattr(args, "vllm_args", ()),
+            args.prompts,
+            args.max_tokens,
+        )
     return BenchConfig(
         url=args.url,
         sim_args=tuple(shlex.split(args.sim)) if args.sim is not None else DEFAULT_SIM_ARGS,

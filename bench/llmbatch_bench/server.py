@@ -23,6 +23,7 @@ __all__ = [
     "MetricsSampler",
     "ServerInfo",
     "api_posts",
+    "check_prompts_fit",
     "discover",
     "machine_busy",
     "parse_metrics",
@@ -32,6 +33,42 @@ __all__ = [
     "vllm",
     "wait_idle",
 ]
+
+
+def check_prompts_fit(
+    model: str, profile: str, vllm_args: Sequence[str], shape: str, max_tokens: int
+) -> None:
+    """Raise ValueError, before any engine starts, if the longest prompt of ``shape``
+    plus ``max_tokens`` exceeds the context ``vllm serve`` would get (counted with the
+    model directory's ``tokenizer.json`` where it and the ``tokenizers`` package are
+    there; unchecked otherwise): vLLM would refuse it only after minutes of start-up."""
+    from pathlib import Path
+
+    from llmbatch_bench.jobs import prompt, use_prompts
+    from llmbatch_server.launcher.profiles import build_argv, flag_value
+
+    length = flag_value(
+        build_argv(model=model, profile=profile, extra=list(vllm_args)), "--max-model-len"
+    )
+    path = Path(model) / "tokenizer.json"
+    if length is None or not path.is_file():
+        return
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return
+    use_prompts(shape)
+    tokenizer = Tokenizer.from_file(str(path))
+    # (Numbered as high as a run numbers them: their digits are tokens too.)
+    texts = [prompt(99_999_990 + i) for i in range(10)]
+    longest = max(len(e.ids) for e in tokenizer.encode_batch(texts))
+    if longest + max_tokens > int(length):
+        raise ValueError(
+            f"--prompts {shape}: its longest prompt is {longest:,} tokens on this model's "
+            f"tokenizer, {longest + max_tokens:,} with --max-tokens {max_tokens}, past the "
+            f"server's --max-model-len {length}; give vLLM a longer one (-- --max-model-len "
+            f"{4096 if longest + max_tokens <= 4096 else 8192})"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,13 +24,15 @@ chmod +x $S/bin/vllm
 M=/tmp/model8b; mkdir -p $M; cp "$B"/model/* $M/
 python3 -c "import vllm, llmbatch; print('vllm', vllm.__version__, 'llmbatch', llmbatch.__version__)"
 el "installed"
-# SCENARIOS, SHAPE and N choose another run (e.g. SCENARIOS=ceiling SHAPE=mixed N=2000).
+# SCENARIOS, SHAPE, N and MAXLEN choose another run (SCENARIOS=ceiling SHAPE=mixed N=2000
+# MAXLEN=4096: the long prompts are ~2,460 tokens on the tiny tokenizer; the bench
+# refuses a shape that does not fit before any engine starts).
 timeout "${BENCH_TIMEOUT:-470}" llmbatch bench --vllm $M --vllm-bin $S/bin/vllm --vllm-profile balanced \
   --scenario "${SCENARIOS:-ceiling,slo}" --prompts "${SHAPE:-standard}" --n "${N:-4000}" --max-tokens 64 \
   --clients llmbatch,aiohttp --concurrency 256 \
   --slo-pace --slo-prefill-cost fit --slo-baselines '' --realtime-rate 2 --realtime-max-tokens 16 \
   --slo-duration 20 --slo-warmup 8 --json "$OUT/gpu-${SHAPE:-standard}.json" \
-  -- --load-format dummy --max-model-len 2048 --gpu-memory-utilization 0.85 >"$OUT/bench.log" 2>&1
+  -- --load-format dummy --max-model-len "${MAXLEN:-2048}" --gpu-memory-utilization 0.85 >"$OUT/bench.log" 2>&1
 el "bench exited $?"
 grep -E '^\| |ceiling:|prefill cost|server:' "$OUT/bench.log" | head -60; tail -5 "$OUT/bench.log"
 for d in /tmp/llmbatch-vllm-*; do [ -f "$d/vllm.log" ] && tail -c 2000000 "$d/vllm.log" > "$OUT/vllm-$(basename "$d").log"; done
