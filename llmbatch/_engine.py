@@ -87,12 +87,6 @@ class Engine:
         # ~30 µs in anyio, handing a batch to an idle one a few: there is never more
         # than one sender per batch in flight, and idle ones wait for the next.
         self._idle: list[_Sender] = []
-        self._here: Request | None = None
-        """The request whose caller takes this inline turn, if it may send its own batch."""
-        self._here_batch: Batch | None = None
-        """That request's batch, when it went alone: the caller sends it."""
-        self._inline: set[Flight] = set()
-        """Exchanges under way in callers' tasks (closing with "cancel" stops them)."""
         self.flushing = False
         self.closed = False
         self.shared_stats: Callable[[], SharedStats | None] | None = None
@@ -119,16 +113,12 @@ class Engine:
         """The client's counters."""
         return self._stats
 
-    def submit(
-        self, request: Request, *, nowait: bool = False, more: bool = False, here: bool = False
-    ) -> Batch | None:
+    def submit(self, request: Request, *, nowait: bool = False, more: bool = False) -> None:
         """Queue ``request`` (it waits for room if its tier is full), or raise
         :class:`QueueFull` if ``nowait`` and the tier is full. Never blocks.
         ``more``: the caller is about to submit others (a map's feeder), so a
         realtime request waits for the loop's turn too, to share their batch, and
-        its tenant's limits never refuse it (a map's items wait). ``here``: the
-        caller can send the request itself (:meth:`send_here`); its batch is returned
-        when the request goes at once and alone (None otherwise: it is the loop's)."""
+        its tenant's limits never refuse it (a map's items wait)."""
         if self.closed:
             # The client is closing: nobody would ever serve the queue.
             self._stats.settle_error(
@@ -137,32 +127,17 @@ class Engine:
                     "the client closed before the request was sent", request_id=request.id
                 ),
             )
-            return None
+            return
         if self._health.all_over_tolerance():
             # Past the outage tolerance new requests fail at once until a probe
             # finds the server back.
             self._stats.settle_error(request, self._health.outage_error(request))
-            return None
+            return
         if self._scheduler.add(request, nowait=nowait, must_wait=more):
             if request.priority is Priority.REALTIME and not more:
-                if not here or request.spec.stream:
-                    self._due()
-                    return None
-                self._here = request
-                try:
-                    self._due()
-                    return self._here_batch
-                finally:
-                    self._here = self._here_batch = None
-            self._wake()
-        return None
-
-    async def send_here(self, batch: Batch) -> None:
-        """Send a batch :meth:`submit` returned, in the caller's task: one event-loop
-        iteration less than handing it to a sender task (a lone call's largest cost
-        after the HTTP exchange). Its request's caller is its only waiter, so the
-        caller's cancellation may cancel the exchange."""
-        await self._send(batch, here=True)
+                self._due()
+            else:
+                self._wake()
 
     def _due(self) -> None:
         """A realtime request may be sent. While the loop sleeps, take its turn here,
@@ -290,10 +265,6 @@ class Engine:
             event.set()
 
     def _dispatch(self, tg: TaskGroup, batch: Batch) -> None:
-        here = self._here
-        if here is not None and len(batch.requests) == 1 and batch.requests[0] is here:
-            self._here_batch = batch  # its caller sends it (send_here)
-            return
         if self._idle:
             sender = self._idle.pop()
             sender.batch = batch
@@ -315,13 +286,10 @@ class Engine:
             assert sender.batch is not None
             batch = sender.batch
 
-    async def _send(self, batch: Batch, *, here: bool = False) -> None:
+    async def _send(self, batch: Batch) -> None:
         flight = Flight(batch.requests)
         for request in batch.requests:
             request.flight = flight
-        caller_gone = False
-        if here:
-            self._inline.add(flight)
         try:
             dispatcher = self.servers[batch.replica].dispatcher
             assert dispatcher is not None
@@ -342,14 +310,7 @@ class Engine:
                         attempts=request.attempts,
                     ),
                 )
-        except BaseException:
-            # Cancelled: in the caller's own task, the caller went away (its call
-            # abandons the request, saying so); in a sender, the client closed.
-            caller_gone = here
-            raise
         finally:
-            if here:
-                self._inline.discard(flight)
             scheduler = self._scheduler
             # Requeued requests (the server was down) are no longer this batch's.
             own = [request for request in batch.requests if request.flight is flight]
@@ -358,7 +319,7 @@ class Engine:
                 # Request -> flight -> requests is a cycle: break it so that answered
                 # requests are freed at once, not by the garbage collector.
                 request.flight = None
-                if not request.done and not caller_gone:
+                if not request.done:
                     # Reached only if the dispatcher was cancelled mid-flight (client
                     # closed with on_close="cancel" or drain timeout): nobody may wait
                     # forever.
@@ -392,8 +353,6 @@ class Engine:
         """Fail everything still queued or waiting for room with
         :class:`RequestCancelled`; the queues take nothing after this."""
         self.closed = True
-        for flight in list(self._inline):
-            flight.scope.cancel()  # exchanges in callers' tasks end as the senders' do
         for request in list(self._scheduler.queued_requests()):
             self._scheduler.remove(request)
             self._stats.settle_error(

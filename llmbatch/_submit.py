@@ -140,10 +140,8 @@ class Submitter:
 
     async def _call(self, request: Request, *, nowait: bool) -> Any:
         engine = self.engine
-        alone = engine.submit(request, nowait=nowait, here=True)
+        engine.submit(request, nowait=nowait)
         try:
-            if alone is not None:
-                await engine.send_here(alone)
             loop = self._loop
             if request.done:
                 pass
