@@ -73,6 +73,7 @@ async def results_of(
         yield result
 
 
+@pytest.mark.slow  # ~4 s each: an outage and a restart; CI's slow stage
 @pytest.mark.parametrize("mode", ["503", "refuse"])
 async def test_a_map_rides_out_an_outage_without_failing_or_flooding(mode: str) -> None:
     outage = 3.0

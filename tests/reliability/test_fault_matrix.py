@@ -138,6 +138,7 @@ def _prompts(request: HTTPRequest) -> tuple[str, ...] | None:
     return tuple(prompt) if isinstance(prompt, list) else (prompt,)
 
 
+@pytest.mark.slow  # ~6 s: every fault kind against real servers; CI's slow stage
 async def test_fault_matrix(
     faulty_sim: SimulatorProcess, capsys: pytest.CaptureFixture[str]
 ) -> None:

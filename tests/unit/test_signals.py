@@ -103,6 +103,7 @@ async def test_streams_report_their_own_timing(anyio_backend: Any) -> None:
     assert server.ttft is not None  # the first token's own time, from the stream
 
 
+@pytest.mark.slow  # ~6 s of a server too slow for its SLO; CI's slow stage
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_an_slo_the_server_cannot_meet_is_said(
     anyio_backend: Any, caplog: pytest.LogCaptureFixture
