@@ -220,6 +220,8 @@ class Recorder:
         self.censored: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
         self._tallies: list[tuple[str, Tally]] = []
+        self.streams: list[StreamRecord] = []
+        """Each answered realtime stream's timing (``record_stream``)."""
 
     @property
     def output_tokens(self) -> int:
@@ -333,22 +335,52 @@ class Recorder:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class StreamRecord:
+    """One realtime stream: when it started and when its longest wait between two
+    tokens ended (``time.monotonic()`` readings, to set beside a run's trace), its
+    TTFT and time per output token, that longest gap, and its tokens (seconds)."""
+
+    started: float
+    ttft: float | None
+    tpot: float | None
+    max_gap: float | None
+    max_gap_at: float | None
+    tokens: int
+
+    def row(self, origin: float) -> list[float | int | None]:
+        """[started, ttft, tpot, max_gap, max_gap_at, tokens], times from ``origin``."""
+        at = None if self.max_gap_at is None else self.max_gap_at - origin
+        values = (self.started - origin, self.ttft, self.tpot, self.max_gap, at)
+        return [None if v is None else round(v, 4) for v in values] + [self.tokens]
+
+
+#: The fields of ``StreamRecord.row``, as a run's JSON names them.
+STREAM_FIELDS = ("t", "ttft", "tpot", "max_gap", "max_gap_at", "tokens")
+
+
 async def record_stream(
     rec: Recorder, deltas: AsyncIterator[str], start: float
 ) -> tuple[float | None, float | None] | None:
     """Consume one realtime stream into ``rec``: latency and time to first text from
     ``start`` (a ``time.perf_counter()`` reading), time per output token after the
-    first (each non-empty delta is a token on vLLM and the simulator), or the failure.
-    Returns the stream's (TTFT, time per output token), None if it failed."""
+    first (each non-empty delta is a token on vLLM and the simulator), its longest
+    gap between two tokens (``rec.streams``), or the failure. Returns the stream's
+    (TTFT, time per output token), None if it failed."""
+    to_monotonic = time.monotonic() - time.perf_counter()
     first: float | None = None
     last = 0.0
+    gap = gap_end = None
     chunks = texts = 0
     try:
         async for delta in deltas:
             if delta:
-                last = time.perf_counter()
+                now = time.perf_counter()
                 if first is None:
-                    first = last
+                    first = now
+                elif gap is None or now - last > gap:
+                    gap, gap_end = now - last, now
+                last = now
                 texts += 1
             chunks += 1
     except Exception as exc:
@@ -357,4 +389,6 @@ async def record_stream(
     tpot = (last - first) / (texts - 1) if first is not None and texts > 1 else None
     ttft = first - start if first is not None else None
     rec.success("realtime", time.perf_counter() - start, chunks, ttft=ttft, tpot=tpot)
+    at = None if gap_end is None else gap_end + to_monotonic
+    rec.streams.append(StreamRecord(start + to_monotonic, ttft, tpot, gap, at, texts))
     return ttft, tpot

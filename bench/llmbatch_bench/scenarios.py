@@ -30,7 +30,7 @@ from llmbatch_bench.jobs import (
     watchdog,
     within_limit,
 )
-from llmbatch_bench.metrics import Recorder, RunMetrics, measure
+from llmbatch_bench.metrics import STREAM_FIELDS, Recorder, RunMetrics, measure
 from llmbatch_bench.trace import Trace, window_summary
 
 __all__ = ["run_job"]
@@ -193,6 +193,11 @@ async def _mixed(job: Job, contender: Contender) -> RunMetrics:
         # The window in the trace's time (it started with the client).
         w0, w1 = window["t0"] - trace.origin, window["t1"] - trace.origin
         extra.update(trace=data, window_in_trace=[w0, w1], controller=window_summary(data, w0, w1))
+        # Each realtime stream in the trace's time: which waits made the tail, and when.
+        extra["streams"] = {
+            "fields": list(STREAM_FIELDS),
+            "rows": [stream.row(trace.origin) for stream in rec.streams],
+        }
     extra.update(
         realtime_requests=arrivals,
         realtime_ok=rec.count("realtime"),

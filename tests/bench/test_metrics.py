@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -247,3 +248,29 @@ def test_the_sampler_reads_a_remote_api_servers_cpu_from_its_metrics() -> None:
         summary = sampler.summary()
     assert summary["api_server_cpu_s"] >= 0.0  # the simulator exports it as vLLM does
     assert "server_cpu_s" not in summary
+
+
+def test_a_streams_record_names_its_longest_wait_and_when_it_ended() -> None:
+    from llmbatch_bench.metrics import STREAM_FIELDS, record_stream
+
+    async def deltas() -> AsyncIterator[str]:
+        for text, wait in (("a", 0.0), ("b", 0.01), ("", 0.0), ("c", 0.08), ("d", 0.01)):
+            await asyncio.sleep(wait)
+            yield text
+
+    rec = Recorder()
+    begun = time.monotonic()
+    answered = asyncio.run(record_stream(rec, deltas(), time.perf_counter()))
+    assert answered is not None
+    (stream,) = rec.streams
+    assert stream.tokens == 4  # the empty delta is no token
+    assert stream.tpot == answered[1]
+    assert stream.tpot is not None
+    assert stream.max_gap is not None
+    assert 0.07 < stream.max_gap < 0.2
+    assert stream.max_gap > stream.tpot
+    assert stream.max_gap_at is not None
+    assert begun <= stream.started < stream.max_gap_at < time.monotonic()
+    row = stream.row(origin=begun)
+    assert len(row) == len(STREAM_FIELDS)
+    assert row[-1] == 4
