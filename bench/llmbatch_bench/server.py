@@ -54,7 +54,7 @@ def check_prompts_fit(
     if length is None or not path.is_file():
         return
     try:
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         return
     use_prompts(shape)
