@@ -211,12 +211,12 @@ def use_prompts(shape: str) -> None:
     os.environ[PROMPTS_ENV] = shape
 
 
-def prompt(i: int) -> str:
+def prompt(i: int, shape: str | None = None) -> str:
     """The ``i``-th benchmark prompt, distinct from the first token on: about 40
     tokens (standard), a few (short: the API server rather than the engine limits),
     about 1,000 (long), or a long-tailed mix (mixed: of every ten, seven standard,
-    two of about 250 tokens and one long)."""
-    shape = os.environ.get(PROMPTS_ENV, "standard")
+    two of about 250 tokens and one long); of ``shape``, else this run's."""
+    shape = shape or os.environ.get(PROMPTS_ENV, "standard")
     if shape == "short":
         return f"Request {i}: hi."
     repeats = 1

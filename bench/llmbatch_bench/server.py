@@ -44,7 +44,7 @@ def check_prompts_fit(
     there; unchecked otherwise): vLLM would refuse it only after minutes of start-up."""
     from pathlib import Path
 
-    from llmbatch_bench.jobs import prompt, use_prompts
+    from llmbatch_bench.jobs import prompt
     from llmbatch_server.launcher.profiles import build_argv, flag_value
 
     length = flag_value(
@@ -57,10 +57,9 @@ def check_prompts_fit(
         from tokenizers import Tokenizer  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         return
-    use_prompts(shape)
     tokenizer = Tokenizer.from_file(str(path))
     # (Numbered as high as a run numbers them: their digits are tokens too.)
-    texts = [prompt(99_999_990 + i) for i in range(10)]
+    texts = [prompt(99_999_990 + i, shape) for i in range(10)]
     longest = max(len(e.ids) for e in tokenizer.encode_batch(texts))
     if longest + max_tokens > int(length):
         raise ValueError(
