@@ -223,6 +223,9 @@ class ClientConfig:
             priority_scheduling=self.priority_scheduling,
             headers=self.headers,
             make_transport=self.make_transport,
+            refill=max(
+                self.policies[tier].max_batch_size for tier in (Priority.NORMAL, Priority.BATCH)
+            ),
         )
 
 

@@ -257,6 +257,15 @@ class AdmissionController:
         """Times a learnt capacity was tried again."""
         self._realtime_peak = 0
         self._realtime_seen: float | None = None
+        self.refill = 0
+        """Bulk sequences the server may keep queued beyond its seats while no SLO is
+        set and no realtime has run lately (set by the server: one bulk batch where it
+        schedules by priority, else 0). Bulk sequences admitted together finish
+        together; with a batch already queued there the seats they free are taken at
+        once, not after the client's next request has crossed the API server
+        (docs/concepts.md, "Refill"). Realtime, first in that queue by its priority,
+        waits at most for the next seat to free, and once it runs the reserve
+        returns."""
         self.slo_met = 0
         self.slo_missed = 0
         self.aim = SLO_HEADROOM
@@ -447,11 +456,14 @@ class AdmissionController:
         return max(1, min(int(self._limit), most - self.reserve))
 
     def _seat_cap(self) -> int | None:
-        """The server's seats as a cap on bulk: its capacity, above a learnt one
-        while it is being tried again."""
+        """The server's seats as a cap on bulk: its capacity and the refill queue
+        allowed now, above a learnt capacity while it is being tried again."""
         capacity = self.capacity
         seats = capacity.seats
-        if seats is None or self._probe_until is None or capacity.source != "learnt":
+        if seats is None:
+            return None
+        seats += self._refill_now()
+        if self._probe_until is None or capacity.source != "learnt":
             return seats
         return seats + SEATS_PROBE_MIN
 
@@ -612,7 +624,13 @@ class AdmissionController:
             self._limit = max(self._limit + 1, self._limit * growth)
 
     def _queue_allowance(self) -> float:
-        return max(4.0, QUEUE_ALLOWANCE * self._limit)
+        return max(4.0, QUEUE_ALLOWANCE * self._limit, float(self._refill_now()))
+
+    def _refill_now(self) -> int:
+        """The refill queue allowed now: none under an SLO or with realtime about."""
+        if self.slo is not None or self._realtime_peak:
+            return 0
+        return self.refill
 
     def _follow_queue(self) -> None:
         allowance = self._queue_allowance()

@@ -409,6 +409,14 @@ class Dispatcher:
 
     # -- HTTP and retries ------------------------------------------------------------
 
+    @property
+    def ranks_tiers(self) -> bool:
+        """Each tier is sent with its priority (the server's kind takes one, or the
+        client was told to send it) and the server has not refused it: its queue
+        puts realtime first."""
+        send = self._priority_scheduling
+        return send is not False and (bool(send) or self.server.priority_field is not None)
+
     def _rank(self, requests: Sequence[Request]) -> int | None:
         """The ``priority`` field for the batch's tier, in the server's own convention
         (None: not sent). ``priority_scheduling=True`` sends it in vLLM's (an int,

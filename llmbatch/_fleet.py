@@ -63,6 +63,8 @@ class ServerConfig:
     headers: Callable[[str | None], dict[str, str]]
     """The request headers for an API key (None: none)."""
     make_transport: Callable[[], Transport]
+    refill: int = 0
+    """One bulk batch: the bulk tiers' largest ``max_batch_size`` (``Server.refill``)."""
 
 
 class Fleet:
@@ -142,6 +144,7 @@ class Fleet:
             limits=config.limits,
             retry=config.retry,
             slo=config.slo,
+            refill=config.refill,
         )
 
     async def _read(self, server: Server) -> None:

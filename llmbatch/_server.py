@@ -62,6 +62,11 @@ class Sender(Protocol):
 
     tracer: Tracer | None
 
+    @property
+    def ranks_tiers(self) -> bool:
+        """Each tier is sent with its priority, which the server takes."""
+        ...
+
     async def send(self, requests: Sequence[Request], flight: Flight) -> list[Request]: ...
 
 
@@ -77,6 +82,7 @@ class Server:
         limits: Limits,
         retry: RetryPolicy,
         slo: SLO | None,
+        refill: int = 0,
     ) -> None:
         self.replica = replica
         """How the user named it (the public value ``client.endpoints`` lists)."""
@@ -108,6 +114,10 @@ class Server:
             seats_stated_by=f"Replica(max_num_seqs={stated})" if stated else "",
             prefill_cost=replica.prefill_seconds_per_token,
         )
+        self.refill = refill
+        """One bulk batch (the bulk tiers' largest ``max_batch_size``): what it may
+        keep queued beyond its seats while it schedules by priority and no realtime
+        runs (``AdmissionController.refill``)."""
         self.breaker = Breaker(outage_tolerance=retry.outage_tolerance)
         self.prompt_cap: int | None = None
         """The most prompts it takes in one ``/v1/completions`` list, once it has
@@ -214,6 +224,8 @@ class Server:
         if blocked:
             controller.on_blocked()
         controller.on_realtime_in_flight(now, realtime_in_flight)
+        sender = self.dispatcher
+        controller.refill = self.refill if sender is not None and sender.ranks_tiers else 0
         unreachable = controller.slo_unreachable
         changed = controller.update(now)
         if controller.slo_unreachable and not unreachable:

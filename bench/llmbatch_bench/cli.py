@@ -327,7 +327,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
     client.add_argument(
         "--priority-scheduling",
         action=argparse.BooleanOptionalAction,
-        help="send vLLM priorities (default: on for the simulator's priority profiles)",
+        help="send vLLM priorities (default: on for the simulator's priority profiles and "
+        "a --vllm started with --scheduling-policy priority, as the launcher's profiles are)",
     )
     out = p.add_argument_group("output")
     out.add_argument("--json", type=Path, help="write the report as JSON here")

@@ -7,8 +7,11 @@ Runs an llmbatch ``map`` of the bench's prompts with no SLO (the client keeps th
 server full), and reads ``/metrics`` every ``--interval`` (50 ms) for ``--seconds``
 (30) after a warm-up: ``vllm:num_requests_waiting`` and ``vllm:num_requests_running``
 (llama.cpp's ``llamacpp:requests_deferred`` and ``requests_processing`` where those
-are what it has). Prints and writes their mean and p90, so the simulator fitted to
-an engine can be held against the engine itself (docs/simulator.md).
+are what it has). Prints and writes their mean and p90, and writes every read
+(``series``: seconds into the sampling, then each gauge), so the simulator fitted
+to an engine can be held against the engine itself (docs/simulator.md). A run's
+queue comes and goes in waves and runs differ: ``--rounds 3`` pools three runs'
+reads into one summary, each run's own kept beside it.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import httpx
 import llmbatch
 from llmbatch_bench.jobs import prompts
 
-__all__ = ["gauge_values", "main", "summarize"]
+__all__ = ["gauge_values", "main", "pool", "summarize"]
 
 #: Each gauge and the names servers give it, most common first.
 GAUGES: Mapping[str, tuple[str, ...]] = {
@@ -73,6 +76,7 @@ async def measure(
     parts = urlsplit(url)
     metrics_url = f"{parts.scheme}://{parts.netloc}/metrics"
     series: dict[str, list[float]] = {gauge: [] for gauge in GAUGES}
+    reads: list[list[float]] = []
     async with llmbatch.Client(url) as client, httpx.AsyncClient(timeout=5) as http:
 
         async def saturate() -> None:
@@ -88,6 +92,12 @@ async def measure(
                 values = gauge_values((await http.get(metrics_url)).text)
                 for gauge, value in values.items():
                     series[gauge].append(value)
+                reads.append(
+                    [
+                        round(time.monotonic() - start, 3),
+                        *(values.get(gauge, math.nan) for gauge in GAUGES),
+                    ]
+                )
                 tick += interval
                 await asyncio.sleep(max(0.0, tick - time.monotonic()))
         finally:
@@ -101,7 +111,27 @@ async def measure(
         "max_tokens": max_tokens,
         "samples": len(series["running"]),
         **{gauge: summarize(values) for gauge, values in series.items()},
+        "series": {"fields": ["t", *GAUGES], "reads": reads},
     }
+
+
+def pool(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Several runs' reads as one series: each gauge's mean and p90 over all of them
+    (one run's queue comes and goes in waves, and runs differ), and every run's own
+    summary under ``rounds``."""
+    if not rounds:
+        raise ValueError("pool needs at least one run")
+    fields = list(rounds[0]["series"]["fields"])
+    reads = [read for run in rounds for read in run["series"]["reads"]]
+    pooled: dict[str, Any] = {
+        key: rounds[0][key] for key in ("url", "seconds", "interval", "max_tokens")
+    }
+    pooled["samples"] = len(reads)
+    for gauge in GAUGES:
+        column = fields.index(gauge)
+        pooled[gauge] = summarize([read[column] for read in reads if not math.isnan(read[column])])
+    pooled["rounds"] = [dict(run) for run in rounds]
+    return pooled
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -111,24 +141,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=0.05, help="seconds between reads")
     p.add_argument("--warmup", type=float, default=5.0, help="load before sampling (s)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens a bulk prompt makes")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="runs in a row, each with its own map and warm-up; the summary pools their "
+        "reads (default: 1)",
+    )
     p.add_argument("--json", help="write the summary here")
     args = p.parse_args(argv)
-    result = asyncio.run(
-        measure(
-            args.url,
-            seconds=args.seconds,
-            interval=args.interval,
-            warmup=args.warmup,
-            max_tokens=args.max_tokens,
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
+    runs = []
+    for number in range(1, args.rounds + 1):
+        run = asyncio.run(
+            measure(
+                args.url,
+                seconds=args.seconds,
+                interval=args.interval,
+                warmup=args.warmup,
+                max_tokens=args.max_tokens,
+            )
         )
-    )
+        runs.append(run)
+        if args.rounds > 1:
+            print(f"round {number}: " + _line(run))
+    result = runs[0] if args.rounds == 1 else pool(runs)
     for gauge in GAUGES:
         s = result[gauge]
-        print(f"{gauge}: mean {s['mean']:.2f}, p90 {s['p90']:.2f} ({result['samples']} samples)")
+        label = "pooled " if args.rounds > 1 else ""
+        summary = f"mean {s['mean']:.2f}, p90 {s['p90']:.2f} ({result['samples']} samples)"
+        print(f"{label}{gauge}: {summary}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
+
+
+def _line(run: Mapping[str, Any]) -> str:
+    return ", ".join(
+        f"{gauge} mean {run[gauge]['mean']:.2f} p90 {run[gauge]['p90']:.2f}" for gauge in GAUGES
+    )
 
 
 if __name__ == "__main__":

@@ -244,7 +244,7 @@ class _Runner:
         self.notes = notes
         self.progress = progress
         self.hot = hot
-        auto = server.sim_args is not None and "fcfs" not in server.sim_args
+        auto = server.priority or (server.sim_args is not None and "fcfs" not in server.sim_args)
         self.priority = (
             config.priority_scheduling if config.priority_scheduling is not None else auto
         )

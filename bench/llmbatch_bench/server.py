@@ -84,6 +84,9 @@ class ServerInfo:
     #: core, workers), whose CPU is counted apart.
     api_pid: int | None = None
     engine_pids: tuple[int, ...] = ()
+    #: The harness started it scheduling by priority (``--scheduling-policy
+    #: priority``): llmbatch sends its tiers' priorities there by default.
+    priority: bool = False
 
 
 def discover(base_url: str, api_key: str | None, model: str | None) -> ServerInfo:
@@ -132,12 +135,16 @@ def vllm(
         raise RuntimeError(
             "--vllm needs the llmbatch-server package (pip install -e ./server)"
         ) from exc
+    from llmbatch_server.launcher.profiles import build_argv, flag_value
+
+    argv = build_argv(model=model, profile=profile, extra=list(args))
+    priority = flag_value(argv, "--scheduling-policy") == "priority"
     server = VLLMProcess(model, args, profile=profile, vllm_bin=vllm_bin)
     server.start()
     try:
         info = discover(server.base_url, api_key, None)
         api, engine = server.processes()
-        yield dataclasses.replace(info, api_pid=api, engine_pids=tuple(engine))
+        yield dataclasses.replace(info, api_pid=api, engine_pids=tuple(engine), priority=priority)
     finally:
         server.stop()
 

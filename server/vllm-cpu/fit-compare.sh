@@ -5,7 +5,8 @@
 # bulk scenario, vLLM's own `vllm bench serve` with the same arguments, the bench's
 # slo scenario, and the gauge series under a saturating map. ~15 minutes.
 # Usage: server/vllm-cpu/fit-compare.sh MODEL_DIR OUT_DIR [PYTHON] [VLLM_VENV]
-# Env: STEPS, a comma list of bulk,serve,slo,gauges (default: all).
+# Env: STEPS, a comma list of bulk,serve,slo,gauges (default: all); GAUGE_ROUNDS, the
+# gauge series' runs pooled on each server (default: 3).
 # PYTHON's venv needs llmbatch-server[tokenizer]: the simulator counts with the model's tokenizer.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -41,6 +42,7 @@ measure() {  # NAME PORT: the same runs against whichever server listens on PORT
     fi
     if step gauges; then
         "$PYTHON" -m llmbatch_bench.gauges --url "http://127.0.0.1:$2/v1" --seconds 30 \
+            --rounds "${GAUGE_ROUNDS:-3}" \
             --json "$OUT/fit-compare-$1-gauges.json" >"$OUT/fit-compare-$1-gauges.txt" 2>&1
     fi
     step bulk && "$PYTHON" -m llmbatch_bench --url "http://127.0.0.1:$2/v1" --prompts short --scenario bulk \

@@ -549,3 +549,61 @@ def test_a_batch_leaves_the_running_decodes_their_tokens_of_the_step() -> None:
     assert controller.batch_prefill_cap(2048) == 2048 - 100
     controller.on_load(2.0, waiting=0, running=2000, kv_usage=0.1)
     assert controller.batch_prefill_cap(2048) == 1024  # never below half a step
+
+
+def test_a_stated_capacity_leaves_a_refill_queued_while_no_realtime_runs() -> None:
+    """A server scheduling by priority keeps one bulk batch queued beyond its seats
+    while realtime is quiet, and the reserve returns with the first realtime."""
+    controller = AdmissionController(ceiling=512, max_reserve=4, seats=64)
+    controller.refill = 32
+    controller.update(0.0)
+    assert controller.limit == 64 + 32 - controller.reserve
+    controller.on_realtime_in_flight(1.0, 1)
+    controller.update(1.0)
+    assert controller.limit == 64 - controller.reserve
+    # Realtime long gone (its peak forgotten after RESERVE_MEMORY): the refill again.
+    controller.on_realtime_in_flight(30.0, 0)
+    controller.on_blocked()
+    controller.update(30.0)
+    assert controller.limit > 64 - controller.reserve
+
+
+def test_without_an_slo_a_refill_queue_is_not_a_queue_to_shrink_for() -> None:
+    """Waves: a bulk batch waits on the server for the seats the running ones free."""
+
+    def settled(refill: int) -> list[int]:
+        controller = AdmissionController(ceiling=1024, max_reserve=4)
+        controller.refill = refill
+        return drive(controller, seconds=60, capacity=64)[-10:]
+
+    assert all(64 + 32 - 8 <= n <= 64 + 32 + 30 for n in settled(32)), settled(32)
+    assert all(n <= 64 + 4 + 8 for n in settled(0)), settled(0)
+
+
+def test_no_refill_under_an_slo() -> None:
+    controller = AdmissionController(ceiling=512, max_reserve=4, seats=64, slo=SLO(tpot=1.0))
+    controller.refill = 32
+    controller.update(0.0)
+    assert controller.limit <= 64 - controller.reserve
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    seats=st.integers(2, 256),
+    refill=st.integers(0, 128),
+    realtime=st.integers(1, 8),
+    max_reserve=st.integers(1, 8),
+)
+def test_realtime_about_always_finds_the_stated_seats_reserve(
+    seats: int, refill: int, realtime: int, max_reserve: int
+) -> None:
+    controller = AdmissionController(ceiling=1024, max_reserve=max_reserve, seats=seats)
+    controller.refill = refill
+    now = 0.0
+    for _ in range(10):  # bulk grows into the refill while realtime is quiet
+        controller.on_blocked()
+        controller.update(now)
+        now += 0.5
+    controller.on_realtime_in_flight(now, realtime)
+    controller.update(now)
+    assert controller.limit <= max(1, seats - controller.reserve)

@@ -11,8 +11,11 @@ import pytest
 from fake_server import FakeServer
 
 import llmbatch
+from llmbatch._dispatcher import Dispatcher
+from llmbatch._server import Server
 from llmbatch._servers import (
     GENERIC,
+    Dialect,
     PriorityField,
     ServerKind,
     dialect_of,
@@ -22,6 +25,7 @@ from llmbatch._servers import (
     sglang,
     vllm,
 )
+from llmbatch._stats import StatsRecorder
 from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
 
 pytestmark = pytest.mark.anyio
@@ -202,3 +206,44 @@ async def test_a_server_back_from_an_outage_is_asked_again_what_it_is() -> None:
         assert c.stats().servers[0].outages == 1
     assert server.priorities == ["absent", 2, 2]
     assert server.gets.count("get_server_info") == 2
+
+
+@pytest.mark.parametrize(
+    ("dialect", "priority_scheduling", "refill"),
+    [
+        pytest.param(vllm.DIALECT, None, 64, id="vllm"),
+        pytest.param(vllm.DIALECT, False, 0, id="vllm-priority-off"),
+        pytest.param(GENERIC, None, 0, id="other"),
+        pytest.param(GENERIC, True, 64, id="other-priority-on"),
+    ],
+)
+def test_a_refill_queue_only_where_the_server_puts_realtime_first(
+    dialect: Dialect, priority_scheduling: bool | None, refill: int
+) -> None:
+    """Bulk may keep a batch queued beyond the seats (``AdmissionController.refill``)
+    only where each tier goes with its priority: elsewhere realtime would wait
+    behind that batch."""
+    limits = llmbatch.Limits(max_in_flight=256)
+    server = Server(
+        llmbatch.Replica("http://127.0.0.1:1/v1"),
+        headers={},
+        transport=MockTransport(FakeServer()),
+        limits=limits,
+        retry=llmbatch.RetryPolicy(),
+        slo=None,
+        refill=64,
+    )
+    server.priority_field = dialect.priority_field({"version": "0.32.0"})
+    dispatcher = Dispatcher(
+        server=server,
+        retry=llmbatch.RetryPolicy(),
+        stats=StatsRecorder(started_at=0.0),
+        priority_scheduling=priority_scheduling,
+    )
+    server.dispatcher = dispatcher
+    server.control(0.0, blocked=True, realtime_in_flight=0)
+    assert server.controller.refill == refill
+    if refill:  # the server refuses the field: no refill from then on
+        dispatcher._priority_scheduling = False
+        server.control(1.0, blocked=True, realtime_in_flight=0)
+        assert server.controller.refill == 0
