@@ -240,7 +240,11 @@ class AdmissionController:
         """What the server runs at once: stated, or the most it ran while a real
         queue waited (its ``--max-num-seqs``, or what its KV cache holds)."""
         self._queue = Persistence()
-        """Whether the server's queue is real: more waiting than a step's arrivals."""
+        """Whether the server's queue is real: more waiting than a step's arrivals
+        (and than a refill, where one is allowed)."""
+        self._standing = Persistence()
+        """Whether requests wait there beyond a step's arrivals, a refill or not: what
+        runs beside such a queue once it has lasted is the server's seats."""
         self._kv_full = Persistence()
         self._at_floor_over = Persistence()
         self._sent: deque[tuple[float, int]] = deque()
@@ -257,15 +261,16 @@ class AdmissionController:
         """Times a learnt capacity was tried again."""
         self._realtime_peak = 0
         self._realtime_seen: float | None = None
+        self._realtime_ever = False
         self.refill = 0
         """Bulk sequences the server may keep queued beyond its seats while no SLO is
-        set and no realtime has run lately (set by the server: one bulk batch where it
-        schedules by priority, else 0). Bulk sequences admitted together finish
-        together; with a batch already queued there the seats they free are taken at
-        once, not after the client's next request has crossed the API server
-        (docs/concepts.md, "Refill"). Realtime, first in that queue by its priority,
-        waits at most for the next seat to free, and once it runs the reserve
-        returns."""
+        set and no realtime has ever run there (set by the server: one bulk batch
+        where it schedules by priority, else 0). Bulk sequences admitted together
+        finish together; with a batch already queued there the seats they free are
+        taken at once, not after the client's next request has crossed the API
+        server (docs/concepts.md, "Refill"). The first realtime request, first in
+        that queue by its priority, waits for the next seat to free; from then on
+        the reserve holds."""
         self.slo_met = 0
         self.slo_missed = 0
         self.aim = SLO_HEADROOM
@@ -294,6 +299,7 @@ class AdmissionController:
         self._step_samples = 0
         self.capacity.forget()
         self._queue = Persistence()
+        self._standing = Persistence()
         self._fresh = 0
         self._probe_until = self._next_probe = None
 
@@ -384,22 +390,30 @@ class AdmissionController:
             self.waiting = waiting
             # Requests sent within the last steps may wait for the next step even with
             # seats free: only what waits beyond them is a queue, once it lasts.
+            base = self._queue_allowance(refill=False)
             allowance = self._queue_allowance()
             beyond = waiting - self._recent_arrivals(now)
             if waiting > allowance >= beyond:
                 self.arrivals_dismissed += 1  # a queue, all of it what was just sent
             # While a learnt capacity is tried, a queue is what the try asked for: no
             # evidence either way.
-            probing = self._probing(now)
-            real = not probing and self._queue.observe(now, beyond > allowance, step, waiting)
-            queue = self._queue
-            lasted = queue.since is not None and now - queue.since >= SEATS_LEARN_SECONDS
-            if real and running and lasted:
-                where = queue.describe("waiting", step)
-                self.capacity.learn(running, f"ran {running} while {where}")
+            if not self._probing(now):
+                self._queue.observe(now, beyond > allowance, step, waiting)
+                self._learn_seats(now, beyond > base, running, waiting)
         if kv_usage is not None:
             self.kv_usage = kv_usage
             self._kv_full.observe(now, kv_usage >= KV_FULL, step, kv_usage)
+
+    def _learn_seats(self, now: float, queued: bool, running: int | None, waiting: int) -> None:
+        """What runs beside a queue that has lasted is the server's seats; a refill
+        queue counts too (no queue to shrink for, but the reserve needs the seats
+        once realtime comes)."""
+        standing, step = self._standing, self.step_time
+        full = standing.observe(now, queued, step, waiting)
+        lasted = standing.since is not None and now - standing.since >= SEATS_LEARN_SECONDS
+        if full and running and lasted:
+            where = standing.describe("waiting", step)
+            self.capacity.learn(running, f"ran {running} while {where}")
 
     def on_prompt_usage(self, estimated: int, counted: int) -> None:
         """A batch's prompts were estimated at ``estimated`` tokens; the server
@@ -438,6 +452,8 @@ class AdmissionController:
 
     def on_realtime_in_flight(self, now: float, count: int) -> None:
         """Realtime sequences in flight now: the reserve follows their recent peak."""
+        if count:
+            self._realtime_ever = True
         seen = self._realtime_seen
         if count >= self._realtime_peak or seen is None or now - seen > RESERVE_MEMORY:
             self._realtime_peak = count
@@ -623,12 +639,16 @@ class AdmissionController:
             )
             self._limit = max(self._limit + 1, self._limit * growth)
 
-    def _queue_allowance(self) -> float:
-        return max(4.0, QUEUE_ALLOWANCE * self._limit, float(self._refill_now()))
+    def _queue_allowance(self, *, refill: bool = True) -> float:
+        """What may wait on the server, beyond a step's arrivals, before its queue is
+        real: a little, or a refill where one is allowed (``refill=False``: without)."""
+        least = max(4.0, QUEUE_ALLOWANCE * self._limit)
+        return max(least, float(self._refill_now())) if refill else least
 
     def _refill_now(self) -> int:
-        """The refill queue allowed now: none under an SLO or with realtime about."""
-        if self.slo is not None or self._realtime_peak:
+        """The refill queue allowed now: none under an SLO or once realtime has run
+        (an application that sends realtime at all keeps its reserve)."""
+        if self.slo is not None or self._realtime_ever:
             return 0
         return self.refill
 

@@ -551,9 +551,9 @@ def test_a_batch_leaves_the_running_decodes_their_tokens_of_the_step() -> None:
     assert controller.batch_prefill_cap(2048) == 1024  # never below half a step
 
 
-def test_a_stated_capacity_leaves_a_refill_queued_while_no_realtime_runs() -> None:
+def test_a_stated_capacity_leaves_a_refill_queued_until_realtime_runs() -> None:
     """A server scheduling by priority keeps one bulk batch queued beyond its seats
-    while realtime is quiet, and the reserve returns with the first realtime."""
+    until realtime runs there, and the reserve holds from the first realtime on."""
     controller = AdmissionController(ceiling=512, max_reserve=4, seats=64)
     controller.refill = 32
     controller.update(0.0)
@@ -561,11 +561,12 @@ def test_a_stated_capacity_leaves_a_refill_queued_while_no_realtime_runs() -> No
     controller.on_realtime_in_flight(1.0, 1)
     controller.update(1.0)
     assert controller.limit == 64 - controller.reserve
-    # Realtime long gone (its peak forgotten after RESERVE_MEMORY): the refill again.
+    # Realtime long gone (its peak forgotten after RESERVE_MEMORY): an application
+    # that sends realtime at all keeps its reserve.
     controller.on_realtime_in_flight(30.0, 0)
     controller.on_blocked()
     controller.update(30.0)
-    assert controller.limit > 64 - controller.reserve
+    assert controller.limit == 64 - controller.reserve
 
 
 def test_without_an_slo_a_refill_queue_is_not_a_queue_to_shrink_for() -> None:
@@ -607,3 +608,14 @@ def test_realtime_about_always_finds_the_stated_seats_reserve(
     controller.on_realtime_in_flight(now, realtime)
     controller.update(now)
     assert controller.limit <= max(1, seats - controller.reserve)
+
+
+def test_the_seats_are_learnt_beside_a_refill_so_the_reserve_returns_at_once() -> None:
+    controller = AdmissionController(ceiling=1024, max_reserve=4)
+    controller.refill = 32
+    drive(controller, seconds=30, capacity=64)
+    assert controller.capacity.seats == 64
+    assert controller.limit > 64  # the refill, not a queue to shrink for
+    controller.on_realtime_in_flight(30.0, 1)
+    controller.update(30.0)
+    assert controller.limit == 64 - controller.reserve
