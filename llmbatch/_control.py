@@ -183,6 +183,8 @@ class ControllerState:
     """What the controller believes of the server, and on what evidence."""
     pace: Pace | None = None
     """How bulk admissions are paced now (None: not paced: no SLO, or not measured)."""
+    refill: int = 0
+    """Bulk sequences the limit lets wait on the server beyond its seats now."""
 
 
 def _ewma(old: float | None, sample: float) -> float:
@@ -676,6 +678,7 @@ class AdmissionController:
             slo_unreachable=self.slo_unreachable,
             inferences=self.inferences(),
             pace=self.pace(),
+            refill=self._refill_now(),
         )
 
     def inferences(self) -> tuple[Inference, ...]:

@@ -403,6 +403,7 @@ class Engine:
             inferences=control.inferences,
             bulk_pace=None if control.pace is None else control.pace.tokens_per_second,
             bulk_slice=None if control.pace is None else control.pace.slice_tokens,
+            bulk_refill=control.refill,
         )
 
     def _signal_progress(self) -> None:

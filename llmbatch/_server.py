@@ -116,8 +116,8 @@ class Server:
         )
         self.refill = refill
         """One bulk batch (the bulk tiers' largest ``max_batch_size``): what it may
-        keep queued beyond its seats while it schedules by priority and no realtime
-        runs (``AdmissionController.refill``)."""
+        keep queued beyond its seats while it is sent each tier's priority and until
+        realtime first runs there (``AdmissionController.refill``)."""
         self.breaker = Breaker(outage_tolerance=retry.outage_tolerance)
         self.prompt_cap: int | None = None
         """The most prompts it takes in one ``/v1/completions`` list, once it has

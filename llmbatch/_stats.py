@@ -266,6 +266,11 @@ class ServerStats(_Snapshot):
     bulk_slice: float | None = None
     """... and the most prompt tokens one bulk request carries (four steps' worth,
     at least eight prompts of few tokens)."""
+    bulk_refill: int = 0
+    """Bulk sequences allowed to wait on the server beyond its seats now (included in
+    ``bulk_limit``): one bulk batch, without an SLO, on a server that is sent each
+    tier's priority, until the client's first realtime request runs there
+    (docs/concepts.md, "Refill"); else 0."""
 
     def inference(self, name: str) -> Inference | None:
         """The belief called ``name`` (``"queue"``, ``"seats"``, ...), if held."""

@@ -247,3 +247,13 @@ def test_a_refill_queue_only_where_the_server_puts_realtime_first(
         dispatcher._priority_scheduling = False
         server.control(1.0, blocked=True, realtime_in_flight=0)
         assert server.controller.refill == 0
+
+
+async def test_stats_show_the_refill_until_the_first_realtime_call() -> None:
+    server = KindOfServer(VLLM_MODELS)
+    async with llmbatch.Client("http://127.0.0.1:1/v1", transport=MockTransport(server)) as c:
+        await c.map([f"bulk {i}" for i in range(8)])
+        assert c.stats().servers[0].bulk_refill == 64  # the batch tier's max_batch_size
+        await c.complete("urgent", priority="realtime")
+        await c.map(["bulk again"])  # a control tick after it
+        assert c.stats().servers[0].bulk_refill == 0
