@@ -29,6 +29,10 @@ def _refused(url: str) -> bool:
         httpx.get(url + "/health", timeout=5)
     except httpx.ConnectError:
         return True
+    except httpx.TransportError:
+        # The listener closed while this request was on a connection it had taken:
+        # "disconnected without a response", the outage starting. Ask again.
+        return False
     return False
 
 
