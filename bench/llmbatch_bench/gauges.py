@@ -42,6 +42,8 @@ GAUGES: Mapping[str, tuple[str, ...]] = {
     "waiting": ("vllm:num_requests_waiting", "llamacpp:requests_deferred"),
     "running": ("vllm:num_requests_running", "llamacpp:requests_processing"),
 }
+#: A read in ``series``: seconds into the sampling, then each gauge.
+FIELDS = ("t", *GAUGES)
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
@@ -75,7 +77,6 @@ async def measure(
 ) -> dict[str, Any]:
     parts = urlsplit(url)
     metrics_url = f"{parts.scheme}://{parts.netloc}/metrics"
-    series: dict[str, list[float]] = {gauge: [] for gauge in GAUGES}
     reads: list[list[float]] = []
     async with llmbatch.Client(url) as client, httpx.AsyncClient(timeout=5) as http:
 
@@ -90,8 +91,6 @@ async def measure(
             tick = start
             while tick - start < seconds:
                 values = gauge_values((await http.get(metrics_url)).text)
-                for gauge, value in values.items():
-                    series[gauge].append(value)
                 reads.append(
                     [
                         round(time.monotonic() - start, 3),
@@ -109,10 +108,19 @@ async def measure(
         "seconds": seconds,
         "interval": interval,
         "max_tokens": max_tokens,
-        "samples": len(series["running"]),
-        **{gauge: summarize(values) for gauge, values in series.items()},
-        "series": {"fields": ["t", *GAUGES], "reads": reads},
+        **_summaries(FIELDS, reads),
+        "series": {"fields": list(FIELDS), "reads": reads},
     }
+
+
+def _summaries(fields: Sequence[str], reads: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """``samples`` (reads with a ``running`` gauge) and each gauge's mean and p90
+    over the reads that have it (a gauge a read lacked is NaN there)."""
+    columns: dict[str, list[float]] = {}
+    for gauge in GAUGES:
+        at = list(fields).index(gauge)
+        columns[gauge] = [read[at] for read in reads if not math.isnan(read[at])]
+    return {"samples": len(columns["running"]), **{g: summarize(v) for g, v in columns.items()}}
 
 
 def pool(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -121,15 +129,12 @@ def pool(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     summary under ``rounds``."""
     if not rounds:
         raise ValueError("pool needs at least one run")
-    fields = list(rounds[0]["series"]["fields"])
+    fields = rounds[0]["series"]["fields"]
     reads = [read for run in rounds for read in run["series"]["reads"]]
     pooled: dict[str, Any] = {
         key: rounds[0][key] for key in ("url", "seconds", "interval", "max_tokens")
     }
-    pooled["samples"] = len(reads)
-    for gauge in GAUGES:
-        column = fields.index(gauge)
-        pooled[gauge] = summarize([read[column] for read in reads if not math.isnan(read[column])])
+    pooled.update(_summaries(fields, reads))
     pooled["rounds"] = [dict(run) for run in rounds]
     return pooled
 
