@@ -29,10 +29,19 @@ __all__ = [
     "parse_metrics",
     "process_cpu",
     "read_api_posts",
+    "serve_flag",
     "simulator",
     "vllm",
     "wait_idle",
 ]
+
+
+def serve_flag(model: str, profile: str, vllm_args: Sequence[str], flag: str) -> str | None:
+    """The value ``vllm serve`` gets for ``flag`` from the launcher's ``profile`` and
+    ``vllm_args`` (None: not set)."""
+    from llmbatch_server.launcher.profiles import build_argv, flag_value
+
+    return flag_value(build_argv(model=model, profile=profile, extra=list(vllm_args)), flag)
 
 
 def check_prompts_fit(
@@ -45,11 +54,8 @@ def check_prompts_fit(
     from pathlib import Path
 
     from llmbatch_bench.jobs import prompt
-    from llmbatch_server.launcher.profiles import build_argv, flag_value
 
-    length = flag_value(
-        build_argv(model=model, profile=profile, extra=list(vllm_args)), "--max-model-len"
-    )
+    length = serve_flag(model, profile, vllm_args, "--max-model-len")
     path = Path(model) / "tokenizer.json"
     if length is None or not path.is_file():
         return
@@ -135,10 +141,7 @@ def vllm(
         raise RuntimeError(
             "--vllm needs the llmbatch-server package (pip install -e ./server)"
         ) from exc
-    from llmbatch_server.launcher.profiles import build_argv, flag_value
-
-    argv = build_argv(model=model, profile=profile, extra=list(args))
-    priority = flag_value(argv, "--scheduling-policy") == "priority"
+    priority = serve_flag(model, profile, args, "--scheduling-policy") == "priority"
     server = VLLMProcess(model, args, profile=profile, vllm_bin=vllm_bin)
     server.start()
     try:
