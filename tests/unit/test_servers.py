@@ -241,11 +241,11 @@ def test_a_refill_queue_only_where_the_server_puts_realtime_first(
         priority_scheduling=priority_scheduling,
     )
     server.dispatcher = dispatcher
-    server.control(0.0, blocked=True, realtime_in_flight=0)
+    server.control(0.0, blocked=True, realtime_in_flight=0, bulk_in_flight=0)
     assert server.controller.refill == refill
     if refill:  # the server refuses the field: no refill from then on
         dispatcher._priority_scheduling = False
-        server.control(1.0, blocked=True, realtime_in_flight=0)
+        server.control(1.0, blocked=True, realtime_in_flight=0, bulk_in_flight=0)
         assert server.controller.refill == 0
 
 
