@@ -149,6 +149,14 @@ def _configure(p: argparse.ArgumentParser) -> None:
     bulk.add_argument(
         "--sweep-batch", type=int, default=d.sweep_batch, help="prompts per probe request"
     )
+    bulk.add_argument(
+        "--bulk-rounds",
+        type=int,
+        default=d.bulk_rounds,
+        help="interleaved rounds of the bulk and ceiling scenarios, each client once a "
+        "round on prompts of its own; the report adds each client's median and the "
+        "targets judge the medians (default: %(default)s)",
+    )
     mixed = p.add_argument_group("mixed")
     mixed.add_argument(
         "--realtime-rate", type=float, default=d.realtime_rate, help="Poisson arrivals per second"
@@ -363,6 +371,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "max_tokens",
         "concurrency",
         "sweep_batch",
+        "bulk_rounds",
         "repeat",
         "overhead_n",
         "overhead_max_tokens",
@@ -411,6 +420,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         concurrency=args.concurrency,
         sweep=tuple(args.sweep),
         sweep_batch=args.sweep_batch,
+        bulk_rounds=args.bulk_rounds,
         realtime_rate=args.realtime_rate,
         realtime_duration=args.realtime_duration,
         realtime_warmup=args.realtime_warmup,

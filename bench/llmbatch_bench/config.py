@@ -86,6 +86,9 @@ class BenchConfig:
     concurrency: int = 64
     sweep: tuple[int, ...] = (64, 96, 128, 192, 256, 384, 512)
     sweep_batch: int = 16
+    #: Interleaved rounds of the bulk and ceiling scenarios (each client once a round,
+    #: on prompts of its own); the report adds each client's median.
+    bulk_rounds: int = 1
     realtime_rate: float = 20.0
     realtime_duration: float = 12.0
     realtime_warmup: float = 3.0

@@ -349,12 +349,17 @@ class _Runner:
 
     def bulk(self, contenders: Sequence[str]) -> None:
         c = self.config
-        for name in contenders:
-            self.run(
-                self.job(
-                    kind="bulk", scenario="bulk", contender=name, n=c.n, max_tokens=c.max_tokens
+        for round_ in range(c.bulk_rounds):
+            for name in contenders:
+                job = self.job(
+                    kind="bulk",
+                    scenario="bulk",
+                    contender=name,
+                    n=c.n,
+                    max_tokens=c.max_tokens,
+                    repeat=round_,
                 )
-            )
+                self.run(job, {"round": round_ + 1})
 
     def ceiling(self, contenders: Sequence[str]) -> None:
         """The bulk work again, each client judged against vLLM's offline run of the
@@ -367,11 +372,17 @@ class _Runner:
             "ceiling_output_tokens_per_s": offline.get("output_tokens_per_s"),
             "prompt_shape": c.prompts,
         }
-        for name in contenders:
-            job = self.job(
-                kind="bulk", scenario="ceiling", contender=name, n=c.n, max_tokens=c.max_tokens
-            )
-            self.run(job, context)
+        for round_ in range(c.bulk_rounds):
+            for name in contenders:
+                job = self.job(
+                    kind="bulk",
+                    scenario="ceiling",
+                    contender=name,
+                    n=c.n,
+                    max_tokens=c.max_tokens,
+                    repeat=round_,
+                )
+                self.run(job, {**context, "round": round_ + 1})
 
     def bulk_chat(self, contenders: Sequence[str]) -> None:
         """Conversations instead of prompts: llmbatch's ``map`` (the chat batch route

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,7 @@ def _bulk(report: Mapping[str, Any], scenario: str = "bulk") -> str:
     cap = best["prompts_per_s"] if best else None
     rows = [
         [
-            r["label"],
+            _labelled(r, runs),
             f"{r['ok']}/{r['requested']}",
             num(r["prompts_per_s"]),
             num(r["output_tokens_per_s"]),
@@ -142,7 +143,8 @@ def _bulk(report: Mapping[str, Any], scenario: str = "bulk") -> str:
             "batch route, one request per batch, where the server serves it) against "
             "one chat.completions.create per conversation. " + note
         )
-    return section("Bulk" if scenario == "bulk" else "Bulk chat", table(headers, rows), note)
+    title = "Bulk" if scenario == "bulk" else "Bulk chat"
+    return section(title, table(headers, rows), note) + _medians(runs)
 
 
 def _ceiling(report: Mapping[str, Any]) -> str:
@@ -168,7 +170,7 @@ def _ceiling(report: Mapping[str, Any]) -> str:
         share = r["prompts_per_s"] / offline["prompts_per_s"]
         rows.append(
             [
-                r["label"],
+                _labelled(r, runs),
                 f"{r['ok']}/{r['requested']}",
                 num(r["prompts_per_s"]),
                 num(r["output_tokens_per_s"]),
@@ -195,7 +197,49 @@ def _ceiling(report: Mapping[str, Any]) -> str:
         "its own. For the offline row, 'API server' is the LLM's own process "
         "(scheduling, detokenizing) and 'engine' its engine core."
     )
-    return section("The engine's ceiling", table(headers, rows), note)
+    medians = _medians(runs, offline["prompts_per_s"])
+    return section("The engine's ceiling", table(headers, rows), note) + medians
+
+
+def _labelled(run: Run, runs: list[Run]) -> str:
+    """A run's label, with its round where its client ran more than once."""
+    label = run["label"]
+    if sum(1 for r in runs if r["label"] == label) < 2:
+        return str(label)
+    return f"{label} (round {run['extra'].get('round', '?')})"
+
+
+def _medians(runs: list[Run], ceiling: float | None = None) -> str:
+    """Each client's median over its interleaved rounds, beside the best other
+    client's median (and the offline ceiling, where there is one); nothing when each
+    ran once."""
+    by_label: dict[str, list[float]] = {}
+    for r in runs:
+        by_label.setdefault(str(r["label"]), []).append(float(r["prompts_per_s"]))
+    if all(len(rates) < 2 for rates in by_label.values()):
+        return ""
+    medians = {label: statistics.median(rates) for label, rates in by_label.items()}
+    rows = []
+    for label, rates in by_label.items():
+        others = [m for other, m in medians.items() if other != label]
+        best_other = max(others, default=math.nan)
+        rows.append(
+            [
+                label,
+                str(len(rates)),
+                num(medians[label]),
+                f"{num(min(rates))} to {num(max(rates))}",
+                f"{medians[label] / best_other:.2f}x" if others and best_other else "-",
+                f"{medians[label] / ceiling:.2f}x" if ceiling else "-",
+            ]
+        )
+    headers = ["client", "rounds", "median prompts/s", "range", "vs best other", "of the ceiling"]
+    note = (
+        "Medians over interleaved rounds (each client once a round, on prompts of its "
+        "own); the targets judge these. 'vs best other': this client's median over the "
+        "best median of the others."
+    )
+    return "\n\n" + section("Medians over rounds", table(headers, rows), note)
 
 
 def _mixed(report: Mapping[str, Any]) -> str:

@@ -154,14 +154,21 @@ def _p99(run: RunMetrics | None, which: str = "latency") -> float:
     return p.p99 if p is not None else math.nan
 
 
+def median_rate(runs: Sequence[RunMetrics], scenario: str, label: str) -> float | None:
+    """The median prompts/s of ``label``'s runs in ``scenario`` (its rounds, or its
+    one run), if it ran."""
+    summary = find_summary(summarize([r for r in runs if r.scenario == scenario]), scenario, label)
+    return summary.prompts_per_s if summary is not None else None
+
+
 def _bulk(runs: Sequence[RunMetrics]) -> Target:
     best = capacity(runs)
-    ours = find(runs, "bulk", "llmbatch")
-    value = ratio(ours.prompts_per_s if ours else math.nan, best.prompts_per_s if best else 0)
+    ours = median_rate(runs, "bulk", "llmbatch")
+    value = ratio(ours if ours is not None else math.nan, best.prompts_per_s if best else 0)
     detail = (
-        f"llmbatch {ours.prompts_per_s:.0f} prompts/s vs capacity {best.prompts_per_s:.0f} "
+        f"llmbatch {ours:.0f} prompts/s vs capacity {best.prompts_per_s:.0f} "
         f"prompts/s ({best.label})"
-        if ours and best
+        if ours is not None and best
         else "needs the bulk and sweep scenarios"
     )
     description = "bulk throughput / server's saturated capacity (best of the sweep)"
@@ -169,23 +176,27 @@ def _bulk(runs: Sequence[RunMetrics]) -> Target:
 
 
 def _ceiling(runs: Sequence[RunMetrics]) -> list[Target]:
-    ours = find(runs, "ceiling", "llmbatch")
-    shape = str(ours.extra.get("prompt_shape", "")) if ours else ""
+    first = find(runs, "ceiling", "llmbatch")
+    ours = median_rate(runs, "ceiling", "llmbatch")
+    shape = str(first.extra.get("prompt_shape", "")) if first else ""
     key = "short" if shape == "short" else "other"
-    offline = ours.extra.get("ceiling_prompts_per_s") if ours else None
-    value = ratio(ours.prompts_per_s if ours else math.nan, offline or 0.0)
+    offline = first.extra.get("ceiling_prompts_per_s") if first else None
+    value = ratio(ours if ours is not None else math.nan, offline or 0.0)
     detail = (
-        f"llmbatch {ours.prompts_per_s:.0f} prompts/s vs LLM.generate {offline:.0f} "
-        f"prompts/s ({shape} prompts)"
-        if ours and offline
+        f"llmbatch {ours:.0f} prompts/s vs LLM.generate {offline:.0f} prompts/s ({shape} prompts)"
+        if ours is not None and offline
         else "needs the ceiling scenario (--vllm)"
     )
-    baselines = [r for r in runs if r.scenario == "ceiling" and r.label != "llmbatch" and r.ok]
-    best = max(baselines, key=lambda r: r.prompts_per_s, default=None)
-    lead = ratio(ours.prompts_per_s if ours else math.nan, best.prompts_per_s if best else 0)
+    baselines = {
+        r.label: median_rate(runs, "ceiling", r.label)
+        for r in runs
+        if r.scenario == "ceiling" and r.label != "llmbatch" and r.ok
+    }
+    best = max(baselines.items(), key=lambda item: item[1] or 0.0, default=None)
+    lead = ratio(ours if ours is not None else math.nan, (best[1] or 0.0) if best else 0.0)
     lead_detail = (
-        f"llmbatch {ours.prompts_per_s:.0f} vs {best.label} {best.prompts_per_s:.0f} prompts/s"
-        if ours and best
+        f"llmbatch {ours:.0f} vs {best[0]} {best[1]:.0f} prompts/s"
+        if ours is not None and best and best[1] is not None
         else "needs the ceiling scenario and a baseline"
     )
     return [
