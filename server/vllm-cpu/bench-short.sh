@@ -60,7 +60,9 @@ echo "gauges, vLLM:"
 "$PYTHON" - "$work/fit.json" <<'PY'
 import subprocess, sys, httpx
 from llmbatch_server.testing import run_simulator
-with run_simulator("--fitted", sys.argv[1]) as sim:
+# The fit's probes stop at 16 sequences, so they cannot show vLLM's cap of 16 here:
+# the simulator is told it, as the launcher's profile tells vLLM.
+with run_simulator("--fitted", sys.argv[1], "--max-num-seqs", "16") as sim:
     model = httpx.get(sim.base_url + "/models", timeout=10).json()["data"][0]["id"]
     body = {"model": model, "prompt": "hello", "max_tokens": 4}
     answer = httpx.post(sim.base_url + "/completions", json=body, timeout=60)
