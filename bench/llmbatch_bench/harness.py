@@ -348,18 +348,24 @@ class _Runner:
             )
 
     def bulk(self, contenders: Sequence[str]) -> None:
+        self._bulk_rounds("bulk", contenders, {})
+
+    def _bulk_rounds(
+        self, scenario: str, contenders: Sequence[str], context: dict[str, Any]
+    ) -> None:
+        """Each contender's bulk work, once a round, ``--bulk-rounds`` rounds."""
         c = self.config
         for round_ in range(c.bulk_rounds):
             for name in contenders:
                 job = self.job(
                     kind="bulk",
-                    scenario="bulk",
+                    scenario=scenario,
                     contender=name,
                     n=c.n,
                     max_tokens=c.max_tokens,
                     repeat=round_,
                 )
-                self.run(job, {"round": round_ + 1})
+                self.run(job, {**context, "round": round_ + 1})
 
     def ceiling(self, contenders: Sequence[str]) -> None:
         """The bulk work again, each client judged against vLLM's offline run of the
@@ -372,17 +378,7 @@ class _Runner:
             "ceiling_output_tokens_per_s": offline.get("output_tokens_per_s"),
             "prompt_shape": c.prompts,
         }
-        for round_ in range(c.bulk_rounds):
-            for name in contenders:
-                job = self.job(
-                    kind="bulk",
-                    scenario="ceiling",
-                    contender=name,
-                    n=c.n,
-                    max_tokens=c.max_tokens,
-                    repeat=round_,
-                )
-                self.run(job, {**context, "round": round_ + 1})
+        self._bulk_rounds("ceiling", contenders, context)
 
     def bulk_chat(self, contenders: Sequence[str]) -> None:
         """Conversations instead of prompts: llmbatch's ``map`` (the chat batch route

@@ -129,8 +129,8 @@ def evaluate(runs: Sequence[RunMetrics], scenarios: Collection[str] | None = Non
     ``scenarios`` measures (None: every target, measured or not)."""
     summaries = summarize(runs)
     groups: list[tuple[tuple[str, ...], Callable[[], list[Target]]]] = [
-        (("bulk", "sweep"), lambda: [_bulk(runs)]),
-        (("ceiling",), lambda: _ceiling(runs)),
+        (("bulk", "sweep"), lambda: [_bulk(runs, summaries)]),
+        (("ceiling",), lambda: _ceiling(runs, summaries)),
         (("mixed",), lambda: [_realtime(runs)]),
         (("overhead",), lambda: _overhead(summaries)),
         (("burst",), lambda: _burst(summaries)),
@@ -154,16 +154,16 @@ def _p99(run: RunMetrics | None, which: str = "latency") -> float:
     return p.p99 if p is not None else math.nan
 
 
-def median_rate(runs: Sequence[RunMetrics], scenario: str, label: str) -> float | None:
+def median_rate(summaries: Sequence[Summary], scenario: str, label: str) -> float | None:
     """The median prompts/s of ``label``'s runs in ``scenario`` (its rounds, or its
     one run), if it ran."""
-    summary = find_summary(summarize([r for r in runs if r.scenario == scenario]), scenario, label)
+    summary = find_summary(summaries, scenario, label)
     return summary.prompts_per_s if summary is not None else None
 
 
-def _bulk(runs: Sequence[RunMetrics]) -> Target:
+def _bulk(runs: Sequence[RunMetrics], summaries: Sequence[Summary]) -> Target:
     best = capacity(runs)
-    ours = median_rate(runs, "bulk", "llmbatch")
+    ours = median_rate(summaries, "bulk", "llmbatch")
     value = ratio(ours if ours is not None else math.nan, best.prompts_per_s if best else 0)
     detail = (
         f"llmbatch {ours:.0f} prompts/s vs capacity {best.prompts_per_s:.0f} "
@@ -175,9 +175,9 @@ def _bulk(runs: Sequence[RunMetrics]) -> Target:
     return _target("bulk_throughput", description, value, ">=", BULK_RATIO, "x", detail)
 
 
-def _ceiling(runs: Sequence[RunMetrics]) -> list[Target]:
+def _ceiling(runs: Sequence[RunMetrics], summaries: Sequence[Summary]) -> list[Target]:
     first = find(runs, "ceiling", "llmbatch")
-    ours = median_rate(runs, "ceiling", "llmbatch")
+    ours = median_rate(summaries, "ceiling", "llmbatch")
     shape = str(first.extra.get("prompt_shape", "")) if first else ""
     key = "short" if shape == "short" else "other"
     offline = first.extra.get("ceiling_prompts_per_s") if first else None
@@ -188,7 +188,7 @@ def _ceiling(runs: Sequence[RunMetrics]) -> list[Target]:
         else "needs the ceiling scenario (--vllm)"
     )
     baselines = {
-        r.label: median_rate(runs, "ceiling", r.label)
+        r.label: median_rate(summaries, "ceiling", r.label)
         for r in runs
         if r.scenario == "ceiling" and r.label != "llmbatch" and r.ok
     }
