@@ -243,9 +243,13 @@ def realtime_prompt(i: int) -> str:
 
 
 def prompts(n: int | None, start: int = 0) -> Iterator[str]:
-    """``n`` prompts lazily (forever when ``n`` is None)."""
+    """``n`` prompts lazily (forever when ``n`` is None), of this run's shape.
+
+    The shape is read once here, not per prompt: reading the environment costs about
+    2 µs, which every client measured on the hot path would pay per prompt."""
     indices = itertools.count(start) if n is None else range(start, start + n)
-    return (prompt(i) for i in indices)
+    shape = os.environ.get(PROMPTS_ENV, "standard")
+    return (prompt(i, shape) for i in indices)
 
 
 def chat_inputs(n: int, start: int = 0) -> Iterator[list[dict[str, str]]]:

@@ -58,7 +58,11 @@ def test_lazy_completion_equals_the_constructed_one() -> None:
     assert lazy == eager
     assert hash(lazy) == hash(eager)
     assert lazy.choices[1] == Choice(text="world", finish_reason="length", index=1)
-    assert lazy.usage.total_tokens == 12
+    assert lazy.usage == Usage(
+        prompt_tokens=3, completion_tokens=9, total_tokens=12, estimated=True
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lazy.usage.total_tokens = 1  # type: ignore[misc]
     assert lazy.timings == Timings(queued=0.5, latency=1.5, batch_size=8, attempts=2)
     assert lazy.timings.attempts == 2
     assert repr(lazy) == repr(eager)
