@@ -19,6 +19,8 @@ from types import TracebackType
 
 import httpx
 
+from llmbatch_server._lifetime import stop_with_parent
+
 __all__ = ["LlamaServerProcess"]
 
 #: How long a start may take before it counts as failed.
@@ -97,7 +99,11 @@ class LlamaServerProcess:
     def _spawn(self) -> None:
         with self._log.open("ab") as log:
             self._process = subprocess.Popen(
-                self.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                self.argv(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=stop_with_parent(),
             )
 
     def kill(self) -> None:

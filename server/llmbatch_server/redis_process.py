@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from llmbatch_server._lifetime import stop_with_parent
+
 __all__ = ["RedisError", "RedisProcess", "redis_server_path", "run_redis"]
 
 STARTUP_TIMEOUT = 10.0
@@ -79,7 +81,10 @@ class RedisProcess:
             ]  # fmt: skip
             self._argv = argv
             self._process = subprocess.Popen(
-                argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+                argv,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                preexec_fn=stop_with_parent(),
             )
             if self._wait_ready(timeout):
                 return
@@ -127,7 +132,10 @@ class RedisProcess:
         """Stop, then start again on the same port (its data is gone: nothing is saved)."""
         self.stop()
         self._process = subprocess.Popen(
-            self._argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+            self._argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            preexec_fn=stop_with_parent(),
         )
         if not self._wait_ready(STARTUP_TIMEOUT):
             raise RedisError(f"redis-server did not restart:\n{self.log_tail()}")

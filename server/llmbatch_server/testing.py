@@ -27,6 +27,8 @@ from typing import Any, NamedTuple
 
 import httpx
 
+from llmbatch_server._lifetime import stop_with_parent
+
 DEFAULT_STARTUP_TIMEOUT = 30.0
 
 
@@ -105,7 +107,13 @@ class SimulatorProcess:
         if self.api_key:
             env["VLLM_API_KEY"] = self.api_key  # not on the command line, where ps shows it
         with self._log.open("ab") as log:
-            self._process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+            self._process = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=stop_with_parent(),
+            )
 
     def wait_ready(self, timeout: float = DEFAULT_STARTUP_TIMEOUT) -> None:
         """Wait until the spawned server listens and ``/health`` answers."""

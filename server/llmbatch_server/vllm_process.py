@@ -26,6 +26,8 @@ from typing import Any
 
 import httpx
 
+from llmbatch_server._lifetime import stop_with_parent
+
 #: vLLM loads, compiles and warms up before it answers: minutes on a small CPU.
 DEFAULT_STARTUP_TIMEOUT = 300.0
 
@@ -101,6 +103,8 @@ class VLLMProcess:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env},
                 start_new_session=True,
+                # The launcher stops vLLM in order when this process dies uncleanly.
+                preexec_fn=stop_with_parent(),
             )
         deadline = time.monotonic() + timeout
         with httpx.Client(timeout=2.0, trust_env=False) as http:

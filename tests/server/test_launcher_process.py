@@ -189,3 +189,27 @@ def test_cli_forwards_signal_and_stops_group(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal")
+def test_vllm_stops_when_the_launcher_is_killed(fake_vllm_on_path: pathlib.Path) -> None:
+    """A launcher killed outright (SIGKILL, the OOM killer) cannot stop vLLM itself;
+    vLLM, in a session of its own, is told by the kernel instead of serving on."""
+    port = free_port()
+    cli = [sys.executable, str(FAKE_DIR / "launcher_main.py"), "vllm"]
+    proc = subprocess.Popen(
+        [*cli, "--model", "m", "--port", str(port)], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # bounded by the fake becoming ready
+            if line.startswith("vLLM ready at"):
+                break
+        vllm = read_record(fake_vllm_on_path)["pid"]
+        assert pid_alive(vllm)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    assert wait_until(lambda: not pid_alive(vllm))
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)

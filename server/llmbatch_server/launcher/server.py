@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from llmbatch_server._lifetime import stop_with_parent
 from llmbatch_server.launcher.profiles import build_argv, flag_value, suggested_client_settings
 
 INSTALL_HINT = (
@@ -162,6 +163,7 @@ class VLLMServer:
             stderr=asyncio.subprocess.STDOUT,
             env=self.env,
             start_new_session=True,  # own process group: stop it whole
+            preexec_fn=stop_with_parent(),  # and stopped if the launcher dies
         )
         self._reader = asyncio.create_task(self._pump_logs())
         try:
