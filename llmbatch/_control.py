@@ -254,6 +254,8 @@ class AdmissionController:
         self._at_floor_over = Persistence()
         self._sent: deque[tuple[float, int]] = deque()
         """(time, prompts) of what the client sent lately, for a step's arrivals."""
+        self._sent_prompts = 0
+        """The prompts in ``_sent``."""
         self.arrivals_dismissed = 0
         """Readings of a queue that was no more than what the client had just sent."""
         self._answers = 0
@@ -321,17 +323,26 @@ class AdmissionController:
                     self._bulk_sent_tokens -= window.popleft()[1]
         sent = self._sent
         sent.append((now, prompts))
+        self._sent_prompts += prompts
         horizon = now - self._arrival_window()
-        while sent and sent[0][0] < horizon:
-            sent.popleft()
+        while sent[0][0] < horizon:
+            self._sent_prompts -= sent.popleft()[1]
 
     def _arrival_window(self) -> float:
         step = self.step_time
         return ARRIVAL_STEPS * step if step else ARRIVAL_WINDOW
 
     def _recent_arrivals(self, now: float) -> int:
+        """The prompts sent within the last steps. Asked at every load reading: it
+        costs what fell out of the window since the last send, not the window (which
+        holds every lone call of the last 100 ms before a step time is known)."""
         horizon = now - self._arrival_window()
-        return sum(prompts for at, prompts in self._sent if at >= horizon)
+        total = self._sent_prompts
+        for at, prompts in self._sent:  # oldest first
+            if at >= horizon:
+                break
+            total -= prompts
+        return total
 
     def on_bulk_answer(self, tokens: int) -> None:
         """A bulk request was answered, its longest sequence ``tokens`` long. (Its

@@ -691,3 +691,42 @@ def test_the_seats_are_learnt_beside_a_refill_so_the_reserve_returns_at_once() -
     controller.on_realtime_in_flight(30.0, 1)
     controller.update(30.0)
     assert controller.limit == 64 - controller.reserve
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(
+            st.floats(min_value=0.0, max_value=0.08),  # time since the last event
+            st.sampled_from(["send", "read", "step"]),
+            st.integers(min_value=1, max_value=64),  # prompts sent
+            st.floats(min_value=0.001, max_value=0.06),  # a step time measured
+        ),
+        max_size=60,
+    )
+)
+def test_a_steps_arrivals_are_what_was_sent_within_the_last_steps(
+    events: list[tuple[float, str, int, float]],
+) -> None:
+    """The arrivals a queue reading is checked against are the prompts sent within
+    the window (two steps, or 100 ms before a step is known) as the step time moves:
+    the same count as walking every send kept, which it no longer does per reading."""
+    controller = AdmissionController(ceiling=256, max_reserve=16)
+    now, kept = 0.0, []
+
+    def horizon() -> float:
+        step = controller.step_time
+        return now - (2 * step if step else 0.1)
+
+    for gap, kind, prompts, step in events:
+        now += gap
+        if kind == "send":
+            controller.on_sent(now, prompts)
+            kept.append((now, prompts))
+            while kept[0][0] < horizon():
+                kept.pop(0)
+        elif kind == "step":
+            controller.on_step_time(step)
+        else:
+            expected = sum(n for at, n in kept if at >= horizon())
+            assert controller._recent_arrivals(now) == expected
