@@ -45,7 +45,14 @@ from llmbatch._exceptions import (
     TransportError,
 )
 from llmbatch._logs import BISECTION, Bisection, Throttle, logger
-from llmbatch._models import ChatCompletion, Completion, Delivery, Embedding, make_answer
+from llmbatch._models import (
+    BareChoices,
+    ChatCompletion,
+    Completion,
+    Delivery,
+    Embedding,
+    make_answer,
+)
 from llmbatch._request import Flight, Request
 from llmbatch._scheduler.budgets import RateBudget
 from llmbatch._server import Server
@@ -692,6 +699,7 @@ class Dispatcher:
         first = requests[0]
         usage = answers.usage
         sent_at = first.dispatched_at if first.dispatched_at is not None else now
+        kind = _ANSWER_TYPES[first.spec.kind]
         delivery = Delivery(
             answers.id,
             answers.model,
@@ -702,8 +710,8 @@ class Dispatcher:
             estimated=size > 1,
             total_tokens=usage[2] if size == 1 else None,
             system_fingerprint=answers.system_fingerprint,
+            bare=BareChoices.of(kind, answers.choices[0][0]),
         )
-        kind = _ANSWER_TYPES[first.spec.kind]
         if self._rate is not None and usage[2]:
             self._rate.correct(sum(r.est_tokens for r in requests), usage[2])
         if usage[0] and first.spec.n == 1:

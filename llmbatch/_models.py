@@ -3,8 +3,10 @@
 A bulk map makes one result per prompt, tens of thousands a second. A frozen
 dataclass costs about 0.9 µs per object to build, and the garbage collector walks
 every object a map keeps (it was ~40 % of the client's CPU in 0.1). So a
-:class:`Completion` is one slotted object holding what the server sent, and its
-``choices``, ``usage`` and ``timings`` become objects only when first read. The
+:class:`Completion` is one slotted object holding what the server sent (only the
+text and finish reason, when its choice dict says nothing else: see
+:class:`BareChoices`), and its ``choices``, ``usage`` and ``timings`` become
+objects only when first read. The
 small value types (:class:`Choice`, :class:`Usage`, ...) are plain frozen
 dataclasses. Everything compares by value, pickles, and has ``to_dict()``.
 """
@@ -12,6 +14,7 @@ dataclasses. Everything compares by value, pickles, and has ``to_dict()``.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic
@@ -21,6 +24,7 @@ from typing_extensions import TypeVar
 from llmbatch._exceptions import LLMBatchError
 
 __all__ = [
+    "BareChoices",
     "ChatChoice",
     "ChatCompletion",
     "ChatMessage",
@@ -153,11 +157,14 @@ def _index(raw: Mapping[str, Any], default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def _choice(raw: Mapping[str, Any], index: int) -> Choice:
+def _choice(raw: Mapping[str, Any], index: int, *, server_index: bool = True) -> Choice:
+    """A Choice from the server's dict, numbered as the server numbered it (a stream's
+    chunk), or ``server_index=False``: at ``index`` among its answer's choices (the
+    server numbers a batch's choices through the whole list of prompts)."""
     return Choice(
         text=_text(raw),
         finish_reason=_finish(raw),
-        index=_index(raw, index),
+        index=_index(raw, index) if server_index else index,
         logprobs=raw.get("logprobs"),
     )
 
@@ -184,6 +191,7 @@ def _tool_calls(raw: object) -> tuple[ToolCall, ...] | None:
 
 
 def _chat_choice(raw: Mapping[str, Any], index: int) -> ChatChoice:
+    """A ChatChoice from the server's dict, at ``index`` among its answer's choices."""
     message = raw.get("message")
     message = message if isinstance(message, Mapping) else {}
     content = message.get("content")
@@ -196,7 +204,7 @@ def _chat_choice(raw: Mapping[str, Any], index: int) -> ChatChoice:
             reasoning_content=reasoning if isinstance(reasoning, str) else None,
         ),
         finish_reason=_finish(raw),
-        index=_index(raw, index),
+        index=index,
         logprobs=raw.get("logprobs"),
     )
 
@@ -211,6 +219,7 @@ class Delivery:
     by their results, not copied into each (fewer objects and fields per result)."""
 
     __slots__ = (
+        "bare",
         "batch_size",
         "created",
         "dispatched_at",
@@ -234,6 +243,7 @@ class Delivery:
         estimated: bool,
         total_tokens: int | None,
         system_fingerprint: str | None = None,
+        bare: BareChoices | None = None,
     ) -> None:
         self.id = id
         self.system_fingerprint = system_fingerprint
@@ -245,6 +255,9 @@ class Delivery:
         self.estimated = estimated
         self.total_tokens = total_tokens
         """The server's total for a request answered alone (None: prompt + completion)."""
+        self.bare = bare
+        """How the response laid out its completion choices, when answers may keep
+        only their text and finish reason (None: every answer keeps its dict)."""
 
     @classmethod
     def of(
@@ -380,6 +393,12 @@ class _Answer(_Record):
         kept = getattr(self, "_choices", None)
         if kept is None:  # an Embedding
             return [dict(self._item)]  # type: ignore[attr-defined]
+        if isinstance(kept, str):  # a bare choice: the server's dict, as it was
+            shape = self._delivery.bare
+            assert shape is not None
+            bare: dict[str, Any] = dict.fromkeys(shape.keys)
+            bare.update(text=kept, finish_reason=self._finish, index=0)  # type: ignore[attr-defined]
+            return [bare]
         raw = (kept,) if isinstance(kept, Mapping) else kept
         out = []
         for j, choice in enumerate(raw):
@@ -414,12 +433,15 @@ class Completion(_Answer, Generic[P]):
     ``system_fingerprint``; plus ``text`` (the first choice's), ``timings``, and
     ``parsed`` (the text validated into the call's ``response_model``)."""
 
-    __slots__ = ("_choices", "_parsed")
+    __slots__ = ("_choices", "_finish", "_parsed")
     _FIELDS = ("id", "model", "created", "choices", "usage", "timings", "system_fingerprint")
     object = "text_completion"
     # Built Choice objects, or what the server sent: its choice dicts, or the one
-    # dict itself when n=1 (no tuple to keep alive).
-    _choices: tuple[Choice, ...] | tuple[Mapping[str, Any], ...] | Mapping[str, Any]
+    # dict itself when n=1 (no tuple to keep alive), or, when that dict set nothing
+    # but its text, finish reason and index, the text alone (its finish reason in
+    # _finish): a map's results then keep no dict each (BareChoices).
+    _choices: tuple[Choice, ...] | tuple[Mapping[str, Any], ...] | Mapping[str, Any] | str
+    _finish: str
 
     def __init__(
         self,
@@ -439,11 +461,17 @@ class Completion(_Answer, Generic[P]):
     def choices(self) -> tuple[Choice, ...]:
         """``n`` choices (one unless the call passed ``n=``)."""
         choices = self._choices
+        if type(choices) is str:
+            alone: tuple[Choice, ...] = (Choice(text=choices, finish_reason=self._finish),)
+            _set(self, "_choices", alone)
+            return alone
         if isinstance(choices, Mapping):
             choices = (choices,)
         if choices and not isinstance(choices[0], Choice):
             built = tuple(
-                _choice(raw, i) for i, raw in enumerate(choices) if isinstance(raw, Mapping)
+                _choice(raw, i, server_index=False)
+                for i, raw in enumerate(choices)
+                if isinstance(raw, Mapping)
             )
             _set(self, "_choices", built)
             return built
@@ -451,17 +479,23 @@ class Completion(_Answer, Generic[P]):
 
     def _first(self) -> Choice | Mapping[str, Any]:
         choices = self._choices
+        assert not isinstance(choices, str)  # (text and finish_reason read that form)
         return choices if isinstance(choices, Mapping) else choices[0]
 
     @property
     def text(self) -> str:
         """The first choice's text."""
+        kept = self._choices
+        if type(kept) is str:
+            return kept
         first = self._first()
         return first.text if isinstance(first, Choice) else _text(first)
 
     @property
     def finish_reason(self) -> str | None:
         """The first choice's finish reason (``"stop"``, ``"length"``, ...)."""
+        if type(self._choices) is str:
+            return self._finish
         first = self._first()
         return first.finish_reason if isinstance(first, Choice) else _finish(first)
 
@@ -726,6 +760,7 @@ def _setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[object, objec
 
 _ANSWER_SLOTS = ("_delivery", "_created_at", "_prompt_tokens", "_completion_tokens", "_attempts")
 _completion_slots = _setters(Completion, (*_ANSWER_SLOTS, "_choices"))
+(_set_finish,) = _setters(Completion, ("_finish",))
 _chat_slots = _setters(ChatCompletion, (*_ANSWER_SLOTS, "_choices"))
 _embedding_slots = _setters(Embedding, (*_ANSWER_SLOTS, "_item"))
 _result_slots = _setters(Result, ("index", "value", "error", "metadata"))
@@ -743,6 +778,63 @@ def make_usage(prompt: int, completion: int, total: int, estimated: bool) -> Usa
     set_total(usage, total)
     set_estimated(usage, estimated)
     return usage
+
+
+#: What a bare completion choice sets: everything else it carries is None.
+_BARE_FIELDS = ("text", "finish_reason", "index")
+
+
+class BareChoices:
+    """How a response laid out its completion choices, when its first sets nothing
+    but its text, finish reason and index (no log-probabilities, no stop reason,
+    ...). An answer whose choice is laid out the same keeps those and lets the dict
+    go (a map's result then holds two objects, not three: memory, and the garbage
+    collector's work); the dict is rebuilt from :attr:`keys` when asked for."""
+
+    __slots__ = ("_others", "_single", "_size", "keys")
+
+    def __init__(self, keys: tuple[str, ...]) -> None:
+        self.keys = keys
+        """The choices' keys, in the server's order."""
+        others = [key for key in keys if key not in _BARE_FIELDS]
+        self._size = len(keys)
+        self._others = operator.itemgetter(*others) if others else None
+        self._single = len(others) == 1  # (itemgetter of one key returns the value)
+
+    @classmethod
+    def of(
+        cls,
+        kind: type[Completion] | type[ChatCompletion] | type[Embedding],
+        first: Mapping[str, Any],
+    ) -> BareChoices | None:
+        """The layout of a response of ``kind`` whose first choice is ``first``; None
+        unless that is a bare completion choice (a call with ``logprobs`` sets them
+        in every choice: its answers are not checked one by one)."""
+        if kind is not Completion:
+            return None
+        shape = cls(tuple(first))
+        return shape if shape.fits(first) else None
+
+    def fits(self, raw: Mapping[str, Any]) -> bool:
+        """``raw`` has these keys, string text and finish reason, an int index, and
+        None for everything else."""
+        if (
+            len(raw) != self._size
+            or type(raw.get("text")) is not str
+            or type(raw.get("finish_reason")) is not str
+            or type(raw.get("index")) is not int
+        ):
+            return False
+        get = self._others
+        if get is None:
+            return True
+        try:
+            values = get(raw)
+        except KeyError:  # another key in the place of one of these
+            return False
+        if self._single:
+            return values is None
+        return values.count(None) == len(values)  # type: ignore[no-any-return]
 
 
 def make_answer(
@@ -765,8 +857,15 @@ def make_answer(
     )
     s_delivery, s_created_at, s_prompt, s_completion, s_attempts, s_choices = setters
     # n=1 (nearly always): keep the one dict, not a tuple around it.
-    kept: object = choices[0] if len(choices) == 1 else choices
+    first = choices[0]
+    kept: object = first if len(choices) == 1 else choices
     value = _new(kind)
+    shape = delivery.bare
+    if shape is not None and kept is first and shape.fits(first):
+        # Only its text and finish reason to keep: the dict goes (a map's result then
+        # holds two objects, not three, for the collector and for memory).
+        _set_finish(value, first["finish_reason"])
+        kept = first["text"]
     s_delivery(value, delivery)
     s_created_at(value, created_at)
     s_prompt(value, prompt_tokens)

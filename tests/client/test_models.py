@@ -4,13 +4,14 @@ as results built through their constructors, and behave as immutable values."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import pickle
 
 import pytest
 
 import llmbatch
 from llmbatch import ChatCompletion, ChatMessage, Choice, Completion, Result, Timings, Usage
-from llmbatch._models import Delivery, make_answer, make_result
+from llmbatch._models import BareChoices, Delivery, make_answer, make_result
 
 RAW_CHOICES = (
     {"index": 0, "text": "hello", "finish_reason": "stop", "logprobs": None},
@@ -163,3 +164,81 @@ def test_failed_result_unwrap_raises_its_error() -> None:
     with pytest.raises(llmbatch.BadRequestError, match="too long"):
         result.unwrap()
     assert result.to_dict() == {"index": 0, "value": None, "error": "too long", "metadata": None}
+
+
+#: What vLLM sends for each prompt of a list-prompt request (this one the fourth).
+VLLM_CHOICE = {
+    "index": 3,
+    "text": " the river",
+    "logprobs": None,
+    "finish_reason": "length",
+    "stop_reason": None,
+    "prompt_logprobs": None,
+}
+
+
+def answer_from(raw: dict[str, object], *, bare: bool) -> Completion:
+    """An answer to the prompt ``raw`` answers, made as the dispatcher makes it: with
+    the response's choice keys when its first choice is bare (``bare``), else
+    without, so that it keeps the server's dict."""
+    response = delivery()
+    if bare:
+        response.bare = BareChoices.of(Completion, raw)
+        assert response.bare is not None
+    value: Completion = make_answer(Completion, response, 10.0, 3, 2, 1, (raw,))
+    return value
+
+
+def test_a_bare_choice_answers_as_the_servers_dict_would() -> None:
+    """An answer that kept only its text and finish reason is the same value in every
+    way as one that kept the server's dict, and hands the dict back as it was."""
+    bare, kept = answer_from(dict(VLLM_CHOICE), bare=True), answer_from(VLLM_CHOICE, bare=False)
+    assert (bare.text, bare.finish_reason) == (" the river", "length")
+    assert bare == kept
+    assert hash(bare) == hash(kept)
+    assert repr(bare) == repr(kept)
+    assert bare.to_dict() == kept.to_dict()
+    assert pickle.loads(pickle.dumps(bare)) == kept
+    # The openai drop-in's view, of answers fresh from the server (reading ``choices``
+    # builds Choice objects, which stand for the dict from then on in either form).
+    fresh_bare, fresh_kept = (
+        answer_from(dict(VLLM_CHOICE), bare=True),
+        answer_from(VLLM_CHOICE, bare=False),
+    )
+    server = [{**VLLM_CHOICE, "index": 0}]
+    assert fresh_bare._raw_choices() == fresh_kept._raw_choices() == server
+    assert list(fresh_bare._raw_choices()[0]) == list(VLLM_CHOICE)  # the server's key order
+    assert bare.choices == kept.choices == (Choice(text=" the river", finish_reason="length"),)
+    # What it is for: the answer no longer holds a dict (memory, and the collector's
+    # work, for a map's many results).
+    assert not any(
+        isinstance(ref, dict) for ref in gc.get_referents(answer_from(dict(VLLM_CHOICE), bare=True))
+    )
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"stop_reason": "###"}, {"logprobs": {"tokens": [" the"]}}, {"finish_reason": None}],
+)
+def test_a_choice_that_says_more_is_kept_whole(extra: dict[str, object]) -> None:
+    """A stop reason, log-probabilities, or anything else the server set stays
+    readable as it sent it."""
+    raw = {**VLLM_CHOICE, **extra}
+    assert BareChoices.of(Completion, raw) is None  # a response whose first says more
+    value = answer_from(raw, bare=False)
+    assert value._raw_choices() == [{**raw, "index": 0}]
+    # ... and beside bare ones in one response, it keeps its dict.
+    response = delivery()
+    response.bare = BareChoices.of(Completion, VLLM_CHOICE)
+    assert response.bare is not None
+    mixed = make_answer(Completion, response, 10.0, 3, 2, 1, (raw,))
+    assert mixed._raw_choices() == [{**raw, "index": 0}]
+
+
+def test_a_batched_answer_numbers_its_choices_from_zero() -> None:
+    """The server numbers a list request's choices through all its prompts; each
+    prompt's answer numbers its own, as a request of its own would have them."""
+    for bare in (True, False):
+        value = answer_from(dict(VLLM_CHOICE), bare=bare)
+        assert value.choices[0].index == 0
+        assert value.to_dict()["choices"][0]["index"] == 0
