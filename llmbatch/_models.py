@@ -396,9 +396,7 @@ class _Answer(_Record):
         if isinstance(kept, str):  # a bare choice: the server's dict, as it was
             shape = self._delivery.bare
             assert shape is not None
-            bare: dict[str, Any] = dict.fromkeys(shape.keys)
-            bare.update(text=kept, finish_reason=self._finish, index=0)  # type: ignore[attr-defined]
-            return [bare]
+            return [shape.rebuild(kept, self._finish)]  # type: ignore[attr-defined]
         raw = (kept,) if isinstance(kept, Mapping) else kept
         out = []
         for j, choice in enumerate(raw):
@@ -512,10 +510,13 @@ class ChatCompletion(_Answer, Generic[P]):
     first choice's), ``timings``, and ``parsed`` (the text validated into the
     call's ``response_model``)."""
 
-    __slots__ = ("_choices", "_parsed")
+    __slots__ = ("_choices", "_finish", "_parsed")
     _FIELDS = ("id", "model", "created", "choices", "usage", "timings", "system_fingerprint")
     object = "chat.completion"
-    _choices: tuple[ChatChoice, ...] | tuple[Mapping[str, Any], ...] | Mapping[str, Any]
+    # As Completion's: built objects, the server's dicts (the one dict when n=1), or
+    # a bare choice's message content alone (its finish reason in _finish).
+    _choices: tuple[ChatChoice, ...] | tuple[Mapping[str, Any], ...] | Mapping[str, Any] | str
+    _finish: str
 
     def __init__(
         self,
@@ -541,6 +542,13 @@ class ChatCompletion(_Answer, Generic[P]):
     def choices(self) -> tuple[ChatChoice, ...]:
         """``n`` choices (one unless the call passed ``n=``)."""
         choices = self._choices
+        if isinstance(choices, str):
+            message = ChatMessage(role="assistant", content=choices)
+            alone: tuple[ChatChoice, ...] = (
+                ChatChoice(message=message, finish_reason=self._finish),
+            )
+            _set(self, "_choices", alone)
+            return alone
         if isinstance(choices, Mapping):
             choices = (choices,)
         if choices and not isinstance(choices[0], ChatChoice):
@@ -560,6 +568,8 @@ class ChatCompletion(_Answer, Generic[P]):
     def finish_reason(self) -> str | None:
         """The first choice's finish reason (``"stop"``, ``"length"``, ``"tool_calls"``)."""
         choices = self._choices
+        if isinstance(choices, str):
+            return self._finish
         if isinstance(choices, Mapping):
             return _finish(choices)
         return self.choices[0].finish_reason
@@ -568,7 +578,9 @@ class ChatCompletion(_Answer, Generic[P]):
     def text(self) -> str:
         """The first choice's message text (empty if the server sent none)."""
         choices = self._choices
-        if isinstance(choices, Mapping):  # the common case, without building objects
+        if isinstance(choices, str):
+            return choices
+        if isinstance(choices, Mapping):  # without building objects
             message = choices.get("message")
             if isinstance(message, Mapping):
                 return _text(message, "content")
@@ -761,6 +773,7 @@ def _setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[object, objec
 _ANSWER_SLOTS = ("_delivery", "_created_at", "_prompt_tokens", "_completion_tokens", "_attempts")
 _completion_slots = _setters(Completion, (*_ANSWER_SLOTS, "_choices"))
 (_set_finish,) = _setters(Completion, ("_finish",))
+(_set_chat_finish,) = _setters(ChatCompletion, ("_finish",))
 _chat_slots = _setters(ChatCompletion, (*_ANSWER_SLOTS, "_choices"))
 _embedding_slots = _setters(Embedding, (*_ANSWER_SLOTS, "_item"))
 _result_slots = _setters(Result, ("index", "value", "error", "metadata"))
@@ -780,26 +793,65 @@ def make_usage(prompt: int, completion: int, total: int, estimated: bool) -> Usa
     return usage
 
 
-#: What a bare completion choice sets: everything else it carries is None.
-_BARE_FIELDS = ("text", "finish_reason", "index")
+class _Layout:
+    """One level of a server's choice dict as a response laid it out: its keys in
+    order, and for every key but the ``core`` ones an empty value (None, or an empty
+    list: vLLM's ``tool_calls``). A dict fits when it has these keys with these empty
+    values; it is rebuilt from the core values alone."""
+
+    __slots__ = ("_empties", "_get", "_lists", "_size", "keys")
+
+    def __init__(self, raw: Mapping[str, Any], core: tuple[str, ...]) -> None:
+        self.keys = tuple(raw)
+        others = [key for key in self.keys if key not in core]
+        self._empties = tuple(raw[key] for key in others)
+        self._lists = frozenset(key for key in others if raw[key] == [])
+        self._size = len(self.keys)
+        self._get: Callable[[Mapping[str, Any]], Any] | None = None
+        if len(others) == 1:  # (itemgetter of one key returns the value, not a tuple)
+            (key,) = others
+            self._get = lambda raw: (raw[key],)
+        elif others:
+            self._get = operator.itemgetter(*others)
+
+    @property
+    def empty(self) -> bool:
+        """Whether everything but the core was empty where it was read."""
+        return all(value is None or value == [] for value in self._empties)
+
+    def fits(self, raw: Mapping[str, Any]) -> bool:
+        get = self._get
+        if len(raw) != self._size:
+            return False
+        if get is None:
+            return True
+        try:
+            return bool(get(raw) == self._empties)
+        except KeyError:  # another key in the place of one of these
+            return False
+
+    def rebuild(self, core: Mapping[str, Any]) -> dict[str, Any]:
+        lists = self._lists
+        raw: dict[str, Any] = {key: [] if key in lists else None for key in self.keys}
+        raw.update(core)
+        return raw
 
 
 class BareChoices:
-    """How a response laid out its completion choices, when its first sets nothing
-    but its text, finish reason and index (no log-probabilities, no stop reason,
-    ...). An answer whose choice is laid out the same keeps those and lets the dict
-    go (a map's result then holds two objects, not three: memory, and the garbage
-    collector's work); the dict is rebuilt from :attr:`keys` when asked for."""
+    """How a response laid out its choices, when its first sets nothing but its
+    text (a chat message's content, the assistant's), finish reason and index: no
+    log-probabilities, no stop reason, no tool calls, ... An answer whose choice is
+    laid out the same keeps its text and finish reason and lets the dicts go (a
+    map's result then holds two objects, not three or four: memory, and the garbage
+    collector's work); the dicts are rebuilt from the layout when asked for."""
 
-    __slots__ = ("_others", "_single", "_size", "keys")
+    __slots__ = ("_message", "_outer", "chat")
 
-    def __init__(self, keys: tuple[str, ...]) -> None:
-        self.keys = keys
-        """The choices' keys, in the server's order."""
-        others = [key for key in keys if key not in _BARE_FIELDS]
-        self._size = len(keys)
-        self._others = operator.itemgetter(*others) if others else None
-        self._single = len(others) == 1  # (itemgetter of one key returns the value)
+    def __init__(self, outer: _Layout, message: _Layout | None) -> None:
+        self._outer = outer
+        self._message = message
+        self.chat = message is not None
+        """A chat choice (its text in ``message.content``)."""
 
     @classmethod
     def of(
@@ -808,33 +860,54 @@ class BareChoices:
         first: Mapping[str, Any],
     ) -> BareChoices | None:
         """The layout of a response of ``kind`` whose first choice is ``first``; None
-        unless that is a bare completion choice (a call with ``logprobs`` sets them
-        in every choice: its answers are not checked one by one)."""
-        if kind is not Completion:
+        unless that is bare (a call with ``logprobs`` sets them in every choice: its
+        answers are not checked one by one)."""
+        if kind is Completion:
+            shape = cls(_Layout(first, ("text", "finish_reason", "index")), None)
+        elif kind is ChatCompletion and isinstance(first.get("message"), dict):
+            shape = cls(
+                _Layout(first, ("message", "finish_reason", "index")),
+                _Layout(first["message"], ("role", "content")),
+            )
+        else:
             return None
-        shape = cls(tuple(first))
-        return shape if shape.fits(first) else None
+        layouts = (shape._outer, shape._message or shape._outer)
+        return shape if all(layout.empty for layout in layouts) and shape.fits(first) else None
 
     def fits(self, raw: Mapping[str, Any]) -> bool:
-        """``raw`` has these keys, string text and finish reason, an int index, and
-        None for everything else."""
+        """``raw`` is laid out as the first was: string text (or message content, the
+        assistant's) and finish reason, an int index, the rest empty alike."""
         if (
-            len(raw) != self._size
-            or type(raw.get("text")) is not str
-            or type(raw.get("finish_reason")) is not str
+            type(raw.get("finish_reason")) is not str
             or type(raw.get("index")) is not int
+            or not self._outer.fits(raw)
         ):
             return False
-        get = self._others
-        if get is None:
-            return True
-        try:
-            values = get(raw)
-        except KeyError:  # another key in the place of one of these
-            return False
-        if self._single:
-            return values is None
-        return values.count(None) == len(values)  # type: ignore[no-any-return]
+        message = self._message
+        if message is None:
+            return type(raw.get("text")) is str
+        inner = raw.get("message")
+        return (
+            type(inner) is dict
+            and inner.get("role") == "assistant"
+            and type(inner.get("content")) is str
+            and message.fits(inner)
+        )
+
+    def text(self, raw: Mapping[str, Any]) -> str:
+        """The text of a choice that fits."""
+        text: str = raw["message"]["content"] if self.chat else raw["text"]
+        return text
+
+    def rebuild(self, text: str, finish_reason: str) -> dict[str, Any]:
+        """The server's choice dict of an answer that kept ``text`` and
+        ``finish_reason`` (numbered 0 within its answer)."""
+        core: dict[str, Any] = {"finish_reason": finish_reason, "index": 0}
+        if self._message is None:
+            core["text"] = text
+        else:
+            core["message"] = self._message.rebuild({"role": "assistant", "content": text})
+        return self._outer.rebuild(core)
 
 
 def make_answer(
@@ -862,10 +935,10 @@ def make_answer(
     value = _new(kind)
     shape = delivery.bare
     if shape is not None and kept is first and shape.fits(first):
-        # Only its text and finish reason to keep: the dict goes (a map's result then
-        # holds two objects, not three, for the collector and for memory).
-        _set_finish(value, first["finish_reason"])
-        kept = first["text"]
+        # Only its text and finish reason to keep: the dicts go (a map's result then
+        # holds two objects, not three or four, for the collector and for memory).
+        (_set_chat_finish if shape.chat else _set_finish)(value, first["finish_reason"])
+        kept = shape.text(first)
     s_delivery(value, delivery)
     s_created_at(value, created_at)
     s_prompt(value, prompt_tokens)

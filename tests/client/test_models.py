@@ -3,9 +3,11 @@ as results built through their constructors, and behave as immutable values."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 import pickle
+from typing import Any
 
 import pytest
 
@@ -242,3 +244,70 @@ def test_a_batched_answer_numbers_its_choices_from_zero() -> None:
         value = answer_from(dict(VLLM_CHOICE), bare=bare)
         assert value.choices[0].index == 0
         assert value.to_dict()["choices"][0]["index"] == 0
+
+
+#: What vLLM 0.32 sends for each conversation of a chat batch (this one the third).
+VLLM_CHAT_CHOICE: dict[str, Any] = {
+    "index": 2,
+    "message": {
+        "role": "assistant",
+        "content": "The river.",
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "tool_calls": [],
+        "reasoning_content": None,
+    },
+    "logprobs": None,
+    "finish_reason": "stop",
+    "stop_reason": None,
+}
+
+
+def chat_answer_from(raw: dict[str, Any], *, bare: bool) -> ChatCompletion:
+    response = delivery()
+    if bare:
+        response.bare = BareChoices.of(ChatCompletion, raw)
+        assert response.bare is not None
+    value: ChatCompletion = make_answer(ChatCompletion, response, 10.0, 3, 2, 1, (raw,))
+    return value
+
+
+def test_a_bare_chat_choice_answers_as_the_servers_dicts_would() -> None:
+    bare = chat_answer_from(copy.deepcopy(VLLM_CHAT_CHOICE), bare=True)
+    kept = chat_answer_from(copy.deepcopy(VLLM_CHAT_CHOICE), bare=False)
+    assert (bare.text, bare.finish_reason) == ("The river.", "stop")
+    fresh = chat_answer_from(copy.deepcopy(VLLM_CHAT_CHOICE), bare=True)
+    server = [{**VLLM_CHAT_CHOICE, "index": 0}]
+    assert fresh._raw_choices() == server
+    assert list(fresh._raw_choices()[0]["message"]) == list(VLLM_CHAT_CHOICE["message"])
+    assert bare == kept
+    assert hash(bare) == hash(kept)
+    assert repr(bare) == repr(kept)
+    assert bare.to_dict() == kept.to_dict()
+    assert pickle.loads(pickle.dumps(bare)) == kept
+    assert bare.message == ChatMessage(role="assistant", content="The river.")
+    assert bare.choices[0].index == 0
+    refs = gc.get_referents(chat_answer_from(copy.deepcopy(VLLM_CHAT_CHOICE), bare=True))
+    assert not any(isinstance(ref, dict | list) for ref in refs)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"stop_reason": 42},
+        {"logprobs": {"content": []}},
+        {"message": {**VLLM_CHAT_CHOICE["message"], "tool_calls": [{"id": "c1"}]}},
+        {"message": {**VLLM_CHAT_CHOICE["message"], "reasoning_content": "hmm"}},
+        {"message": {**VLLM_CHAT_CHOICE["message"], "content": None}},
+        {"message": {**VLLM_CHAT_CHOICE["message"], "role": "tool"}},
+    ],
+)
+def test_a_chat_choice_that_says_more_is_kept_whole(change: dict[str, Any]) -> None:
+    raw = {**copy.deepcopy(VLLM_CHAT_CHOICE), **change}
+    assert BareChoices.of(ChatCompletion, raw) is None
+    response = delivery()
+    response.bare = BareChoices.of(ChatCompletion, copy.deepcopy(VLLM_CHAT_CHOICE))
+    value = make_answer(ChatCompletion, response, 10.0, 3, 2, 1, (raw,))
+    assert value._raw_choices() == [{**raw, "index": 0}]
