@@ -256,8 +256,8 @@ class Delivery:
         self.total_tokens = total_tokens
         """The server's total for a request answered alone (None: prompt + completion)."""
         self.bare = bare
-        """How the response laid out its completion choices, when answers may keep
-        only their text and finish reason (None: every answer keeps its dict)."""
+        """How the response laid out its choices, when answers may keep only their
+        text and finish reason (None: every answer keeps the server's dicts)."""
 
     @classmethod
     def of(
@@ -459,7 +459,7 @@ class Completion(_Answer, Generic[P]):
     def choices(self) -> tuple[Choice, ...]:
         """``n`` choices (one unless the call passed ``n=``)."""
         choices = self._choices
-        if type(choices) is str:
+        if isinstance(choices, str):
             alone: tuple[Choice, ...] = (Choice(text=choices, finish_reason=self._finish),)
             _set(self, "_choices", alone)
             return alone
@@ -484,7 +484,7 @@ class Completion(_Answer, Generic[P]):
     def text(self) -> str:
         """The first choice's text."""
         kept = self._choices
-        if type(kept) is str:
+        if isinstance(kept, str):
             return kept
         first = self._first()
         return first.text if isinstance(first, Choice) else _text(first)
@@ -492,7 +492,7 @@ class Completion(_Answer, Generic[P]):
     @property
     def finish_reason(self) -> str | None:
         """The first choice's finish reason (``"stop"``, ``"length"``, ...)."""
-        if type(self._choices) is str:
+        if isinstance(self._choices, str):
             return self._finish
         first = self._first()
         return first.finish_reason if isinstance(first, Choice) else _finish(first)
@@ -820,6 +820,7 @@ class _Layout:
         return all(value is None or value == [] for value in self._empties)
 
     def fits(self, raw: Mapping[str, Any]) -> bool:
+        """``raw`` has these keys, and these empty values beside its core ones."""
         get = self._get
         if len(raw) != self._size:
             return False
@@ -831,6 +832,7 @@ class _Layout:
             return False
 
     def rebuild(self, core: Mapping[str, Any]) -> dict[str, Any]:
+        """The dict, in the server's key order, with ``core`` and fresh empty values."""
         lists = self._lists
         raw: dict[str, Any] = {key: [] if key in lists else None for key in self.keys}
         raw.update(core)
@@ -862,17 +864,18 @@ class BareChoices:
         """The layout of a response of ``kind`` whose first choice is ``first``; None
         unless that is bare (a call with ``logprobs`` sets them in every choice: its
         answers are not checked one by one)."""
+        message: _Layout | None = None
         if kind is Completion:
-            shape = cls(_Layout(first, ("text", "finish_reason", "index")), None)
+            outer = _Layout(first, ("text", "finish_reason", "index"))
         elif kind is ChatCompletion and isinstance(first.get("message"), dict):
-            shape = cls(
-                _Layout(first, ("message", "finish_reason", "index")),
-                _Layout(first["message"], ("role", "content")),
-            )
+            outer = _Layout(first, ("message", "finish_reason", "index"))
+            message = _Layout(first["message"], ("role", "content"))
         else:
             return None
-        layouts = (shape._outer, shape._message or shape._outer)
-        return shape if all(layout.empty for layout in layouts) and shape.fits(first) else None
+        if not outer.empty or (message is not None and not message.empty):
+            return None
+        shape = cls(outer, message)
+        return shape if shape.fits(first) else None
 
     def fits(self, raw: Mapping[str, Any]) -> bool:
         """``raw`` is laid out as the first was: string text (or message content, the
