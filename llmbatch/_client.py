@@ -391,9 +391,18 @@ class Client:
         submitter, spec = await self._spec(
             "completion", "complete", "normal", _with_model(params, response_model, max_reasks)
         )
-        value: Completion[Any] = await submitter.call(
-            submitter.request(spec, prompt), nowait=nowait
-        )
+        request = submitter.request(spec, prompt)
+        if spec.response_model is not None:
+            structured: Completion[Any] = await submitter.call(request, nowait=nowait)
+            return structured
+        # Submitter.call's steps, awaited here: one coroutine frame per waiting call.
+        waiting = submitter.submit(request, nowait=nowait)
+        try:
+            if waiting is not None:
+                await waiting
+        finally:
+            submitter.stop_waiting(request)
+        value: Completion[Any] = submitter.outcome(request)
         return value
 
     @overload
@@ -450,9 +459,18 @@ class Client:
         submitter, spec = await self._spec(
             "chat", "chat", "normal", _with_model(params, response_model, max_reasks)
         )
-        value: ChatCompletion[Any] = await submitter.call(
-            submitter.request(spec, messages), nowait=nowait
-        )
+        request = submitter.request(spec, messages)
+        if spec.response_model is not None:
+            structured: ChatCompletion[Any] = await submitter.call(request, nowait=nowait)
+            return structured
+        # As complete's: Submitter.call's steps awaited here.
+        waiting = submitter.submit(request, nowait=nowait)
+        try:
+            if waiting is not None:
+                await waiting
+        finally:
+            submitter.stop_waiting(request)
+        value: ChatCompletion[Any] = submitter.outcome(request)
         return value
 
     @overload

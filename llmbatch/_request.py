@@ -220,8 +220,8 @@ class Request:
             self._callback = None
             callback(self)
 
-    def park(self, waiter: asyncio.Future[None]) -> None:
-        """``waiter`` is resolved once the request is settled (it is not yet)."""
+    def park(self, waiter: asyncio.Future[None] | anyio.Event) -> None:
+        """``waiter`` is resolved (set) once the request is settled (it is not yet)."""
         self._waiter = waiter
 
     async def wait(self, loop: asyncio.AbstractEventLoop | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import math
 from typing import Any
@@ -550,3 +551,40 @@ async def test_a_map_naming_an_unknown_model_reads_the_list_once_not_per_batch()
     reads = [r for r in transport.requests[opened:] if r.url.endswith("/models")]
     assert batches >= 4
     assert len(reads) == 1  # within a second, the list read for the first 404 serves all
+
+
+@pytest.mark.asyncio_only("reads the asyncio task's coroutine chain")
+@pytest.mark.parametrize("method", ["complete", "chat"])
+async def test_a_waiting_call_is_suspended_in_one_coroutine(method: str) -> None:
+    """A call waits on its request's future in its own frame, not through helpers: a
+    gather of 100,000 calls holds a frame for each coroutine a call is suspended in
+    (about 230 bytes each; docs/benchmarks.md, "Burst")."""
+    import asyncio
+
+    fake, release = FakeServer(), anyio.Event()
+
+    async def slow(request: HTTPRequest) -> MockResponse:
+        if not request.url.endswith("/models"):  # (the client reads them as it opens)
+            await release.wait()
+        return fake(request)
+
+    async with client(slow) as c:
+        call = (
+            c.complete("hi", max_tokens=1)
+            if method == "complete"
+            else c.chat([{"role": "user", "content": "hi"}], max_tokens=1)
+        )
+        task = asyncio.ensure_future(call)
+        try:
+            for _ in range(100):  # until the request is on its way
+                await anyio.sleep(0.001)
+                if fake.bodies:
+                    break
+            awaited = task.get_coro().cr_await
+        finally:
+            release.set()
+        # A future's own iterator: no coroutine (and no frame) between it and the call.
+        assert awaited is not None
+        assert not inspect.iscoroutine(awaited), awaited
+        assert not inspect.isgenerator(awaited), awaited
+        assert (await task).text
