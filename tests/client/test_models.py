@@ -179,16 +179,15 @@ VLLM_CHOICE = {
 }
 
 
-def answer_from(raw: dict[str, object], *, bare: bool) -> Completion:
-    """An answer to the prompt ``raw`` answers, made as the dispatcher makes it: with
-    the response's choice keys when its first choice is bare (``bare``), else
-    without, so that it keeps the server's dict."""
+def answer_from(raw: dict[str, Any], *, bare: bool, kind: type[Any] = Completion) -> Any:
+    """The answer (of ``kind``) the server's choice ``raw`` makes, made as the
+    dispatcher makes it: with the response's layout when its first choice is bare
+    (``bare``), else without, so that it keeps the server's dicts."""
     response = delivery()
     if bare:
-        response.bare = BareChoices.of(Completion, raw)
+        response.bare = BareChoices.of(kind, raw)
         assert response.bare is not None
-    value: Completion = make_answer(Completion, response, 10.0, 3, 2, 1, (raw,))
-    return value
+    return make_answer(kind, response, 10.0, 3, 2, 1, (raw,))
 
 
 def test_a_bare_choice_answers_as_the_servers_dict_would() -> None:
@@ -266,11 +265,7 @@ VLLM_CHAT_CHOICE: dict[str, Any] = {
 
 
 def chat_answer_from(raw: dict[str, Any], *, bare: bool) -> ChatCompletion:
-    response = delivery()
-    if bare:
-        response.bare = BareChoices.of(ChatCompletion, raw)
-        assert response.bare is not None
-    value: ChatCompletion = make_answer(ChatCompletion, response, 10.0, 3, 2, 1, (raw,))
+    value: ChatCompletion = answer_from(raw, bare=bare, kind=ChatCompletion)
     return value
 
 
