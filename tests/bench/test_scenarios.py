@@ -72,7 +72,9 @@ async def test_gather_mode_submits_complete_calls() -> None:
 
 async def test_failures_are_counted_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
     original = jobs.prompt
-    monkeypatch.setattr(jobs, "prompt", lambda i: original(i) + (" POISON" * (i == 3)))
+    monkeypatch.setattr(
+        jobs, "prompt", lambda i, shape=None: original(i, shape) + (" POISON" * (i == 3))
+    )
     # The poisoned prompt fails alone (llmbatch bisects the 400); the run goes on.
     m = await run_job(job(kind="bulk", n=20), mock_contender(FakeServer()))
     assert (m.ok, m.failed) == (19, 1)
