@@ -11,8 +11,6 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
-import anyio
-
 from llmbatch._callspec import CallSpec, SpecCache
 from llmbatch._clock import Clock
 from llmbatch._engine import Engine
@@ -87,7 +85,9 @@ class Submitter:
 
     async def wait(self, request: Request) -> None:
         """Return once ``request`` is settled."""
-        await request.wait(self._loop)
+        waiting = request.waiter(self._loop)
+        if waiting is not None:
+            await waiting
 
     async def call(self, request: Request, *, nowait: bool = False) -> Any:
         """Submit ``request`` and return its value, or raise its error.
@@ -166,16 +166,7 @@ class Submitter:
     def submit(self, request: Request, *, nowait: bool = False) -> Awaitable[None] | None:
         """Submit ``request``; what to await until it is settled (None: it is)."""
         self.engine.submit(request, nowait=nowait)
-        if request.done:
-            return None
-        loop = self._loop
-        if loop is not None:  # a bare future: the cheapest waiter on asyncio
-            future: asyncio.Future[None] = loop.create_future()
-            request.park(future)
-            return future
-        event = anyio.Event()
-        request.park(event)
-        return event.wait()
+        return request.waiter(self._loop)
 
     def stop_waiting(self, request: Request) -> None:
         """The caller is done waiting: if ``request`` is not settled (the caller was
