@@ -864,10 +864,30 @@ class BareChoices:
         """The layout of a response of ``kind`` whose first choice is ``first``; None
         unless that is bare (a call with ``logprobs`` sets them in every choice: its
         answers are not checked one by one)."""
+        if kind is Embedding:
+            return None
+        if len(_LAYOUTS) >= _LAYOUTS_KEPT:
+            _LAYOUTS.clear()
+        inner = first.get("message") if kind is ChatCompletion else None
+        key = (kind, tuple(first), tuple(inner) if isinstance(inner, dict) else None)
+        known = _LAYOUTS.get(key)
+        if known is not None and known.fits(first):
+            return known
+        shape = cls._read(kind, first)
+        if shape is not None:
+            _LAYOUTS[key] = shape
+        return shape
+
+    @classmethod
+    def _read(
+        cls,
+        kind: type[Completion] | type[ChatCompletion] | type[Embedding],
+        first: Mapping[str, Any],
+    ) -> BareChoices | None:
         message: _Layout | None = None
         if kind is Completion:
             outer = _Layout(first, ("text", "finish_reason", "index"))
-        elif kind is ChatCompletion and isinstance(first.get("message"), dict):
+        elif isinstance(first.get("message"), dict):
             outer = _Layout(first, ("message", "finish_reason", "index"))
             message = _Layout(first["message"], ("role", "content"))
         else:
@@ -911,6 +931,14 @@ class BareChoices:
         else:
             core["message"] = self._message.rebuild({"role": "assistant", "content": text})
         return self._outer.rebuild(core)
+
+
+#: Layouts read so far, by the keys they have: a server lays out every response the
+#: same way, and reading one took longer than checking that another fits it.
+_LAYOUTS: dict[tuple[type, tuple[str, ...], tuple[str, ...] | None], BareChoices] = {}
+#: Enough for a few servers and kinds of call; more (a server that varies its keys)
+#: starts the cache again rather than growing it.
+_LAYOUTS_KEPT = 64
 
 
 def make_answer(

@@ -199,6 +199,7 @@ class Runtime:
                     await engine.wait_idle()
             engine.cancel_queued()
             tg.cancel_scope.cancel()
+            engine.cancel_inline()
             if self._host is not None:
                 with anyio.CancelScope(shield=True):
                     await asyncio.wait({self._host})

@@ -28,6 +28,7 @@ from llmbatch._exceptions import RequestError
 from llmbatch._load import (
     LOAD_FORMAT_HEADER,
     LOAD_HEADER,
+    Load,
     MetricsSample,
     parse_load_header,
     parse_metrics,
@@ -128,6 +129,9 @@ class Server:
         """Its release, where it says (``detect``)."""
         self.priority_field: PriorityField | None = None
         """How it takes the ``priority`` field (None: it is not sent)."""
+        self._load_report: tuple[str | None, Load | None] = (None, None)
+        """The last load header read and what it said: a lone caller's answers
+        repeat it, and parsing it again cost more than comparing the text."""
         self.has_metrics: bool | None = None
         """Whether /metrics parses as vLLM's, so is worth reading (None: not read yet).
         Which of its series are there is ``signals``' business."""
@@ -293,7 +297,11 @@ class Server:
             self.ejected = False  # its trial batch was answered: back in rotation
             self.breaker.on_success(sent_at)
         # (Answers to work sent before an ejection do not end it.)
-        load = parse_load_header(headers.get(LOAD_HEADER))
+        raw = headers.get(LOAD_HEADER)
+        seen, load = self._load_report
+        if raw != seen:
+            load = parse_load_header(raw)
+            self._load_report = (raw, load)
         if load is not None:
             self.signals.saw(Source.LOAD_HEADER, now)
             self.controller.on_load(

@@ -16,6 +16,7 @@ from llmbatch._clock import Clock
 from llmbatch._engine import Engine
 from llmbatch._prefix import HotPrefixes, prefix_keys
 from llmbatch._request import Request
+from llmbatch._scheduler import Batch
 from llmbatch._structured import Reask, Verdict, check_answer
 from llmbatch._tracing import Tracer
 from llmbatch._validate import TOKEN_OVERHEAD, check_messages, check_prompt, input_bytes
@@ -164,9 +165,20 @@ class Submitter:
     #     return submitter.outcome(request)
 
     def submit(self, request: Request, *, nowait: bool = False) -> Awaitable[None] | None:
-        """Submit ``request``; what to await until it is settled (None: it is)."""
-        self.engine.submit(request, nowait=nowait)
+        """Submit ``request``; what to await until it is settled (None: it is). A
+        lone realtime call that may go at once is sent by what this returns, in the
+        awaiting task (``Engine.send_inline``)."""
+        alone = self.engine.submit(request, nowait=nowait, inline=not request.spec.stream)
+        if alone is not None:
+            return self._send_inline(alone, request)
         return request.waiter(self._loop)
+
+    async def _send_inline(self, batch: Batch, request: Request) -> None:
+        await self.engine.send_inline(batch)
+        # Settled, unless its server was down and it went back to the queue.
+        waiting = request.waiter(self._loop)
+        if waiting is not None:
+            await waiting
 
     def stop_waiting(self, request: Request) -> None:
         """The caller is done waiting: if ``request`` is not settled (the caller was

@@ -6,8 +6,7 @@ bookkeeping at high concurrency (docs/transport.md has the measurement).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import aiohttp
 
@@ -24,31 +23,32 @@ from llmbatch._transports.reasons import cannot_connect
 __all__ = ["AiohttpTransport"]
 
 
-@contextmanager
-def _mapped_errors(pool_full: bool = False) -> Iterator[None]:
-    """The one place aiohttp's exceptions become llmbatch's.
+#: What aiohttp (and the socket under it) raises, for ``_mapped``.
+_FAILURES = (aiohttp.ClientError, OSError, TimeoutError)
+
+
+def _mapped(exc: BaseException, pool_full: bool = False) -> Exception:
+    """The one place aiohttp's exceptions become llmbatch's (raised ``from exc``).
 
     aiohttp reports a wait for a pooled connection and a slow TCP connect alike
     (``ConnectionTimeoutError``); ``pool_full`` says whether the request had to wait
-    for the pool, which tells them apart.
+    for the pool, which tells them apart. (A function rather than a context manager:
+    every request passes through it twice, and a generator's ``with`` cost more.)
     """
-    try:
-        yield
-    except aiohttp.ConnectionTimeoutError as exc:
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
         if pool_full:
-            raise PoolTimeout(
+            return PoolTimeout(
                 "timed out waiting for a free connection in the client's pool "
                 "(Timeout.pool; raise Limits.max_connections or lower the load)"
-            ) from exc
-        raise ConnectTimeout(f"timed out connecting: {exc}") from exc
-    except aiohttp.ClientConnectorError as exc:
-        raise cannot_connect(f"{exc.host}:{exc.port}", exc, str(exc)) from exc
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-        raise ReadTimeout("timed out waiting for the server (Timeout.read)") from exc
-    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
-        raise RemoteProtocolError(f"connection dropped mid-response: {exc}") from exc
-    except (aiohttp.ClientError, OSError) as exc:
-        raise RemoteProtocolError(f"HTTP transport error: {exc!r}") from exc
+            )
+        return ConnectTimeout(f"timed out connecting: {exc}")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return cannot_connect(f"{exc.host}:{exc.port}", exc, str(exc))
+    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+        return ReadTimeout("timed out waiting for the server (Timeout.read)")
+    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
+        return RemoteProtocolError(f"connection dropped mid-response: {exc}")
+    return RemoteProtocolError(f"HTTP transport error: {exc!r}")
 
 
 class _Response:
@@ -67,13 +67,17 @@ class _Response:
         return {k.lower(): v for k, v in self._response.headers.items()}
 
     async def read(self) -> bytes:
-        with _mapped_errors():
+        try:
             return await self._response.read()
+        except _FAILURES as exc:
+            raise _mapped(exc) from exc
 
     async def iter_lines(self) -> AsyncIterator[bytes]:
-        with _mapped_errors():
+        try:
             async for line in self._response.content:
                 yield line.rstrip(b"\r\n")
+        except _FAILURES as exc:
+            raise _mapped(exc) from exc
 
     async def aclose(self) -> None:
         self._response.release()
@@ -118,12 +122,13 @@ class AiohttpTransport:
         pool_full = self._active >= self._limits.max_connections
         self._active += 1
         try:
-            with _mapped_errors(pool_full):
-                response = await session.request(
-                    request.method, request.url, data=request.body, headers=dict(request.headers)
-                )
-        except BaseException:
+            response = await session.request(
+                request.method, request.url, data=request.body, headers=dict(request.headers)
+            )
+        except BaseException as exc:
             self._active -= 1
+            if isinstance(exc, _FAILURES):
+                raise _mapped(exc, pool_full) from exc
             raise
         return _Response(response, self._release)
 

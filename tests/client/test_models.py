@@ -236,6 +236,23 @@ def test_a_choice_that_says_more_is_kept_whole(extra: dict[str, object]) -> None
     assert mixed._raw_choices() == [{**raw, "index": 0}]
 
 
+def test_a_layout_is_read_once_and_a_choice_that_says_more_still_is_not_bare() -> None:
+    """Every response of a server is laid out alike: the layout read from one serves
+    the next (``BareChoices.of`` returns it again), but only for a choice that fits
+    it; the same keys with something set are read afresh, and are not bare."""
+    from llmbatch import _models
+
+    first = BareChoices.of(Completion, dict(VLLM_CHOICE))
+    assert first is not None
+    assert BareChoices.of(Completion, {**VLLM_CHOICE, "text": "other"}) is first
+    assert BareChoices.of(Completion, {**VLLM_CHOICE, "stop_reason": "###"}) is None
+    assert BareChoices.of(ChatCompletion, dict(VLLM_CHOICE)) is None  # another kind
+    # A server that varies its keys starts the cache again rather than growing it.
+    for i in range(3 * _models._LAYOUTS_KEPT):
+        BareChoices.of(Completion, {**VLLM_CHOICE, f"extra_{i}": None})
+    assert len(_models._LAYOUTS) <= _models._LAYOUTS_KEPT
+
+
 def test_a_batched_answer_numbers_its_choices_from_zero() -> None:
     """The server numbers a list request's choices through all its prompts; each
     prompt's answer numbers its own, as a request of its own would have them."""

@@ -257,3 +257,47 @@ async def test_stats_show_the_refill_until_the_first_realtime_call() -> None:
         await c.complete("urgent", priority="realtime")
         await c.map(["bulk again"])  # a control tick after it
         assert c.stats().servers[0].bulk_refill == 0
+
+
+def test_a_server_reads_each_load_report_it_has_not_read_already(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lone caller's answers repeat the same report: it is parsed when its text
+    changes, and every answer's report still reaches the controller."""
+    from llmbatch import _server
+    from llmbatch._load import Load, parse_load_header
+
+    parsed: list[str | None] = []
+
+    def counting(value: str | None) -> Load | None:
+        parsed.append(value)
+        return parse_load_header(value)
+
+    monkeypatch.setattr(_server, "parse_load_header", counting)
+    server = _server.Server(
+        llmbatch.Replica("http://127.0.0.1:8000/v1"),
+        headers={},
+        transport=MockTransport(lambda request: MockResponse(status=200)),
+        limits=llmbatch.Limits(),
+        retry=llmbatch.RetryPolicy(),
+        slo=None,
+    )
+    seen: list[tuple[int | None, int | None]] = []
+    controller = server.controller
+    on_load = controller.on_load
+
+    def noting(now: float, *, waiting: int | None, running: int | None, **kw: object) -> None:
+        seen.append((waiting, running))
+        on_load(now, waiting=waiting, running=running, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(controller, "on_load", noting)
+
+    def report(waiting: int, running: int) -> dict[str, str]:
+        named = {"num_requests_waiting": waiting, "num_requests_running": running}
+        return {"endpoint-load-metrics": "JSON " + json.dumps({"named_metrics": named})}
+
+    for now, headers in enumerate([report(0, 1), report(0, 1), report(2, 5), {}, report(2, 5)]):
+        server.on_response(200, headers, float(now))
+    assert seen == [(0, 1), (0, 1), (2, 5), (2, 5)]  # (no report: nothing to say)
+    assert len(parsed) == 4  # the repeats read once each run: 1, 2, (none), 2 again
+    assert (controller.waiting, controller.running) == (2, 5)
