@@ -866,8 +866,6 @@ class BareChoices:
         answers are not checked one by one)."""
         if kind is Embedding:
             return None
-        if len(_LAYOUTS) >= _LAYOUTS_KEPT:
-            _LAYOUTS.clear()
         inner = first.get("message") if kind is ChatCompletion else None
         key = (kind, tuple(first), tuple(inner) if isinstance(inner, dict) else None)
         known = _LAYOUTS.get(key)
@@ -875,6 +873,8 @@ class BareChoices:
             return known
         shape = cls._read(kind, first)
         if shape is not None:
+            if len(_LAYOUTS) >= _LAYOUTS_KEPT:
+                _LAYOUTS.clear()
             _LAYOUTS[key] = shape
         return shape
 
