@@ -524,28 +524,6 @@ class StatsRecorder:
         for wait in waits:
             observe(wait)
 
-    def settle_value(
-        self, request: Request, value: object, latency: float, prompt: int, completion: int
-    ) -> bool:
-        """Give ``request`` its value and count it; False if it was already settled."""
-        if not request.set_value(value):
-            return False
-        tier = self._tiers[request.priority]
-        tier.done += 1
-        tier.latency.append(latency)
-        tier.latency_buckets.observe(latency)
-        tier.retried += request.retried
-        self.prompt_tokens += prompt
-        self.completion_tokens += completion
-        self._rates.add(request.created_at + latency, completion)
-        if request.spec.tenant is not None:
-            self._tenant_done(
-                request.spec.tenant, latency, prompt, completion, now=request.created_at + latency
-            )
-        if self.tracer is not None:
-            self.tracer.request_settled(request)
-        return True
-
     def settle_batch(
         self,
         requests: Sequence[Request],
@@ -554,9 +532,9 @@ class StatsRecorder:
         prompts: Sequence[int],
         completions: Sequence[int],
     ) -> None:
-        """Give each request of one answered batch its value, as :meth:`settle_value`
-        would one by one. What the batch shares (its tier, the time it was answered)
-        is counted once: a bulk batch of 64 pays for one counter update, not 64."""
+        """Give each request of one answered batch its value, and count it. What the
+        batch shares (its tier, the time it was answered) is counted once: a bulk
+        batch of 64 pays for one counter update, not 64."""
         tier = self._tiers[requests[0].priority]
         latencies = tier.latency
         observe = tier.latency_buckets.observe
@@ -642,15 +620,6 @@ class StatsRecorder:
         if other is None:
             other = self._other = _TenantCounters()
         return counters, other
-
-    def _tenant_done(
-        self, name: str, latency: float, prompt: int, completion: int, *, now: float
-    ) -> None:
-        for counters in self._tenant_counters(name, now):
-            counters.done += 1
-            counters.latency.append(latency)
-            counters.prompt += prompt
-            counters.completion += completion
 
     def _tenant_stats(
         self, now: float, counts: Mapping[str, tuple[int, int]]

@@ -31,7 +31,8 @@ QUIET = {p: 0 for p in Priority}
 
 def settle(recorder: StatsRecorder, at: float, latency: float, tokens: int = 10) -> None:
     request = make_request(Priority.BATCH, at=at - latency)
-    assert recorder.settle_value(request, object(), latency, 3, tokens)
+    recorder.settle_batch([request], [object()], at, [3], [tokens])
+    assert request.done
 
 
 def test_rates_cover_only_the_last_window() -> None:
@@ -60,11 +61,12 @@ def test_rates_just_after_open_use_the_time_since_open() -> None:
 def test_histograms_count_every_observation_in_its_bucket() -> None:
     recorder = StatsRecorder(started_at=0.0)
     latencies = [0.001, 0.005, 0.02, 0.3, 7.0, 1000.0]
-    for i, latency in enumerate(latencies):
-        settle(recorder, at=10.0 + i, latency=latency)
+    for latency in latencies:  # asked at 0, answered at the latency: exact, on the bounds
+        request = make_request(Priority.BATCH, at=0.0)
+        recorder.settle_batch([request], [object()], latency, [3], [10])
     for size in (1, 3, 64, 2000):
         recorder.batch_sent(size)
-    stats = recorder.snapshot(20.0, QUIET, QUIET)
+    stats = recorder.snapshot(2000.0, QUIET, QUIET)
     histogram = stats.tiers[Priority.BATCH].latency_histogram
     assert histogram.bounds == LATENCY_BOUNDS
     assert histogram.count == len(latencies)
