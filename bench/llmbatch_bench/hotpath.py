@@ -83,7 +83,12 @@ async def steady(
         extra = dict(describe(target)) if describe is not None else {}
     if before is not None and after is not None:
         extra["server_requests"] = after - before
-    extra.update(timed_out=timed_out, repeat=job.repeat)
+    extra.update(
+        timed_out=timed_out,
+        repeat=job.repeat,
+        gc_s=round(meter.gc_s, 6),
+        gc_collections=meter.gc_collections,
+    )
     return rec.finish(
         scenario=job.scenario,
         contender=job.contender,

@@ -3,12 +3,13 @@
 A :class:`Recorder` collects per-request samples while a workload runs (compact
 ``array('d')`` storage: a 100,000-request burst must not inflate the RSS it
 measures). :func:`measure` brackets the workload with wall clock, the process's own
-CPU time and its peak RSS, and :meth:`Recorder.finish` turns it all into a
-JSON-ready :class:`RunMetrics`.
+CPU time, the garbage collector's share of it and its peak RSS, and
+:meth:`Recorder.finish` turns it all into a JSON-ready :class:`RunMetrics`.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import sys
 import time
@@ -96,6 +97,10 @@ class Meter:
 
     wall: float = 0.0
     cpu: float = 0.0
+    gc_s: float = 0.0
+    """Seconds the garbage collector ran (within ``cpu``: it runs in this process's
+    threads), timed from each collection's start to its stop."""
+    gc_collections: int = 0
     rss_before_mb: float | None = None
     peak_rss_mb: float | None = None
     started_wall: float = field(default_factory=time.perf_counter)
@@ -114,13 +119,27 @@ def measure() -> Iterator[Meter]:
     """Bracket a workload: wall time, this process's CPU time (all threads), peak RSS.
 
     CPU comes from ``time.process_time``, which counts only this process: the server
-    under test runs elsewhere, so none of its work lands here.
+    under test runs elsewhere, so none of its work lands here. The collector's time
+    is what separates a client that keeps objects per prompt from one that keeps
+    none (``Meter.gc_s``).
     """
     meter = Meter(rss_before_mb=peak_rss_mb())
+    started = 0.0
+
+    def timed(phase: str, info: Mapping[str, Any]) -> None:
+        nonlocal started
+        if phase == "start":
+            started = time.perf_counter()
+        else:
+            meter.gc_s += time.perf_counter() - started
+            meter.gc_collections += 1
+
+    gc.callbacks.append(timed)
     meter.started_wall, meter.started_cpu = time.perf_counter(), time.process_time()
     try:
         yield meter
     finally:
+        gc.callbacks.remove(timed)
         meter.stop()
 
 

@@ -65,13 +65,23 @@ def _overhead(rows: Sequence[Summary]) -> str:
     base = ours.cpu_us_per_prompt if ours else float("nan")
     floor = probe.cpu_us_per_prompt if probe else float("nan")
     body = table(
-        ["client", "ok, all rounds", "CPU µs/prompt", "range", "prompts/s", "vs map", "vs probe"],
+        [
+            "client",
+            "ok, all rounds",
+            "CPU µs/prompt",
+            "range",
+            "of it GC",
+            "prompts/s",
+            "vs map",
+            "vs probe",
+        ],
         [
             [
                 s.label,
                 _ok(s),
                 num(s.cpu_us_per_prompt, 1),
                 _spread(s),
+                num(s.gc_us_per_prompt, 1),
                 num(s.prompts_per_s),
                 num(ratio(s.cpu_us_per_prompt, base), 2, suffix="x"),
                 num(ratio(s.cpu_us_per_prompt, floor), 2, suffix="x"),
@@ -81,8 +91,9 @@ def _overhead(rows: Sequence[Summary]) -> str:
     )
     note = (
         "Client CPU per prompt in steady state (after a warm-up), "
-        f"{_rounds(rows)}. llmbatch and the probe send the same batches with the same "
-        "prompts in flight; openai sends one request per prompt."
+        f'{_rounds(rows)}; "of it GC": the garbage collector\'s part of it. llmbatch '
+        "and the probe send the same batches with the same prompts in flight; openai "
+        "sends one request per prompt."
     )
     return section("Overhead: client CPU per prompt, zero-latency server", body, note)
 

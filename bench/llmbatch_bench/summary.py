@@ -59,6 +59,9 @@ class Summary:
     #: the server counted during it (``nan`` where not counted; absent in older reports).
     cpu_s: float = math.nan
     server_requests: float = math.nan
+    #: Median over the rounds of the garbage collector's time a prompt, in µs (part
+    #: of ``cpu_us_per_prompt``; ``nan`` where not timed, as in older reports).
+    gc_us_per_prompt: float = math.nan
 
     @property
     def per_round(self) -> int:
@@ -80,6 +83,7 @@ class Summary:
             "cpu_us_max",
             "cpu_s",
             "server_requests",
+            "gc_us_per_prompt",
         }
         fields: dict[str, Any] = {
             k: math.nan if k in nan_if_none and v is None else v for k, v in data.items()
@@ -120,7 +124,16 @@ def _summary(scenario: str, label: str, group: Sequence[RunMetrics]) -> Summary:
         peak_rss_mb=max(rss) if rss else None,
         cpu_s=median(r.cpu_s for r in group),
         server_requests=median(r.extra.get("server_requests") for r in group),
+        gc_us_per_prompt=median(_gc_us_per_prompt(r) for r in group),
     )
+
+
+def _gc_us_per_prompt(run: RunMetrics) -> float:
+    """The collector's time in a run, per prompt asked, in µs (``nan``: not timed)."""
+    seconds = run.extra.get("gc_s")
+    if seconds is None or not run.requested:
+        return math.nan
+    return float(seconds) * 1e6 / run.requested
 
 
 def _latency(run: RunMetrics, quantile: str) -> float:

@@ -70,6 +70,11 @@ def test_overhead_chat_single_burst_in_worker_processes(tmp_path: Path) -> None:
     # llmbatch really sent 64-prompt batches in the overhead runs.
     ours = [r for r in report["runs"] if r["label"] == hotplan.MAP]
     assert all(r["extra"]["max_batch_size"] == 64 for r in ours)
+    # The collector was timed around each measured run, as part of its CPU.
+    for r in report["runs"]:
+        assert 0 <= r["extra"]["gc_s"] <= r["cpu_s"] + 0.01
+        assert r["extra"]["gc_collections"] >= 0
+    assert summaries[("overhead", hotplan.MAP)]["gc_us_per_prompt"] is not None
     # Every target has a value from this run and a verdict (met or not).
     others = ("bulk", "realtime", "dropin")
     hot_targets = [t for t in report["targets"] if not t["id"].startswith(others)]

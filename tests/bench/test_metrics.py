@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import time
@@ -144,6 +145,25 @@ def test_measure_counts_this_process_cpu_not_sleep() -> None:
     assert meter.peak_rss_mb is not None
     assert meter.peak_rss_mb >= (peak_rss_mb() or 0) - 1e-9
     assert meter.peak_rss_mb > 5
+
+
+def test_measure_times_the_garbage_collector_and_then_stops_listening() -> None:
+    callbacks = list(gc.callbacks)
+    with measure() as meter:
+        for _ in range(3):
+            cycles = []
+            for _ in range(20_000):  # garbage only the collector can free
+                node: list[object] = []
+                node.append(node)
+                cycles.append(node)
+            del cycles, node
+            gc.collect()
+    assert meter.gc_collections >= 3
+    assert 0 < meter.gc_s <= meter.wall
+    assert gc.callbacks == callbacks
+    before = meter.gc_collections
+    gc.collect()  # after the block: not counted
+    assert meter.gc_collections == before
 
 
 def test_poisson_arrivals_are_seeded_bounded_and_at_rate() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -109,3 +110,20 @@ def test_cpu_seconds_and_server_requests_are_medians_of_the_rounds() -> None:
     # A report written before these fields existed still loads.
     old = {k: v for k, v in a.to_json().items() if k not in ("cpu_s", "server_requests")}
     assert math.isnan(Summary.from_json(old).server_requests)
+
+
+def test_the_collectors_time_a_prompt_is_the_median_of_the_rounds() -> None:
+    def timed(cpu_us: float, gc_s: float | None, repeat: int) -> RunMetrics:
+        run = round_of("map", cpu_us, repeat=repeat)
+        extra = dict(run.extra) if gc_s is None else {**run.extra, "gc_s": gc_s}
+        return dataclasses.replace(run, extra=extra)
+
+    # 100 prompts a round: 0.0002 s is 2 µs a prompt.
+    (summary,) = summarize([timed(10.0, 0.0002, 0), timed(11.0, 0.0009, 1), timed(12.0, 0.0003, 2)])
+    assert summary.gc_us_per_prompt == pytest.approx(3.0)
+    (untimed,) = summarize([timed(10.0, None, 0)])
+    assert math.isnan(untimed.gc_us_per_prompt)
+    assert untimed.to_json()["gc_us_per_prompt"] is None
+    # A report written before the collector was timed still loads.
+    old = {k: v for k, v in summary.to_json().items() if k != "gc_us_per_prompt"}
+    assert math.isnan(Summary.from_json(old).gc_us_per_prompt)

@@ -48,10 +48,14 @@ def run(
     )
 
 
-def us(scenario: str, label: str, per_prompt: list[float], ok: int = 1000) -> list[RunMetrics]:
-    """One run per round with the given CPU µs per prompt."""
+def us(scenario: str, label: str, per_prompt: list[float], ok: int = 1000,
+       gc_us: float | None = None) -> list[RunMetrics]:  # fmt: skip
+    """One run per round with the given CPU µs per prompt (``gc_us`` of it the
+    collector's, when given)."""
+    timed = {} if gc_us is None else {"gc_s": gc_us * ok / 1e6}
     return [
-        run(scenario, label, ok=ok, cpu=v * ok / 1e6, repeat=i) for i, v in enumerate(per_prompt)
+        run(scenario, label, ok=ok, cpu=v * ok / 1e6, repeat=i, extra=timed)
+        for i, v in enumerate(per_prompt)
     ]
 
 
@@ -84,7 +88,7 @@ def full_set() -> list[RunMetrics]:
         run("idle", "aiohttp", tier="realtime", latency=0.010),
         run("mixed", "aiohttp", tier="realtime", latency=2.0),
         # Interleaved rounds; medians 12, 10, 2000 µs; one noisy round each.
-        *us("overhead", hotplan.MAP, [12.0, 30.0, 11.0]),
+        *us("overhead", hotplan.MAP, [12.0, 30.0, 11.0], gc_us=2.5),
         *us("overhead", hotplan.PROBE, [10.0, 9.0, 10.0]),
         *us("overhead", hotplan.OPENAI, [2000.0, 1900.0, 2500.0], ok=100),
         run("burst", hotplan.BARE, ok=100_000, cpu=1.0, rss=106.0),
@@ -241,11 +245,12 @@ def test_render_has_a_table_per_scenario_and_the_verdicts() -> None:
 
 def test_overhead_table_shows_medians_spread_and_ratios() -> None:
     rows = rows_of(render(report(full_set())), "Overhead")
-    # ok over all rounds, median, range, prompts/s, vs map, vs probe
+    # ok over all rounds, median, range, of it GC, prompts/s, vs map, vs probe
     assert rows[hotplan.MAP][:2] == ["3,000/3,000", "12.0"]
-    assert rows[hotplan.MAP][2] == "11.0 to 30.0"
-    assert rows[hotplan.MAP][4:] == ["1.00x", "1.20x"]
-    assert rows[hotplan.OPENAI][4:] == ["166.67x", "200.00x"]
+    assert rows[hotplan.MAP][2:4] == ["11.0 to 30.0", "2.5"]
+    assert rows[hotplan.MAP][5:] == ["1.00x", "1.20x"]
+    assert rows[hotplan.OPENAI][3] == "-"  # the collector not timed
+    assert rows[hotplan.OPENAI][5:] == ["166.67x", "200.00x"]
     assert "median of 3 interleaved rounds" in render(report(full_set()))
 
 
