@@ -90,6 +90,11 @@ class Engine:
         self._idle: list[_Sender] = []
         self._inline: set[Flight] = set()
         """Exchanges their callers send from their own tasks (``send_inline``)."""
+        self._new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
+        """Makes each exchange's cancel scope: the running backend's own class, read
+        once the loop runs (``anyio.CancelScope()`` looks the backend up at every
+        call, a measurable part of a lone call's work: docs/benchmarks.md,
+        "Instructions")."""
         self.flushing = False
         self.closed = False
         self.shared_stats: Callable[[], SharedStats | None] | None = None
@@ -203,6 +208,7 @@ class Engine:
         health = self._health
         self._tg = tg
         self._context = contextvars.copy_context()
+        self._new_scope = type(anyio.CancelScope())
         for server in self.servers:
             tg.start_soon(health.watch_metrics, server, self._wake)
         while True:
@@ -321,7 +327,7 @@ class Engine:
             flight.scope.cancel()
 
     async def _send(self, batch: Batch, *, inline: bool = False) -> None:
-        flight = Flight(batch.requests)
+        flight = Flight(batch.requests, self._new_scope())
         for request in batch.requests:
             request.flight = flight
         if inline:

@@ -242,9 +242,9 @@ class Flight:
 
     __slots__ = ("handed_back", "requests", "scope")
 
-    def __init__(self, requests: Sequence[Request]) -> None:
+    def __init__(self, requests: Sequence[Request], scope: anyio.CancelScope) -> None:
         self.requests = requests
-        self.scope = anyio.CancelScope()
+        self.scope = scope
         self.handed_back: list[Request] = []
 
     def cancel_if_abandoned(self) -> None:

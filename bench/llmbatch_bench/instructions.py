@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -190,15 +191,17 @@ def measure(
 
 
 def render(counts: Sequence[Count]) -> str:
-    """One row a pair: llmbatch, its reference, the ratio and what llmbatch adds."""
-    by_name = {c.program: c for c in counts}
+    """One row a pair with either side counted: llmbatch, its reference, the ratio
+    and what llmbatch adds (``-`` for a side not counted)."""
+    by_name = {c.program: c.per_unit for c in counts}
     rows = []
     for ours, reference in PAIRS.items():
-        if ours not in by_name or reference not in by_name:
+        if ours not in by_name and reference not in by_name:
             continue
-        a, b = by_name[ours].per_unit, by_name[reference].per_unit
+        a, b = by_name.get(ours, math.nan), by_name.get(reference, math.nan)
         unit = "call" if ours == "single" else "prompt"
-        rows.append([f"{ours} vs {reference}", unit, num(a), num(b), f"{a / b:.2f}x", num(a - b)])
+        ratio = num(a / b, 2, suffix="x") if math.isfinite(a + b) else "-"
+        rows.append([f"{ours} vs {reference}", unit, num(a), num(b), ratio, num(a - b)])
     return table(["pair", "unit", "llmbatch", "reference", "ratio", "added"], rows)
 
 

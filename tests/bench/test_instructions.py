@@ -34,11 +34,12 @@ def test_each_pair_shows_its_ratio_and_what_llmbatch_adds() -> None:
         Count("single", 20, 60, 0, 0, 900_000.0),
         Count("raw", 20, 60, 0, 0, 450_000.0),
         Count("map", 500, 1500, 0, 0, 120_000.0),
-    ]  # the probe was not counted: map has no row
+    ]  # the probe was not counted
     text = render(counts)
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines()]
     assert ["single vs raw", "call", "900,000", "450,000", "2.00x", "450,000"] in rows
-    assert "map vs probe" not in text
+    assert ["map vs probe", "prompt", "120,000", "-", "-", "-"] in rows
+    assert render(counts[:1]).count("vs") == 1  # a pair neither side of which ran: no row
 
 
 @pytest.mark.parametrize(
