@@ -48,7 +48,7 @@ from llmbatch_bench.jobs import prompts
 from llmbatch_bench.server import discover, simulator
 from llmbatch_bench.tables import num, table
 
-__all__ = ["Count", "instructions_of", "main", "measure", "per_unit"]
+__all__ = ["Count", "client_timeout", "instructions_of", "main", "measure", "per_unit"]
 
 #: Calls (or prompts) each program makes before the counted ones, in both runs.
 WARMUP = {"single": 50, "raw": 50, "map": 1000, "probe": 1000}
@@ -66,13 +66,13 @@ _IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 # -- the client programs (run in the measured process) -------------------------------
 
 
-async def _single(url: str, model: str, n: int) -> None:
-    async with llmbatch.Client(url, model=model) as client:
+async def _single(url: str, model: str, n: int, timeout: llmbatch.Timeout) -> None:
+    async with llmbatch.Client(url, model=model, timeout=timeout) as client:
         for text in prompts(WARMUP["single"] + n):
             await client.complete(text, priority="realtime", max_tokens=1)
 
 
-async def _raw(url: str, model: str, n: int) -> None:
+async def _raw(url: str, model: str, n: int, timeout: llmbatch.Timeout) -> None:
     async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
         for text in prompts(WARMUP["raw"] + n):
             body = json.dumps({"model": model, "prompt": text, "max_tokens": 1})
@@ -80,18 +80,18 @@ async def _raw(url: str, model: str, n: int) -> None:
                 json.loads(await response.read())
 
 
-async def _map(url: str, model: str, n: int) -> None:
+async def _map(url: str, model: str, n: int, timeout: llmbatch.Timeout) -> None:
     policy = llmbatch.BatchPolicy(max_batch_size=BATCH, max_wait=0.05)
     limits = llmbatch.Limits(max_in_flight=IN_FLIGHT, reserved_realtime=0)
     async with llmbatch.Client(
-        url, model=model, batching={"batch": policy}, limits=limits
+        url, model=model, batching={"batch": policy}, limits=limits, timeout=timeout
     ) as client:
         for size in (WARMUP["map"], n):
             results = await client.map(prompts(size), priority="batch", max_tokens=1)
             _ = sum(r.unwrap().usage.completion_tokens for r in results)  # as a caller would
 
 
-async def _probe(url: str, model: str, n: int) -> None:
+async def _probe(url: str, model: str, n: int, timeout: llmbatch.Timeout) -> None:
     async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
 
         async def worker(inputs: Iterator[str]) -> None:
@@ -105,7 +105,7 @@ async def _probe(url: str, model: str, n: int) -> None:
             await asyncio.gather(*(worker(inputs) for _ in range(IN_FLIGHT // BATCH)))
 
 
-PROGRAMS: dict[str, Callable[[str, str, int], Coroutine[Any, Any, None]]] = {
+PROGRAMS: dict[str, Callable[[str, str, int, llmbatch.Timeout], Coroutine[Any, Any, None]]] = {
     "single": _single,
     "raw": _raw,
     "map": _map,
@@ -131,7 +131,7 @@ def per_unit(small: int, large: int, n1: int, n2: int) -> float:
     return (large - small) / (n2 - n1)
 
 
-def _count(valgrind: str, program: str, url: str, model: str, n: int) -> int:
+def _count(valgrind: str, program: str, url: str, model: str, n: int, read_timeout: str) -> int:
     argv = [
         valgrind,
         "--tool=cachegrind",
@@ -148,6 +148,8 @@ def _count(valgrind: str, program: str, url: str, model: str, n: int) -> int:
         model,
         "--n",
         str(n),
+        "--read-timeout",
+        read_timeout,
     ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=1800, check=False)
     if done.returncode != 0:
@@ -173,21 +175,36 @@ def measure(
     url: str,
     model: str,
     sizes: dict[str, tuple[int, int]],
+    read_timeout: str = "default",
     progress: Callable[[str], None] = print,
 ) -> list[Count]:
-    """Count each program at its two sizes (``sizes[program]``)."""
+    """Count each program at its two sizes (``sizes[program]``); llmbatch's with
+    ``Timeout(read=...)`` as ``read_timeout`` says (see :func:`client_timeout`)."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         raise RuntimeError("counting instructions needs valgrind (apt-get install valgrind)")
     counts = []
     for program in programs:
         n1, n2 = sizes[program]
-        small = _count(valgrind, program, url, model, n1)
-        large = _count(valgrind, program, url, model, n2)
+        small = _count(valgrind, program, url, model, n1, read_timeout)
+        large = _count(valgrind, program, url, model, n2, read_timeout)
         count = Count(program, n1, n2, small, large, per_unit(small, large, n1, n2))
         progress(f"{program}: {count.per_unit:,.0f} instructions a unit ({n1} and {n2})")
         counts.append(count)
     return counts
+
+
+def client_timeout(read: str) -> llmbatch.Timeout:
+    """``Timeout(read=...)`` from ``--read-timeout``: ``default``, ``none`` or seconds."""
+    if read == "default":
+        return llmbatch.DEFAULT_TIMEOUT
+    if read == "none":
+        return llmbatch.Timeout(read=None)
+    try:
+        seconds = float(read)
+    except ValueError:
+        raise ValueError(f"'default', 'none' or seconds, not {read!r}") from None
+    return llmbatch.Timeout(read=seconds)
 
 
 def render(counts: Sequence[Count]) -> str:
@@ -218,12 +235,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", help="the model to ask for (default: the server's first)")
     parser.add_argument("--single-n", default="200,1200", help="calls of single and raw: N1,N2")
     parser.add_argument("--map-n", default="2000,12000", help="prompts of map and probe: N1,N2")
+    parser.add_argument(
+        "--read-timeout",
+        default="default",
+        help="llmbatch's Timeout.read: 'default', seconds, or 'none' (no read timer: what "
+        "aiohttp's timer, reset at every chunk, costs a call)",
+    )
     parser.add_argument("--json", type=Path, help="write the counts here")
     parser.add_argument("--run", choices=sorted(PROGRAMS), help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    try:
+        timeout = client_timeout(args.read_timeout)
+    except ValueError as exc:
+        parser.error(f"--read-timeout: {exc}")
     if args.run is not None:  # the measured process itself
-        asyncio.run(PROGRAMS[args.run](args.url.rstrip("/"), args.model, args.n))
+        asyncio.run(PROGRAMS[args.run](args.url.rstrip("/"), args.model, args.n, timeout))
         return 0
     programs = [p for p in args.programs.split(",") if p]
     unknown = sorted(set(programs) - set(PROGRAMS))
@@ -246,11 +273,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             url, model = args.url.rstrip("/"), args.model
             if model is None:
                 model = discover(url, None, None).model
-        counts = measure(programs, url=url, model=model, sizes=sizes)
+        counts = measure(
+            programs, url=url, model=model, sizes=sizes, read_timeout=args.read_timeout
+        )
     print()
     print(render(counts))
     if args.json is not None:
-        report = {"url": url, "model": model, "counts": [asdict(c) for c in counts]}
+        report = {
+            "url": url,
+            "model": model,
+            "read_timeout": args.read_timeout,
+            "counts": [asdict(c) for c in counts],
+        }
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0

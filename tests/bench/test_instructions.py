@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from llmbatch_bench.instructions import Count, instructions_of, main, per_unit, render
+import llmbatch
+from llmbatch_bench.instructions import (
+    Count,
+    client_timeout,
+    instructions_of,
+    main,
+    per_unit,
+    render,
+)
 
 CACHEGRIND_TAIL = """\
 ==6032== Collected : 2238816869
@@ -42,9 +50,23 @@ def test_each_pair_shows_its_ratio_and_what_llmbatch_adds() -> None:
     assert render(counts[:1]).count("vs") == 1  # a pair neither side of which ran: no row
 
 
+def test_the_read_timeout_to_count_with() -> None:
+    assert client_timeout("default") == llmbatch.DEFAULT_TIMEOUT
+    assert client_timeout("none").read is None
+    assert client_timeout("2.5").read == 2.5
+    with pytest.raises(ValueError, match="'default', 'none' or seconds"):
+        client_timeout("soon")
+
+
 @pytest.mark.parametrize(
     "flags",
-    [["--single-n", "60"], ["--single-n", "60,20"], ["--map-n", "0,10"], ["--programs", "nope"]],
+    [
+        ["--single-n", "60"],
+        ["--single-n", "60,20"],
+        ["--map-n", "0,10"],
+        ["--programs", "nope"],
+        ["--read-timeout", "soon"],
+    ],
 )
 def test_bad_arguments_are_refused_before_anything_runs(flags: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
