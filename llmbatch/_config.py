@@ -520,8 +520,10 @@ def _shared_repr(url: str | None, key: str | None, on_error: str) -> str:
 class Timeout:
     """HTTP timeouts in seconds (``None`` = no limit for that phase).
 
-    ``read`` bounds the wait for each chunk of a response, so it must cover a whole
-    non-streamed generation of ``max_tokens``.
+    ``read`` bounds each wait for the server: from sending a request (opening its
+    connection, when one is opened) to its answer's start, then each later part of
+    the answer (a stream's next line); so it must cover a whole non-streamed
+    generation of ``max_tokens``.
     """
 
     connect: float | None = 10.0

@@ -142,7 +142,11 @@ def test_probe_and_worker_process(zero: Any) -> None:
     )
     assert (m.ok, m.failed) == (100, 0)
     assert m.output_tokens == 300
-    assert m.extra == {"concurrency": 32, "batch": 16, "timed_out": False, "repeat": 0}
+    extra = dict(m.extra)
+    gc_s, collections = extra.pop("gc_s"), extra.pop("gc_collections")
+    assert extra == {"concurrency": 32, "batch": 16, "timed_out": False, "repeat": 0}
+    assert 0 <= gc_s <= m.cpu_s  # the collector's part of the CPU
+    assert collections >= 0
     assert m.latency["batch"].n == 7  # one sample per request of 16 prompts (100 / 16)
     assert (m.peak_rss_mb or 0) > 5
 
