@@ -158,3 +158,29 @@ async def test_without_a_read_timeout_nothing_is_watched(serve: Serve) -> None:
         await response.aclose()
     finally:
         await http.aclose()
+
+
+async def test_a_request_that_waited_for_the_pool_keeps_aiohttps_read_timer(
+    serve: Serve,
+) -> None:
+    """With the pool full, the wait for a connection is Timeout.pool's: the read's
+    timer (aiohttp's own, then) starts once the request is sent."""
+    url = await serve([])
+    http = AiohttpTransport(limits=Limits(max_connections=1), timeout=Timeout(read=0.4, pool=5))
+    try:
+
+        async def one() -> BaseException | None:
+            try:
+                await http.send(post(url))
+            except llmbatch.TimeoutException as exc:
+                return exc
+            return None
+
+        with anyio.fail_after(5):
+            first, second = await asyncio.gather(one(), one())
+        # The second waited for the first's connection (0.4 s), then read 0.4 s more.
+        assert isinstance(first, llmbatch.ReadTimeout)
+        assert isinstance(second, llmbatch.ReadTimeout)
+        nothing_pending()
+    finally:
+        await http.aclose()
