@@ -65,6 +65,16 @@ def _read_timeout() -> ReadTimeout:
     return ReadTimeout("timed out waiting for the server (Timeout.read)")
 
 
+def _translated(exc: BaseException, wait: _Wait | None, pool_full: bool = False) -> BaseException:
+    """What an exchange's failure is raised as: aiohttp's errors as llmbatch's, the
+    read watch's cancellation as :class:`ReadTimeout`, anything else as itself."""
+    if isinstance(exc, _FAILURES):
+        return _mapped(exc, pool_full)
+    if isinstance(exc, asyncio.CancelledError) and wait is not None and wait.timed_out():
+        return _read_timeout()
+    return exc
+
+
 class _Wait:
     """One exchange's wait for the server: the task waiting, and when it must have
     heard from the server."""
@@ -129,8 +139,10 @@ class _ReadWatch:
             self._armed_at = deadline
         return wait
 
-    def end(self, wait: _Wait) -> None:
+    def end(self, wait: _Wait | None) -> None:
         """The wait is over (the server answered, or the exchange ended)."""
+        if wait is None:
+            return
         self._waiting.pop(wait, None)
         if wait.expired:
             # Cancelled by the watch, but what came out was not that cancellation
@@ -186,21 +198,23 @@ class _Response:
     def headers(self) -> Mapping[str, str]:
         return {k.lower(): v for k, v in self._response.headers.items()}
 
+    # read() and iter_lines() each keep their wait inline, not through a shared
+    # coroutine: one more coroutine a read cost a lone call about 2 % of what
+    # llmbatch adds to it (docs/benchmarks.md, "Instructions").
+
     async def read(self) -> bytes:
         watch, wait = self._watch, self._wait
         if watch is not None:
             wait = watch.begin(wait)
         try:
             return await self._response.read()
-        except _FAILURES as exc:
-            raise _mapped(exc) from exc
-        except asyncio.CancelledError:
-            if wait is not None and wait.timed_out():
-                raise _read_timeout() from None
-            raise
+        except BaseException as exc:
+            error = _translated(exc, wait)
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             if watch is not None:
-                assert wait is not None
                 watch.end(wait)
 
     async def iter_lines(self) -> AsyncIterator[bytes]:
@@ -211,15 +225,13 @@ class _Response:
                 wait = watch.begin(wait)
             try:
                 line = await content.readline()
-            except _FAILURES as exc:
-                raise _mapped(exc) from exc
-            except asyncio.CancelledError:
-                if wait is not None and wait.timed_out():
-                    raise _read_timeout() from None
-                raise
+            except BaseException as exc:
+                error = _translated(exc, wait)
+                if error is exc:
+                    raise
+                raise error from exc
             finally:
                 if watch is not None:
-                    assert wait is not None
                     watch.end(wait)
             if not line:
                 return
@@ -287,14 +299,12 @@ class AiohttpTransport:
             )
         except BaseException as exc:
             self._active -= 1
-            if isinstance(exc, _FAILURES):
-                raise _mapped(exc, pool_full) from exc
-            if isinstance(exc, asyncio.CancelledError) and wait is not None and wait.timed_out():
-                raise _read_timeout() from None
-            raise
+            error = _translated(exc, wait, pool_full)
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             if watch is not None:
-                assert wait is not None
                 watch.end(wait)
         return _Response(response, self._release, watch, wait)
 
