@@ -117,7 +117,7 @@ def test_fit_recovers_the_api_servers_costs(
     """A simulator serving a known fit, fitted again: the API server's costs come back
     (its own Python work per request adds a little on top of the modelled cost)."""
     known = tmp_path / "known.json"
-    truth = {"per_request": 0.006, "per_prompt": 0.001}
+    truth = {"per_request": 0.012, "per_prompt": 0.002}
     raw = {
         "format": 1,
         "model": "m",
@@ -136,10 +136,11 @@ def test_fit_recovers_the_api_servers_costs(
         start_line = sim.log_tail().splitlines()[0]
     assert done.returncode == 0, done.stderr
     fit = load_fit(out)
-    assert fit.step.per_request == pytest.approx(truth["per_request"], rel=0.20)
-    # A millisecond a prompt, measured on a loaded two-core machine: 1.25 ms came
-    # back once in a full test run (the simulator's own Python work adds to it).
-    assert fit.step.per_prompt == pytest.approx(truth["per_prompt"], rel=0.35)
+    # The modelled costs are a floor the fit must find; the simulator's own Python
+    # work comes on top, and more of it on a slow or loaded machine (3 ms a request
+    # beside two busy processes on two cores): a bound above, not a band around.
+    assert truth["per_request"] * 0.8 <= fit.step.per_request <= truth["per_request"] * 2
+    assert truth["per_prompt"] * 0.75 <= fit.step.per_prompt <= truth["per_prompt"] * 2
     assert [p.requests for p in fit.burst] == [8, 40]
     # The simulator said what it serves; the fit said its limits in words.
     assert f"fitted to {known} (model 'm')" in start_line
