@@ -169,10 +169,12 @@ class _ReadWatch:
             self._armed_at = earliest
 
     def close(self) -> None:
+        """Forget every wait and the loop (a transport opened again starts afresh)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._waiting.clear()
+        self._loop = None
 
 
 class _Response:

@@ -7,6 +7,7 @@ a cancellation, with nothing left pending on its task."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import anyio
@@ -184,3 +185,23 @@ async def test_a_request_that_waited_for_the_pool_keeps_aiohttps_read_timer(
         nothing_pending()
     finally:
         await http.aclose()
+
+
+def test_a_transport_closed_and_opened_again_on_a_new_loop_keeps_its_read_timeout() -> None:
+    """The watch forgets its loop when the transport closes: used again under another
+    event loop, the read timeout still holds there."""
+    with socket.socket() as listener:  # listens, never accepts: requests go unanswered
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1/completions"
+        http = transport(read=0.2)
+
+        async def once() -> None:
+            try:
+                with pytest.raises(llmbatch.ReadTimeout):
+                    await asyncio.wait_for(http.send(post(url)), timeout=5)
+            finally:
+                await http.aclose()
+
+        asyncio.run(once())
+        asyncio.run(once())
