@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 
@@ -65,14 +65,14 @@ def _read_timeout() -> ReadTimeout:
     return ReadTimeout("timed out waiting for the server (Timeout.read)")
 
 
-def _translated(exc: BaseException, wait: _Wait | None, pool_full: bool = False) -> BaseException:
-    """What an exchange's failure is raised as: aiohttp's errors as llmbatch's, the
-    read watch's cancellation as :class:`ReadTimeout`, anything else as itself."""
+def _raise_translated(exc: BaseException, wait: _Wait | None, pool_full: bool = False) -> NoReturn:
+    """Raise an exchange's failure as llmbatch's: aiohttp's errors mapped, the read
+    watch's cancellation as :class:`ReadTimeout`, anything else as it was."""
     if isinstance(exc, _FAILURES):
-        return _mapped(exc, pool_full)
+        raise _mapped(exc, pool_full) from exc
     if isinstance(exc, asyncio.CancelledError) and wait is not None and wait.timed_out():
-        return _read_timeout()
-    return exc
+        raise _read_timeout() from exc
+    raise exc
 
 
 class _Wait:
@@ -211,10 +211,7 @@ class _Response:
         try:
             return await self._response.read()
         except BaseException as exc:
-            error = _translated(exc, wait)
-            if error is exc:
-                raise
-            raise error from exc
+            _raise_translated(exc, wait)
         finally:
             if watch is not None:
                 watch.end(wait)
@@ -228,10 +225,7 @@ class _Response:
             try:
                 line = await content.readline()
             except BaseException as exc:
-                error = _translated(exc, wait)
-                if error is exc:
-                    raise
-                raise error from exc
+                _raise_translated(exc, wait)
             finally:
                 if watch is not None:
                     watch.end(wait)
@@ -301,10 +295,7 @@ class AiohttpTransport:
             )
         except BaseException as exc:
             self._active -= 1
-            error = _translated(exc, wait, pool_full)
-            if error is exc:
-                raise
-            raise error from exc
+            _raise_translated(exc, wait, pool_full)
         finally:
             if watch is not None:
                 watch.end(wait)
