@@ -89,8 +89,9 @@ class Client:
 
     On asyncio it may also be used as ``AsyncOpenAI`` is, without ``async with``: its
     first call opens it, and ``await client.close()`` closes it (a client collected
-    while open warns with a ``ResourceWarning``). On trio, where nothing may outlive
-    the nursery that runs it, ``async with`` is required.
+    while open warns with a ``ResourceWarning``); once the event loop it opened on
+    has ended, its next call opens it again on the loop that makes it. On trio,
+    where nothing may outlive the nursery that runs it, ``async with`` is required.
 
     ``base_url`` and ``api_key`` default to ``LLMBATCH_BASE_URL``/``LLMBATCH_API_KEY``,
     then ``OPENAI_BASE_URL``/``OPENAI_API_KEY``. ``model=None`` uses the server's
@@ -321,7 +322,7 @@ class Client:
         """Where a call goes in, and its checked options (the view's defaults filled
         in where the call left them out). The first call opens an unopened client."""
         runtime = self._runtime
-        if runtime.state is not State.OPEN:
+        if runtime.state is not State.OPEN or runtime.on_another_loop():
             await runtime.open_on_first_use()
         submitter = runtime.submitter()
         defaults = self._defaults
@@ -744,7 +745,10 @@ class Client:
         once. ``progress`` works as in :meth:`map`. Its options are checked at the
         call, or, on a client that its first call will open, when iteration starts.
         """
-        if self._runtime.state is State.UNOPENED and current_async_library() == "asyncio":
+        runtime = self._runtime
+        if (
+            runtime.state is State.UNOPENED or runtime.on_another_loop()
+        ) and current_async_library() == "asyncio":
             return self._open_then_map_unordered(
                 inputs, window, progress, _with_model(params, response_model, max_reasks)
             )
@@ -830,8 +834,9 @@ class Client:
                 yield result
 
     async def _open_on_first_use(self) -> None:
-        if self._runtime.state is not State.OPEN:
-            await self._runtime.open_on_first_use()
+        runtime = self._runtime
+        if runtime.state is not State.OPEN or runtime.on_another_loop():
+            await runtime.open_on_first_use()
 
     def _map_call(
         self,

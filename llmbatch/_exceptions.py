@@ -9,7 +9,8 @@ The tree::
     │       └── ConfigTypeError (TypeError) a configuration value of the wrong type
     ├── QueueFull                  the tier's queue is full and the caller asked not to wait
     │   └── TenantQuotaExceeded    the call's tenant is at its TenantLimits and may not wait
-    ├── ClientClosedError          the client is not open (not entered yet, or closed)
+    ├── ClientClosedError          the client is not open (not entered yet, closed,
+    │                              or open on another event loop)
     ├── ServerInfoError            the server's /v1/models could not be read at start-up,
     │   │                          or says no request can succeed (a base URL without /v1)
     │   └── UnknownModelError      the server does not list the ``model`` the client was given
@@ -142,7 +143,8 @@ class TenantQuotaExceeded(QueueFull):
 
 
 class ClientClosedError(LLMBatchError, RuntimeError):
-    """The client is used outside ``async with`` (before opening or after closing)."""
+    """The client is used where it is not open: outside ``async with`` (before opening
+    or after closing), or from an event loop other than the one that opened it."""
 
 
 class ServerInfoError(LLMBatchError):

@@ -5,6 +5,13 @@ One per client, shared by its ``with_options`` views. ``open`` and ``close`` are
 client's ``async with``; between them ``submitter()`` hands calls in. On asyncio a
 client may also be opened by its first call (``open_on_first_use``), as
 ``AsyncOpenAI`` is, and closed by ``await client.close()``.
+
+A client belongs to the event loop that opened it. When that loop ends with the
+client open (``asyncio.run`` cancels its tasks on the way out), the client releases
+its connections there. One its first call opened then opens again on the next
+loop that calls it (a module-level client across ``asyncio.run`` calls, a test
+framework's loop per test); one opened with ``async with``, or one whose loop still
+runs elsewhere, refuses the call saying why.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import contextlib
 import enum
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
@@ -58,6 +66,13 @@ class Runtime:
 
     def __init__(self, config: ClientConfig) -> None:
         self._config = config
+        self._tracer: Tracer | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        """Unopened: every part its opening builds forgotten (the configuration and
+        tracer kept)."""
+        config = self._config
         self.state = State.UNOPENED
         self.model = config.model
         """The model every request names (read from the server at open if None)."""
@@ -74,7 +89,10 @@ class Runtime:
         """The first call's opening, which later first calls wait for too."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._in_loop: _LoopCaller | None = None
-        self._tracer: Tracer | None = None
+        self._first_use = False
+        """Opened by a call made without ``async with`` (may reopen on another loop)."""
+        self._loop_ended = False
+        """Its event loop ended while it was open (it was released there)."""
         self._shared = SharedBudgets(config.rate_limit, config.shared_in_flight, config.tenants)
 
     # -- lifetime --------------------------------------------------------------------
@@ -137,6 +155,7 @@ class Runtime:
         self._stack = stack
         self._loop = loop
         self._in_loop = _loop_caller(loop)
+        self._first_use = first_call
         self.state = State.OPEN
 
     async def open_on_first_use(self) -> None:
@@ -145,7 +164,11 @@ class Runtime:
         abandon it half-done for the calls waiting on it; the background work then
         lives in the host task (``_start_host``) until ``close()``."""
         if self.state is State.OPEN:
-            return
+            if not self.on_another_loop():
+                return
+            self._leave_stopped_loop()  # or raise: its loop runs elsewhere
+        elif self.state is State.CLOSED and self._loop_ended and self._first_use:
+            self._reset()  # its loop ended: open again on this one
         if self.state is not State.UNOPENED:
             raise self.not_open()
         if sniffio.current_async_library() != "asyncio":
@@ -166,8 +189,48 @@ class Runtime:
             # Not opened (the server could not be read, say): the next call tries again.
             task.exception()
 
+    def on_another_loop(self) -> bool:
+        """Open on an asyncio loop that is not the one running this call (cheap:
+        asked before every call)."""
+        loop = self._loop
+        if loop is None:  # trio (the client lives in its nursery), or not open
+            return False
+        try:
+            return asyncio.get_running_loop() is not loop
+        except RuntimeError:
+            # No asyncio loop here: a SyncClient's thread builds a generator that runs
+            # on the client's loop (trio's own check is the transport's).
+            return False
+
+    def _leave_stopped_loop(self) -> None:
+        """Called on a loop other than the client's: if the client's loop no longer
+        runs (closed, or stopped without its tasks cancelled), nothing of the client
+        can run again and it is forgotten, to open again here when its first call
+        opened it; if that loop still runs (another thread's), the call is refused."""
+        loop = self._loop
+        assert loop is not None
+        if loop.is_running():
+            raise ClientClosedError(
+                "the client was opened on another event loop, which is still running "
+                "(another thread's?); a Client belongs to the loop that opened it: make "
+                "one Client per event loop, or share a SyncClient between threads"
+            )
+        # Nothing can be awaited on a loop that no longer runs: its connections are
+        # left to the garbage collector.
+        self.state = State.CLOSED
+        self._loop_ended = True
+        if self._first_use:
+            self._reset()
+
     def not_open(self) -> ClientClosedError:
         """The error for a call on a client that is not open, saying what to do."""
+        if self._loop_ended:
+            return ClientClosedError(
+                "the client's event loop ended while it was open (a second asyncio.run(), "
+                "a new loop per test?); a client opened with 'async with' belongs to its "
+                "loop: make a new one on this loop (a client opened by its first call, "
+                "without 'async with', opens again on the next loop by itself)"
+            )
         if self.state is State.UNOPENED:
             return ClientClosedError(
                 "the client is unopened; on trio use it inside 'async with Client(...)' "
@@ -186,6 +249,10 @@ class Runtime:
             self.state = State.CLOSED  # never opened: nothing to release, nothing to use
             return
         if self.state is not State.OPEN:
+            return
+        if self.on_another_loop():
+            self._leave_stopped_loop()  # or raise: close it on its own loop
+            self.state = State.CLOSED
             return
         self.state = State.CLOSING
         engine, stack, tg = self.engine, self._stack, self.task_group
@@ -215,12 +282,22 @@ class Runtime:
         its client inside a request). trio has no task without a nursery: there the
         task group lives in the task that opens the client."""
         started: asyncio.Future[TaskGroup] = loop.create_future()
+        # Weak: a client dropped while open must still be collected (see __del__).
+        runtime = weakref.ref(self)
 
         async def host() -> None:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(engine.run, tg)
-                started.set_result(tg)
-                await anyio.sleep_forever()  # until close() cancels the task group
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(engine.run, tg)
+                    started.set_result(tg)
+                    await anyio.sleep_forever()  # until close() cancels the task group
+            except asyncio.CancelledError:
+                # Cancelled from outside, not by close(): the loop is ending with the
+                # client open (asyncio.run cancels every task on its way out).
+                alive = runtime()
+                if alive is not None and alive.state is State.OPEN:
+                    await alive._release_with_loop(engine)
+                raise
 
         self._host = loop.create_task(host(), name="llmbatch client")
         waiting: set[asyncio.Future[Any]] = {self._host, started}
@@ -228,6 +305,20 @@ class Runtime:
         if not started.done():
             self._host.result()  # it failed before starting: raise why
         return started.result()
+
+    async def _release_with_loop(self, engine: Engine) -> None:
+        """Its loop is ending with the client open: settle what waits as cancelled and
+        release the connections while the loop can still run that."""
+        self.state = State.CLOSING
+        try:
+            engine.cancel_queued()
+            engine.cancel_inline()
+            if self._stack is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._stack.aclose()
+        finally:
+            self.state = State.CLOSED
+            self._loop_ended = True
 
     # -- while open ------------------------------------------------------------------
 

@@ -6,12 +6,19 @@ and each method hands its call to that loop and waits. So calls from many thread
 batch together, a notebook may open the client in one cell and close it in another,
 and a thread that runs its own event loop can use it too (its loop waits while a
 call blocks, but nothing deadlocks: the client's loop is another thread's).
+
+Like the async client, its first call opens it. A SyncClient still open when the
+interpreter exits is closed then (drained as ``close()`` would), while its loop's
+thread still runs: otherwise the portal would be torn down after that thread
+stopped, and the exit would wait forever.
 """
 
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
+import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -44,6 +51,7 @@ from llmbatch._config import (
     Timeout,
 )
 from llmbatch._exceptions import ClientClosedError
+from llmbatch._logs import logger
 from llmbatch._map import MapInput
 from llmbatch._models import ChatCompletion, Completion, Embedding, Result
 from llmbatch._options import NOT_GIVEN, NotGiven
@@ -65,8 +73,11 @@ class SyncClient:
             print(client.complete("Hello", max_tokens=16).text)
             results = client.map(prompts, progress=True)
 
-    In a notebook, ``client = llmbatch.SyncClient(...).open()`` in one cell and
-    ``client.close()`` in another work too.
+    As the async client, it may also be used without ``with``: its first call opens
+    it (calls from several threads at once open it once), and ``client.close()``
+    closes it; one still open when the interpreter exits is closed then. In a
+    notebook, ``client = llmbatch.SyncClient(...)`` in one cell and
+    ``client.close()`` in another work too (``.open()`` opens it ahead of a call).
     """
 
     @checked_arguments
@@ -98,6 +109,9 @@ class SyncClient:
         self._portal: BlockingPortal | None = None
         self._root = self
         """The SyncClient that owns the loop: this one, or the one a view was made from."""
+        self._closed = False
+        self._opening = threading.Lock()
+        """Held while it opens: concurrent first calls from several threads open it once."""
 
     def __repr__(self) -> str:
         return repr(self._client).replace("llmbatch.Client", "llmbatch.SyncClient", 1)
@@ -144,13 +158,21 @@ class SyncClient:
     # -- lifetime --------------------------------------------------------------------
 
     def open(self) -> SyncClient:
-        """Start the background loop and open the client (what ``with`` does)."""
+        """Start the background loop and open the client (what ``with`` does; the
+        first call does it too)."""
         if self._root is not self:
             raise ClientClosedError(
                 "a with_options() view shares its client's lifetime; open and close the client"
             )
-        if self._portal is not None:
-            raise ClientClosedError("this SyncClient is already open")
+        with self._opening:
+            if self._portal is not None:
+                raise ClientClosedError("this SyncClient is already open")
+            self._start()
+        return self
+
+    def _start(self) -> None:
+        if self._closed:
+            raise ClientClosedError("the SyncClient is closed; make a new one")
         context = start_blocking_portal(backend="asyncio")
         portal = context.__enter__()
         try:
@@ -159,10 +181,11 @@ class SyncClient:
             context.__exit__(None, None, None)
             raise
         self._portal_context, self._portal = context, portal
-        return self
+        _OPEN.add(self)
 
     def close(self) -> None:
-        """Drain, close the client, and stop its loop (what leaving ``with`` does)."""
+        """Drain, close the client, and stop its loop (what leaving ``with`` does).
+        Closing twice is harmless; a closed SyncClient cannot be used again."""
         self._shut(None, None, None)
 
     def __enter__(self) -> SyncClient:
@@ -182,10 +205,14 @@ class SyncClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._root is not self:
+            return
+        self._closed = True
         portal, context = self._portal, self._portal_context
-        if portal is None or context is None or self._root is not self:
+        if portal is None or context is None:
             return
         self._portal = self._portal_context = None
+        _OPEN.discard(self)
         try:
             portal.call(self._client.__aexit__, exc_type, exc, tb)
         finally:
@@ -194,10 +221,15 @@ class SyncClient:
     def _call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         portal = self._root._portal
         if portal is None:
-            raise ClientClosedError(
-                "the SyncClient is not open; use 'with llmbatch.SyncClient(...)' or .open()"
-            )
+            portal = self._root._open_on_first_use()
         return portal.call(functools.partial(function, *args, **kwargs))
+
+    def _open_on_first_use(self) -> BlockingPortal:
+        with self._opening:
+            if self._portal is None:
+                self._start()
+            assert self._portal is not None
+            return self._portal
 
     def _iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
         """An async iterator of the client's loop, stepped from this thread."""
@@ -515,7 +547,10 @@ class SyncClient:
         return self._iterate(self._client.imap(**_arguments(locals())))
 
     def stats(self) -> Stats:
-        """:meth:`Client.stats`."""
+        """:meth:`Client.stats` (it does not open the client: before the first call it
+        raises, after ``close()`` it is the last snapshot)."""
+        if self._root._portal is None:
+            return self._client.stats()
         stats: Stats = self._call(self._client.stats)
         return stats
 
@@ -554,3 +589,16 @@ class SyncEndpoints:
     def remove(self, replica: str | Replica) -> None:
         """Send nothing more to ``replica``; see :meth:`llmbatch.Endpoints.remove`."""
         self._sync._call(self._sync._client.endpoints.remove, replica)
+
+
+_OPEN: set[SyncClient] = set()
+"""SyncClients open now (closed at exit if still open; held until closed)."""
+
+
+@atexit.register
+def _close_open_clients() -> None:
+    for client in list(_OPEN):
+        try:
+            client.close()
+        except Exception:  # the others are still closed; this one is reported
+            logger.exception("closing %r at exit failed", client)

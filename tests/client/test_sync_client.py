@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import subprocess
+import sys
+import textwrap
 import threading
 from collections.abc import Iterator
 
@@ -85,6 +88,52 @@ def test_opened_and_closed_in_separate_steps(sim: SimulatorProcess) -> None:
     assert text
     client.close()  # closing twice is harmless
     assert "state=closed" in repr(client)
+
+
+def test_the_first_call_opens_it_as_the_async_client_does(sim: SimulatorProcess) -> None:
+    client = llmbatch.SyncClient(sim.base_url)
+    with pytest.raises(llmbatch.ClientClosedError, match="once the client has been opened"):
+        client.stats()  # reading it opens nothing
+    assert "state=unopened" in repr(client)
+    urgent = client.with_options(priority="realtime")
+    answers: list[str] = []
+    # Concurrent first calls from several threads, one through a view: opened once.
+    threads = [
+        threading.Thread(target=lambda c=c: answers.append(c.complete("hi", max_tokens=2).text))
+        for c in (client, client, urgent, client)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(answers) == 4
+    assert "state=open" in repr(client)
+    client.close()
+    assert client.stats().tiers[llmbatch.Priority.REALTIME].done == 1  # the last snapshot
+    with pytest.raises(llmbatch.ClientClosedError, match="closed; make a new one"):
+        client.complete("after close")
+    with pytest.raises(llmbatch.ClientClosedError, match="closed; make a new one"):
+        client.open()
+
+
+def test_a_client_left_open_is_closed_at_exit(sim: SimulatorProcess) -> None:
+    # Never closed: the interpreter's exit closes it (its connections too) and does not
+    # wait forever on the loop's thread, as it did before the first call could open it.
+    script = textwrap.dedent(
+        f"""
+        import llmbatch
+
+        client = llmbatch.SyncClient({sim.base_url!r})
+        print(client.complete("hi", max_tokens=2).text != "")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True"]
+    assert "Traceback" not in done.stderr
+    assert "Unclosed" not in done.stderr
 
 
 def test_with_options_view_shares_the_loop(sim: SimulatorProcess) -> None:
