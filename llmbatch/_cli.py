@@ -11,9 +11,8 @@ from llmbatch._version import __version__
 
 #: Shown when ``llmbatch bench`` runs without the separate benchmark package.
 BENCH_MISSING = (
-    "llmbatch bench: the benchmark harness is a separate package, llmbatch-bench. "
-    "Install it with `pip install llmbatch-bench`, or from a checkout with "
-    "`pip install -e ./bench`."
+    "llmbatch bench: the benchmark harness is a separate package, llmbatch-bench, not "
+    "yet published: install it from a checkout of llmbatch with `pip install -e ./bench`."
 )
 
 

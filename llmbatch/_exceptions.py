@@ -214,7 +214,9 @@ class StructuredOutputError(RequestError):
 
     ``text`` is the last answer's raw text, ``errors`` pydantic's errors for it
     (``ValidationError.errors()``: dicts with ``loc``, ``msg``, ``type``), and
-    ``reasks`` how many times it was sent back.
+    ``reasks`` how many times it was sent back. ``attempts`` counts the HTTP attempts
+    of the whole call, its first ask and every re-ask (3 after two re-asks that each
+    went once), and ``request_id`` is the last re-ask's.
     """
 
     def __init__(

@@ -238,7 +238,7 @@ class MapRunner:
             scope.cancel()
             self._abandon(run)
             if tracker is not None:
-                tracker.close()
+                tracker.close(stopped=not run.over)
         if run.failure is not None:
             raise run.failure
         # Every place is filled once the run is over.
@@ -294,9 +294,10 @@ class MapRunner:
             scope.cancel()
             self._abandon(run)
             if tracker is not None:
-                for _index, left in (*ready, *buffered.items()):
+                left_behind = (*ready, *buffered.items())
+                for _index, left in left_behind:
                     tracker.undelivered(left)
-                tracker.close()
+                tracker.close(stopped=not run.over or bool(left_behind))
         if run.failure is not None:
             raise run.failure
 

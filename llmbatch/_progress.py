@@ -30,7 +30,9 @@ class MapProgress:
 
     Rates are averages since the map started. ``total`` is ``len(inputs)`` when the
     input has a length (a list, a range), else None, and then ``eta`` is None too.
-    The last snapshot of a call has ``finished=True``.
+    The last snapshot of a call has ``finished=True``, and also ``stopped=True`` when
+    the call ended before every input finished (the map was left or cancelled: a
+    Ctrl-C, say).
     """
 
     done: int
@@ -52,6 +54,8 @@ class MapProgress:
     eta: float | None
     """Seconds until every item is finished at the current rate (None if unknown)."""
     finished: bool = False
+    stopped: bool = False
+    """The last snapshot of a call that ended before every input finished."""
 
     @property
     def completed(self) -> int:
@@ -136,14 +140,15 @@ class ProgressTracker:
             self._last = now
             self._sink(self.snapshot(now))
 
-    def close(self) -> None:
-        """Emit the final snapshot (``finished=True``); later counts are ignored."""
+    def close(self, *, stopped: bool = False) -> None:
+        """Emit the final snapshot (``finished=True``, and ``stopped`` when the call
+        ended before every input finished); later counts are ignored."""
         if self._closed:
             return
         self._closed = True
-        self._sink(self.snapshot(self._clock(), finished=True))
+        self._sink(self.snapshot(self._clock(), finished=True, stopped=stopped))
 
-    def snapshot(self, now: float, *, finished: bool = False) -> MapProgress:
+    def snapshot(self, now: float, *, finished: bool = False, stopped: bool = False) -> MapProgress:
         elapsed = max(0.0, now - self._started)
         completed = self.done + self.failed
         rate = completed / elapsed if elapsed > 0 else 0.0
@@ -165,6 +170,7 @@ class ProgressTracker:
             tokens_per_s=self.tokens / elapsed if elapsed > 0 else 0.0,
             eta=eta,
             finished=finished,
+            stopped=stopped,
         )
 
 
@@ -244,7 +250,7 @@ class ProgressBar:
             return
         self._last_line = snapshot.elapsed
         total = "?" if snapshot.total is None else f"{snapshot.total:,}"
-        state = "done" if snapshot.finished else "running"
+        state = "stopped" if snapshot.stopped else "done" if snapshot.finished else "running"
         print(
             f"{self.description}: {snapshot.completed:,}/{total} {state} · {describe(snapshot)}",
             file=sys.stderr,
@@ -301,7 +307,9 @@ def progress_line(snapshot: MapProgress, description: str, width: int) -> str:
     room = max(1, width - 1)
     total = snapshot.total
     parts: dict[str, str | None] = {
-        "count": f"{snapshot.completed:,}" + ("" if total is None else f"/{total:,}"),
+        "count": f"{snapshot.completed:,}"
+        + ("" if total is None else f"/{total:,}")
+        + (" stopped" if snapshot.stopped else ""),
         "eta": (
             _duration(snapshot.elapsed)
             if snapshot.finished

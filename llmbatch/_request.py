@@ -69,6 +69,7 @@ class Request:
         "might_not_fit",
         "owner",
         "prefix",
+        "prior_attempts",
         "priority",
         "prompt",
         "quota",
@@ -153,6 +154,8 @@ class Request:
         self.reasks = 0
         """How many answers of its call went back to be corrected before it (a
         ``response_model`` call's re-ask is a request of its own)."""
+        self.prior_attempts = 0
+        """HTTP attempts of its call's earlier requests (the asks its re-ask follows)."""
 
     def travel_alone(self) -> None:
         """Join a queue group of its own, so it is sent in a batch of one."""

@@ -60,10 +60,12 @@ def check_answer(
     *,
     reasks: int,
     request_id: str,
+    attempts: int,
 ) -> Verdict:
     """Validate ``answer`` (a Completion or ChatCompletion) against ``spec``'s
-    response model. ``payload`` is the prompt or conversation it answered and
-    ``reasks`` how many times this call was already sent back."""
+    response model. ``payload`` is the prompt or conversation it answered,
+    ``reasks`` how many times this call was already sent back, and ``attempts`` the
+    HTTP attempts of the whole call so far (its first ask and every re-ask)."""
     model = spec.response_model
     assert model is not None
     text: str = answer.text
@@ -76,7 +78,7 @@ def check_answer(
                 text=text,
                 reasks=reasks,
                 request_id=request_id,
-                attempts=answer.timings.attempts,
+                attempts=attempts,
             )
         )
     try:
@@ -97,7 +99,7 @@ def check_answer(
                 errors=errors,
                 reasks=reasks,
                 request_id=request_id,
-                attempts=answer.timings.attempts,
+                attempts=attempts,
             )
         )
     return Verdict(parsed=parsed, ok=True)

@@ -121,6 +121,7 @@ class Submitter:
             request.prompt if request.prompt is not None else request.messages or (),
             reasks=request.reasks,
             request_id=request.id,
+            attempts=request.prior_attempts + answer.timings.attempts,
         )
         stats = self.engine.stats
         if verdict.ok:
@@ -137,6 +138,7 @@ class Submitter:
         follow = self.request(request.spec, reask.payload)
         follow.deadline = request.deadline
         follow.reasks = request.reasks + 1
+        follow.prior_attempts = request.prior_attempts + request.attempts
         follow.index = request.index
         follow.metadata = request.metadata
         self.engine.stats.reasked += 1

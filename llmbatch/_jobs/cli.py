@@ -11,16 +11,23 @@ Exit codes:
 - 4: the job stopped early: server unreachable, authentication or unknown model,
   output file locked by another run or not an output file. The message says what to
   fix; a rerun then resumes.
-- 130: interrupted (Ctrl-C); the message counts what was saved and what remains. A
-  rerun resumes.
+- 130: interrupted (Ctrl-C, SIGINT); 143: stopped by SIGTERM (systemd, ``docker
+  stop``, ``timeout``). Either way the message counts what was saved and what
+  remains, and a rerun resumes. A job started in the background by a shell (``&``)
+  inherits SIGINT ignored; it stops on SIGINT all the same.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import anyio
@@ -43,6 +50,7 @@ EXIT_USAGE = 2
 EXIT_REJECTED = 3
 EXIT_STOPPED = 4
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
 #: Seconds between progress lines when stderr is not a terminal.
 LOG_PROGRESS_EVERY = 5.0
 
@@ -63,7 +71,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
             "malformed lines; 2 usage error; 3 input rejected (duplicate custom_ids, "
             "malformed lines), nothing sent; 4 stopped early (server unreachable, auth, "
             "unknown model, output locked or invalid): fix what the message says, then "
-            "rerun to resume; 130 interrupted (Ctrl-C), rerun to resume"
+            "rerun to resume; 130 interrupted (Ctrl-C), 143 stopped by SIGTERM: rerun to "
+            "resume"
         ),
     )
     parser.add_argument(
@@ -223,15 +232,17 @@ def handle(args: argparse.Namespace) -> int:
     if args.input.resolve() == args.output.resolve():
         return _fail(EXIT_USAGE, "INPUT and OUTPUT must be different files")
     if not args.input.is_file():
-        return _fail(EXIT_USAGE, f"{args.input}: no such file")
+        return _fail(EXIT_USAGE, _not_a_file(args.input))
     progress = ProgressBar(description=args.input.name, line_interval=LOG_PROGRESS_EVERY)
     try:
         config = _config(args, progress if args.progress else None)
     except ValueError as exc:
         return _fail(EXIT_USAGE, str(exc))
     summary = JobSummary()  # filled in as the job runs: still readable after Ctrl-C
+    stop = Stop()
     try:
-        anyio.run(lambda: run_job(config, report=_say, summary=summary))
+        with stops_on_signals(stop):
+            anyio.run(lambda: run_job(config, report=_say, summary=summary))
     except JobRejected as exc:
         return _fail(EXIT_REJECTED, str(exc))
     except InvalidRequestError as exc:  # e.g. a --base-url that is not a URL
@@ -239,8 +250,72 @@ def handle(args: argparse.Namespace) -> int:
     except OutputError as exc:
         return _fail(EXIT_STOPPED, str(exc))
     except KeyboardInterrupt:
-        return _fail(EXIT_INTERRUPTED, format_interrupted(summary, args.output))
+        return _fail(stop.exit_code, format_interrupted(summary, args.output, stop.by))
     return _finish(summary, args)
+
+
+class Stop:
+    """Which signal stopped the job: SIGINT (Ctrl-C) unless SIGTERM came first."""
+
+    def __init__(self) -> None:
+        self.signal = signal.SIGINT
+
+    @property
+    def by(self) -> str | None:
+        """How the message names it (None: Ctrl-C, the plain "interrupted")."""
+        return None if self.signal == signal.SIGINT else self.signal.name
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_INTERRUPTED if self.signal == signal.SIGINT else EXIT_TERMINATED
+
+
+@contextlib.contextmanager
+def stops_on_signals(stop: Stop) -> Iterator[None]:
+    """While the job runs, SIGTERM stops it as Ctrl-C does (what systemd, ``docker
+    stop`` and ``timeout`` send would otherwise end the process with no summary),
+    and a SIGINT inherited as ignored (a shell's ``&``) is heeded again: a job that
+    is asked to stop saves what it has and says how to resume.
+
+    SIGTERM is handed to whatever handles SIGINT at that moment: asyncio's runner,
+    which cancels the job's main task the first time and raises
+    ``KeyboardInterrupt`` the second, as it does for a second Ctrl-C. ``stop`` notes
+    which signal came."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers are the main thread's alone
+        return
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        stop.signal = signal.SIGTERM
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    before_int = signal.getsignal(signal.SIGINT)
+    before_term = signal.signal(signal.SIGTERM, on_sigterm)
+    if before_int == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before_term)
+        signal.signal(signal.SIGINT, before_int)
+
+
+def _not_a_file(path: Path) -> str:
+    """Why INPUT cannot be read as a job, and what to do."""
+    if not path.exists():
+        return f"{path}: no such file"
+    if path.is_dir():
+        return f"{path}: a directory (a directory of *.jsonl shards runs with --ray)"
+    # A pipe, /dev/stdin, a FIFO: read once, where a job reads its input twice.
+    return (
+        f"{path}: not a regular file (a pipe?); llmbatch run reads its input twice (all "
+        "of it is checked before anything is sent) and a rerun reads it again to resume, "
+        "which a pipe cannot give: save it to a file first (... > jobs.jsonl) and run that"
+    )
 
 
 def _config(args: argparse.Namespace, progress: ProgressLike) -> JobConfig:
@@ -322,8 +397,10 @@ def handle_ray(args: argparse.Namespace) -> int:
         show_progress=args.progress and sys.stderr.isatty(),
     )
     summary = JobSummary()
+    stop = Stop()
     try:
-        run_on_ray(_config(args, None), options, report=_say, summary=summary)
+        with stops_on_signals(stop):
+            run_on_ray(_config(args, None), options, report=_say, summary=summary)
     except RayMissing as exc:
         return _fail(EXIT_USAGE, str(exc))
     except InputError as exc:
@@ -336,8 +413,8 @@ def handle_ray(args: argparse.Namespace) -> int:
         return _fail(EXIT_STOPPED, str(exc))
     except KeyboardInterrupt:
         return _fail(
-            EXIT_INTERRUPTED,
-            f"interrupted: the results received so far are in {args.output}; "
+            stop.exit_code,
+            f"{_interrupted(stop.by)}: the results received so far are in {args.output}; "
             "rerun the same command to resume",
         )
     return _finish(summary, args)
@@ -364,16 +441,21 @@ def format_summary(s: JobSummary) -> str:
     )
 
 
-def format_interrupted(s: JobSummary, output: Path) -> str:
-    """What an interrupted run saved, what remains, and how to go on."""
+def format_interrupted(s: JobSummary, output: Path, by: str | None = None) -> str:
+    """What an interrupted run saved, what remains, and how to go on; ``by`` names
+    the signal that stopped it (None: Ctrl-C)."""
     if not s.input_lines:  # stopped while the input was still being checked
-        return "interrupted before anything was sent; rerun the same command to start"
+        return f"{_interrupted(by)} before anything was sent; rerun the same command to start"
     failed = f", {s.failed:,} of them failed" if s.failed else ""
     return (
-        f"interrupted: {s.saved:,} of {s.input_lines:,} results saved in {output} "
+        f"{_interrupted(by)}: {s.saved:,} of {s.input_lines:,} results saved in {output} "
         f"({s.done + s.failed:,} in this run{failed}), {s.remaining:,} remain; "
         "rerun the same command to resume"
     )
+
+
+def _interrupted(by: str | None) -> str:
+    return "interrupted" if by is None else f"interrupted by {by}"
 
 
 def _say(message: str) -> None:

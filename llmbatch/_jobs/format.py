@@ -90,6 +90,15 @@ class JobLine:
     body: Mapping[str, Any]
 
 
+def _json_problem(exc: json.JSONDecodeError) -> str:
+    """Where a line stops being JSON, by its column in the file's line (the decoder's
+    own "line 2 column 1" counts lines inside the record, which the file does not
+    have: a record cut short reaches the line's end)."""
+    if exc.pos >= len(exc.doc.rstrip()):
+        return f"not valid JSON: the line ends before the record does ({exc.msg})"
+    return f"not valid JSON at column {exc.pos + 1}: {exc.msg}"
+
+
 def parse_line(raw: bytes, line_no: int) -> JobLine | None:
     """Parse and check one input line; None for a blank line, :class:`MalformedLine`
     if it could not run as written (its reason in the file's words: ``body.max_tokns
@@ -97,9 +106,16 @@ def parse_line(raw: bytes, line_no: int) -> JobLine | None:
     if not raw.strip():
         return None
     try:
-        data = json.loads(raw)
-    except ValueError as exc:  # UnicodeDecodeError is a ValueError too
-        raise MalformedLine(line_no, f"not valid JSON ({exc})") from None
+        # utf-8-sig: a byte-order mark some editors put before the first line is not
+        # part of the record.
+        data = json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        bad = raw[exc.start]
+        raise MalformedLine(
+            line_no, f"not valid JSON: byte {exc.start + 1} of the line (0x{bad:02x}) is not UTF-8"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise MalformedLine(line_no, _json_problem(exc)) from None
     if not isinstance(data, dict):
         raise MalformedLine(line_no, "not a JSON object")
     for key in data:

@@ -11,12 +11,24 @@ decisions out, so every rule is tested on recorded responses.
 from __future__ import annotations
 
 import enum
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Dialect", "PriorityField", "ServerKind", "Version", "parse_version"]
+from llmbatch._exceptions import InvalidRequestError
+
+__all__ = [
+    "Dialect",
+    "PriorityField",
+    "ServerKind",
+    "Version",
+    "gbnf_choice",
+    "json_schema_format",
+    "parse_version",
+    "translate_guided",
+]
 
 
 class ServerKind(enum.StrEnum):
@@ -122,8 +134,29 @@ class Dialect:
     ) -> dict[str, Any]:
         """A call's body fields as this server reads them (``fields`` may be changed
         and returned); raises :class:`InvalidRequestError` for a field it would
-        silently ignore and that has no exact replacement."""
+        silently ignore and that has no exact replacement. vLLM's ``guided_*``
+        fields go through :meth:`guided`."""
+        if any(name.startswith("guided_") for name in fields):
+            fields = translate_guided(self, fields)
         return fields
+
+    def guided(self, name: str, value: Any) -> dict[str, Any] | None:
+        """The body fields that say what vLLM's ``guided_*`` field ``name`` says, in
+        this server's dialect (None: it has none, and the call is refused rather than
+        sent to be ignored). The default: a JSON schema as OpenAI's
+        ``response_format``, which OpenAI-compatible servers share; nothing else."""
+        if name == "guided_json":
+            return {"response_format": json_schema_format(value)}
+        return None
+
+    def guided_refusal(self, name: str) -> str:
+        """Why a ``guided_*`` field this server has no field for is refused, and what
+        to use instead."""
+        return (
+            f"{name}: vLLM's field, and this server ({self.kind}) has no field for it: "
+            "it would ignore it and answer unconstrained; constrain the answer with "
+            "response_model= (or response_format)"
+        )
 
     def session_field(self, version: Version | None) -> str | None:
         """The body field that carries a caller's session (a tenant), where the
@@ -135,9 +168,80 @@ class Dialect:
     ) -> dict[str, Any]:
         """The body fields that constrain an answer to the JSON ``schema``: OpenAI's
         ``response_format``, which OpenAI-compatible servers take."""
-        return {
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {"name": name, "schema": dict(schema), "strict": True},
-            }
-        }
+        return {"response_format": json_schema_format(schema, name, strict=True)}
+
+
+def json_schema_format(
+    schema: object, name: str = "guided_json", *, strict: bool = False
+) -> dict[str, Any]:
+    """OpenAI's ``response_format`` for a JSON schema (given as a dict, or as its JSON
+    text, as ``guided_json`` may be)."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            raise InvalidRequestError(
+                "guided_json: not a JSON schema (a dict, or its JSON text)", field="guided_json"
+            ) from None
+    if not isinstance(schema, Mapping):
+        raise InvalidRequestError(
+            "guided_json: not a JSON schema (a dict, or its JSON text)", field="guided_json"
+        )
+    body: dict[str, Any] = {"name": name, "schema": dict(schema)}
+    if strict:
+        body["strict"] = True
+    return {"type": "json_schema", "json_schema": body}
+
+
+def translate_guided(dialect: Dialect, fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with each ``guided_*`` field replaced by what ``dialect`` reads in its
+    place; raises :class:`InvalidRequestError` for one it has no field for, or for two
+    that land on one field with different values (a call's own value included)."""
+    translated: dict[str, Any] = {}
+    for name in [name for name in fields if name.startswith("guided_")]:
+        value = fields.pop(name)
+        replacement = dialect.guided(name, value)
+        if replacement is None:
+            raise InvalidRequestError(dialect.guided_refusal(name), field=name)
+        for key, new in replacement.items():
+            old = translated.get(key, fields.get(key))
+            if old is not None and old != new:
+                raise InvalidRequestError(
+                    f"{name} and {key} both constrain the answer, differently, on "
+                    f"{dialect.kind} (which reads only {key}): give one",
+                    field=name,
+                )
+            translated[key] = new
+    fields.update(translated)
+    return fields
+
+
+def gbnf_choice(choices: object, name: str = "guided_choice") -> str:
+    """A GBNF grammar (llama.cpp's, and SGLang's EBNF) whose answers are exactly one
+    of ``choices``, as ``guided_choice`` constrains vLLM's."""
+    if (
+        not isinstance(choices, list | tuple)
+        or not choices
+        or not all(isinstance(choice, str) and choice for choice in choices)
+    ):
+        raise InvalidRequestError(
+            f"{name} must be a non-empty list of non-empty strings", field=name
+        )
+    return "root ::= " + " | ".join(_gbnf_literal(choice) for choice in choices)
+
+
+def _gbnf_literal(text: str) -> str:
+    escaped = []
+    for char in text:
+        if char in '"\\':
+            escaped.append("\\" + char)
+        elif char in _GBNF_ESCAPES:
+            escaped.append(_GBNF_ESCAPES[char])
+        elif ord(char) < 0x20 or char == "\x7f":
+            escaped.append(f"\\x{ord(char):02x}")
+        else:
+            escaped.append(char)
+    return '"' + "".join(escaped) + '"'
+
+
+_GBNF_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}

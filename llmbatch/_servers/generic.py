@@ -5,7 +5,8 @@ of a request to every other server at open), and it takes no priority: a server
 whose convention is not known (NVIDIA Dynamo and TensorRT-LLM order theirs
 differently: higher first, or a float in [0, 1]) gets no priority field, since one
 read the wrong way round would put bulk work ahead of realtime. A JSON schema goes
-as OpenAI's ``response_format``.
+as OpenAI's ``response_format`` (vLLM's ``guided_json`` too); vLLM's other
+``guided_*`` fields have no common form and are refused.
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ how many sequences it runs at once: ``total_slots`` in ``GET /props`` (its
 ``--parallel``). With ``--metrics`` it exports its queue and its generation
 totals, whose change between two reads is each slot's time per output token. It
 constrains an answer with a ``json_schema`` field (both endpoints; a list of
-prompts included), and ignores ``response_format`` on ``/v1/completions``.
+prompts included), and ignores ``response_format`` on ``/v1/completions``; a GBNF
+``grammar`` field constrains it to a grammar. vLLM's ``guided_json``,
+``guided_grammar`` and ``guided_choice`` are sent as those (a choice as a grammar
+of its strings); it has no regex constraint, so ``guided_regex`` is refused.
 """
 
 from __future__ import annotations
@@ -14,7 +17,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from llmbatch._servers.base import Dialect, ServerKind, Version
+from llmbatch._servers.base import (
+    Dialect,
+    ServerKind,
+    Version,
+    gbnf_choice,
+    json_schema_format,
+)
 
 __all__ = ["DIALECT"]
 
@@ -31,6 +40,24 @@ class _LlamaCpp(Dialect):
         self, schema: Mapping[str, Any], name: str, version: Version | None
     ) -> dict[str, Any]:
         return {"json_schema": dict(schema)}
+
+    def guided(self, name: str, value: Any) -> dict[str, Any] | None:
+        if name == "guided_json":
+            return {"json_schema": json_schema_format(value)["json_schema"]["schema"]}
+        if name == "guided_grammar":
+            return {"grammar": value}
+        if name == "guided_choice":
+            return {"grammar": gbnf_choice(value)}
+        return None
+
+    def guided_refusal(self, name: str) -> str:
+        if name == "guided_regex":
+            return (
+                "guided_regex: llama.cpp's server has no regex constraint and would "
+                "answer unconstrained; write it as a GBNF grammar (extra_body="
+                '{"grammar": ...})'
+            )
+        return super().guided_refusal(name)
 
 
 DIALECT = _LlamaCpp(

@@ -5,15 +5,25 @@ at ``GET /get_server_info``. It honours ``priority`` only with
 ``--enable-priority-scheduling`` (otherwise it ignores it, or refuses it with
 ``--abort-on-priority-when-disabled``), and runs higher values first unless
 ``--schedule-low-priority-values-first``. It takes a JSON schema as OpenAI's
-``response_format``.
+``response_format``, and ``regex`` and ``ebnf`` (a GBNF-style grammar) as fields of
+their own; vLLM's ``guided_json``, ``guided_regex``, ``guided_grammar`` and
+``guided_choice`` are sent as those (a choice as a grammar of its strings).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
-from llmbatch._servers.base import Dialect, PriorityField, ServerKind, Version, parse_version
+from llmbatch._servers.base import (
+    Dialect,
+    PriorityField,
+    ServerKind,
+    Version,
+    gbnf_choice,
+    parse_version,
+)
 
 __all__ = ["DIALECT"]
 
@@ -26,6 +36,15 @@ class _SGLang(Dialect):
 
     def version(self, info: object) -> Version | None:
         return parse_version(info.get("version")) if isinstance(info, Mapping) else None
+
+    def guided(self, name: str, value: Any) -> dict[str, Any] | None:
+        if name == "guided_regex":
+            return {"regex": value}
+        if name == "guided_grammar":
+            return {"ebnf": value}
+        if name == "guided_choice":
+            return {"ebnf": gbnf_choice(value)}
+        return super().guided(name, value)
 
 
 DIALECT = _SGLang(

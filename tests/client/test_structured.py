@@ -106,12 +106,16 @@ async def test_failures_are_typed_errors_with_the_text_and_pydantics_errors(
             await client.complete("Label it", response_model=Label, max_tokens=200, max_reasks=1)
         error = caught.value
         assert error.reasks == 1
+        # The call's HTTP attempts: its first ask and its re-ask, one each.
+        assert error.attempts == 2
+        assert str(error).endswith(", attempts=2)")
         assert error.text
         assert error.errors
         assert error.errors[0]["type"] == "json_invalid"
         results = await client.map(["a", "b", "c"], response_model=Label, max_tokens=200)
         assert all(isinstance(r.error, llmbatch.StructuredOutputError) for r in results)
         assert all(r.error.reasks == 2 for r in results)  # type: ignore[union-attr]
+        assert all(r.error.attempts == 3 for r in results)  # type: ignore[union-attr]
         assert client.stats().structured.reasked == 1 + 3 * 2
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,6 +108,21 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "must be different files" in err
     assert "base_url must be an http(s) URL" in err
     assert "tenant must be 1 to 256 printable characters" in err
+
+
+def test_a_pipe_is_refused_saying_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # /dev/stdin in a pipeline is one; a FIFO is the same to the runner, and opening
+    # neither may read from it (that would block the test with no writer).
+    fifo = tmp_path / "jobs.fifo"
+    os.mkfifo(fifo)
+    out = tmp_path / "out.jsonl"
+    assert llmbatch_run(str(fifo), "-o", str(out)) == cli.EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"llmbatch run: {fifo}: not a regular file (a pipe?); ")
+    assert "reads its input twice" in err
+    assert "save it to a file first" in err
+    assert "no such file" not in err
+    assert not out.exists()
 
 
 def test_progress_in_a_log_prints_plain_lines(

@@ -32,7 +32,9 @@ def sim() -> Iterator[SimulatorProcess]:
         yield server
 
 
-def job(src: Path, out: Path, sim: SimulatorProcess, *extra: str) -> subprocess.Popen[str]:
+def job(
+    src: Path, out: Path, sim: SimulatorProcess, *extra: str, sigint_ignored: bool = False
+) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "llmbatch", "run", str(src), "-o", str(out)]
     argv += ["--base-url", sim.base_url, *extra]
     return subprocess.Popen(
@@ -41,7 +43,7 @@ def job(src: Path, out: Path, sim: SimulatorProcess, *extra: str) -> subprocess.
         stderr=subprocess.PIPE,
         text=True,
         env=dict(os.environ),
-        preexec_fn=_ctrl_c_as_in_a_terminal,
+        preexec_fn=_sigint_ignored if sigint_ignored else _ctrl_c_as_in_a_terminal,
     )
 
 
@@ -50,6 +52,11 @@ def _ctrl_c_as_in_a_terminal() -> None:
     (A test run started in the background by a shell without job control inherits
     SIGINT ignored, and Python then never turns it into KeyboardInterrupt.)"""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _sigint_ignored() -> None:
+    """As a job started with ``&`` from a script (a shell without job control) has it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def finish(process: subprocess.Popen[str]) -> tuple[int, list[str]]:
@@ -99,38 +106,49 @@ def test_a_wrong_model_option_names_the_option(sim: SimulatorProcess, tmp_path: 
 
 
 INTERRUPTED = re.compile(
-    r"llmbatch run: interrupted: (?P<saved>[\d,]+) of 3,000 results saved in (?P<out>\S+) "
-    r"\((?P<this_run>[\d,]+) in this run\), (?P<remain>[\d,]+) remain; "
+    r"llmbatch run: interrupted(?P<by> by SIGTERM)?: (?P<saved>[\d,]+) of 3,000 results saved "
+    r"in (?P<out>\S+) \((?P<this_run>[\d,]+) in this run\), (?P<remain>[\d,]+) remain; "
     r"rerun the same command to resume"
 )
 
 
-def test_ctrl_c_reports_what_was_saved_and_what_remains(
-    sim: SimulatorProcess, tmp_path: Path
+@pytest.mark.parametrize(
+    ("signum", "sigint_ignored", "code"),
+    [
+        pytest.param(signal.SIGINT, False, cli.EXIT_INTERRUPTED, id="ctrl-c"),
+        # What systemd, docker stop and timeout send.
+        pytest.param(signal.SIGTERM, False, cli.EXIT_TERMINATED, id="sigterm"),
+        # Started with `&` from a script: SIGINT inherited as ignored, heeded anyway.
+        pytest.param(signal.SIGINT, True, cli.EXIT_INTERRUPTED, id="sigint-inherited-ignored"),
+    ],
+)
+def test_a_stopped_job_reports_what_was_saved_and_what_remains(
+    sim: SimulatorProcess, tmp_path: Path, signum: int, sigint_ignored: bool, code: int
 ) -> None:
     # 3,000 lines at 32 in flight: seconds of work left after the first 100 are
     # saved, so a loaded machine's late signal still finds the job running.
     total = 3000
     src, out = input_file(tmp_path, total), tmp_path / "out.jsonl"
-    running = job(src, out, sim, "--max-in-flight", "32")
+    running = job(src, out, sim, "--max-in-flight", "32", sigint_ignored=sigint_ignored)
     deadline = time.monotonic() + TIMEOUT
     while not out.exists() or out.read_bytes().count(b"\n") < 100:
         assert running.poll() is None, f"the job ended early: {running.communicate()[1]}"
         assert time.monotonic() < deadline, "the job made no progress"
         time.sleep(0.005)
-    running.send_signal(signal.SIGINT)
-    code, err = finish(running)
-    assert code == cli.EXIT_INTERRUPTED, err
+    running.send_signal(signum)
+    returned, err = finish(running)
+    assert returned == code, err
     assert "Traceback" not in "\n".join(err)
     match = INTERRUPTED.fullmatch(err[-1])
     assert match, err
+    assert bool(match["by"]) == (signum == signal.SIGTERM)
     saved = int(match["saved"].replace(",", ""))
     assert match["out"] == str(out)
     assert saved == int(match["this_run"].replace(",", "")) == len(id_counts(out))
     assert 100 <= saved < total, "interrupted too late to tell: make the job slower"
-    # The last progress line counts what was saved: requests cancelled in flight are
-    # neither done nor failed.
-    assert f": {saved:,}/{total:,} done · 0 failed · 0 in flight · " in err[-2], err[-2:]
+    # The last progress line counts what was saved, and says the run stopped:
+    # requests cancelled in flight are neither done nor failed.
+    assert f": {saved:,}/{total:,} stopped · 0 failed · 0 in flight · " in err[-2], err[-2:]
     assert int(match["remain"].replace(",", "")) == total - saved
     # As it says: the same command resumes, and sends only what remained.
     code, err = finish(job(src, out, sim, "--max-in-flight", "256"))

@@ -339,4 +339,16 @@ async def test_cancelled_items_are_neither_done_nor_failed(how: str) -> None:
     holder.release.set()
     last = seen[-1]
     assert last.finished
+    assert last.stopped  # ended before every input finished
     assert (last.done, last.failed, last.in_flight) == (20, 0, 0)
+    line = progress_line(last, "job", 80)
+    assert " 20/40 stopped " in line
+
+
+async def test_a_map_that_ran_to_its_end_is_not_stopped() -> None:
+    seen: list[MapProgress] = []
+    async with client(FakeServer()) as c:
+        await c.map(["a", "b"], progress=seen.append)
+        assert len([r async for r in c.map_unordered(["c"], progress=seen.append)]) == 1
+    finals = [s for s in seen if s.finished]
+    assert [(s.completed, s.stopped) for s in finals] == [(2, False), (1, False)]

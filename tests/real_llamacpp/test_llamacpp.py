@@ -168,3 +168,37 @@ async def test_structured_outputs_go_as_json_schema(server: LlamaServerProcess) 
     ok = sum(r.ok for r in results)
     print(f"llama.cpp structured: {ok}/100 validated, {stats.reasked} re-asked")
     assert ok >= 99, [str(r.error) for r in results if not r.ok][:3]
+
+
+async def test_vllms_guided_fields_constrain_llama_cpps_answers(
+    server: LlamaServerProcess,
+) -> None:
+    # The same call a vLLM user writes: guided_json and guided_choice in extra_body,
+    # sent as llama.cpp's json_schema and grammar (it ignores the guided_* names and
+    # answers a tiny random model's free text, which is never one of the choices).
+    import json
+
+    schema = {
+        "type": "object",
+        "properties": {"label": {"type": "string", "enum": ["spam", "ham"]}},
+        "required": ["label"],
+    }
+    choices = ["positive", "negative", "neutral"]
+    async with llmbatch.Client(server.base_url) as client:
+        schemed = await client.map(
+            [f"Is message {i} spam?" for i in range(40)],
+            max_tokens=30,
+            extra_body={"guided_json": schema},
+        )
+        chosen = await client.map(
+            [f"Sentiment of review {i}:" for i in range(40)],
+            max_tokens=10,
+            extra_body={"guided_choice": choices},
+        )
+        with pytest.raises(llmbatch.InvalidRequestError, match="no regex constraint"):
+            await client.complete("x", extra_body={"guided_regex": "a+"})
+    labels = [json.loads(r.value.text)["label"] for r in schemed if r.ok]
+    assert len(labels) == 40, [str(r.error) for r in schemed if not r.ok][:3]
+    assert set(labels) <= {"spam", "ham"}
+    assert all(r.ok for r in chosen), [str(r.error) for r in chosen if not r.ok][:3]
+    assert {r.value.text for r in chosen} <= set(choices)

@@ -1003,15 +1003,22 @@ SECTIONS: dict[str, list[Case]] = {
             "not JSON",
             "this is not json",
             1,
-            "in.jsonl:2: not valid JSON (Expecting value: line 1 column 1 (char 0))",
+            "in.jsonl:2: not valid JSON at column 1: Expecting value",
+        ),
+        jsonl(
+            "jsonl-cut-short",
+            "a record cut short",
+            '{"custom_id": "b", "body": {',
+            1,
+            "in.jsonl:2: not valid JSON: the line ends before the record does "
+            "(Expecting property name enclosed in double quotes)",
         ),
         jsonl(
             "jsonl-non-utf8",
             "not UTF-8",
             '{"custom_id": "\udcff"}',  # the byte 0xff (surrogateescape)
             1,
-            "in.jsonl:2: not valid JSON ('utf-8' codec can't decode byte 0xff in position 15: "
-            "invalid start byte)",
+            "in.jsonl:2: not valid JSON: byte 16 of the line (0xff) is not UTF-8",
         ),
         jsonl("jsonl-not-an-object", "not an object", "[1, 2]", 1, "in.jsonl:2: not a JSON object"),
         jsonl(
@@ -1096,6 +1103,13 @@ SECTIONS: dict[str, list[Case]] = {
             "llmbatch run nope.jsonl -o out.jsonl",
             2,
             "llmbatch run: nope.jsonl: no such file",
+        ),
+        command(
+            "cli-run-directory-input",
+            "a directory as input, without `--ray`",
+            "llmbatch run . -o out.jsonl",
+            2,
+            "llmbatch run: .: a directory (a directory of *.jsonl shards runs with --ray)",
         ),
         command(
             "cli-run-zero-in-flight",

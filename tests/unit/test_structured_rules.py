@@ -4,6 +4,7 @@ exactly one outcome, after at most ``max_reasks`` re-asks)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from pydantic import BaseModel
 from llmbatch import InvalidRequestError, OutputTruncatedError, StructuredOutputError
 from llmbatch._callspec import check_call
 from llmbatch._servers import GENERIC, llamacpp, sglang, vllm
+from llmbatch._servers.base import gbnf_choice
 from llmbatch._structured import check_answer, reask_payload
 
 
@@ -60,9 +62,92 @@ def test_vllms_removed_fields_are_translated_where_it_no_longer_reads_them() -> 
         _spec(guided_json=SCHEMA, guided_decoding_backend="outlines")
     with pytest.raises(InvalidRequestError, match="differ"):
         _spec(guided_regex="a", structured_outputs={"regex": "b"})
-    # Other kinds get what was given.
-    other = check_call("completion", "call", {"guided_json": SCHEMA}, default_model="m")
-    assert other.params == {"guided_json": SCHEMA}
+
+
+def _on(dialect: Any, **params: Any) -> dict[str, Any]:
+    spec = check_call("completion", "call", params, default_model="m", dialect=dialect)
+    return dict(spec.params)
+
+
+def _refused(dialect: Any, name: str, value: Any, match: str) -> None:
+    with pytest.raises(InvalidRequestError, match=match) as raised:
+        _on(dialect, extra_body={name: value})
+    assert raised.value.field == name
+
+
+def test_every_other_kind_translates_vllms_guided_fields_or_refuses_them() -> None:
+    """Never sent to a server that would ignore them (and answer unconstrained)."""
+    choice = ["yes", 'say "no"', "a\\b\n"]
+    grammar = 'root ::= "yes" | "say \\"no\\"" | "a\\\\b\\n"'
+    # llama.cpp: json_schema, and GBNF grammars.
+    assert _on(llamacpp.DIALECT, guided_json=SCHEMA) == {"json_schema": SCHEMA}
+    as_text = _on(llamacpp.DIALECT, extra_body={"guided_json": json.dumps(SCHEMA)})
+    assert as_text == {"json_schema": SCHEMA}
+    assert _on(llamacpp.DIALECT, guided_choice=choice) == {"grammar": grammar}
+    assert _on(llamacpp.DIALECT, guided_grammar='root ::= "a"') == {"grammar": 'root ::= "a"'}
+    _refused(llamacpp.DIALECT, "guided_regex", "a+", "no regex constraint.*GBNF grammar")
+    # SGLang: response_format, regex, ebnf.
+    rf = _on(sglang.DIALECT, guided_json=SCHEMA)["response_format"]
+    assert rf == {"type": "json_schema", "json_schema": {"name": "guided_json", "schema": SCHEMA}}
+    assert _on(sglang.DIALECT, guided_regex="a+") == {"regex": "a+"}
+    assert _on(sglang.DIALECT, guided_choice=choice) == {"ebnf": grammar}
+    assert _on(sglang.DIALECT, guided_grammar='root ::= "a"') == {"ebnf": 'root ::= "a"'}
+    # Any other server: a schema as OpenAI's response_format, nothing else.
+    assert _on(GENERIC, guided_json=SCHEMA)["response_format"] == rf
+    for name, value in [("guided_regex", "a+"), ("guided_choice", ["a"]), ("guided_grammar", "g")]:
+        _refused(GENERIC, name, value, f"{name}: vLLM's field.*would ignore it")
+    # What none of them has.
+    for dialect in (llamacpp.DIALECT, sglang.DIALECT, GENERIC):
+        for name in ("guided_whitespace_pattern", "guided_decoding_backend", "guided_other"):
+            _refused(dialect, name, "x", f"{name}: vLLM's field.*response_model=")
+
+
+def test_guided_fields_that_contradict_each_other_are_refused() -> None:
+    with pytest.raises(InvalidRequestError, match="guided_choice and grammar both"):
+        _on(llamacpp.DIALECT, guided_grammar='root ::= "a"', guided_choice=["b"])
+    with pytest.raises(InvalidRequestError, match="guided_json and json_schema both"):
+        _on(llamacpp.DIALECT, guided_json=SCHEMA, extra_body={"json_schema": {"type": "string"}})
+    # Saying the same thing twice is not a contradiction.
+    same = _on(llamacpp.DIALECT, guided_json=SCHEMA, extra_body={"json_schema": SCHEMA})
+    assert same == {"json_schema": SCHEMA}
+    for bad in ([], [""], "yes", [1]):
+        _refused(llamacpp.DIALECT, "guided_choice", bad, "non-empty list of non-empty strings")
+    _refused(GENERIC, "guided_json", "{not json", "not a JSON schema")
+
+
+def _read_gbnf_literal(text: str) -> tuple[str, str]:
+    """One double-quoted GBNF literal at the start of ``text``: its string, and the
+    rest (a reader for the test, from llama.cpp's grammar README)."""
+    assert text[0] == '"'
+    out, i = [], 1
+    simple = {"n": "\n", "r": "\r", "t": "\t", '"': '"', "\\": "\\"}
+    while text[i] != '"':
+        if text[i] == "\\":
+            if text[i + 1] == "x":
+                out.append(chr(int(text[i + 2 : i + 4], 16)))
+                i += 4
+            else:
+                out.append(simple[text[i + 1]])
+                i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out), text[i + 1 :]
+
+
+@given(st.lists(st.text(min_size=1), min_size=1, max_size=5))
+def test_a_choice_grammar_reads_back_as_its_strings(choices: list[str]) -> None:
+    grammar = gbnf_choice(choices)
+    assert grammar.startswith("root ::= ")
+    rest, read = grammar.removeprefix("root ::= "), []
+    while True:
+        value, rest = _read_gbnf_literal(rest)
+        read.append(value)
+        if not rest:
+            break
+        assert rest.startswith(" | ")
+        rest = rest[3:]
+    assert read == choices
 
 
 def test_vllm_chat_gets_max_completion_tokens_and_a_session() -> None:
@@ -100,7 +185,9 @@ class Answer:
 
 def test_a_truncated_answer_is_its_own_error() -> None:
     spec = _spec(response_model=Point, max_tokens=4)
-    verdict = check_answer(Answer('{"x": 1', "length"), spec, "p", reasks=0, request_id="r")
+    verdict = check_answer(
+        Answer('{"x": 1', "length"), spec, "p", reasks=0, request_id="r", attempts=1
+    )
     assert isinstance(verdict.error, OutputTruncatedError)
     assert verdict.reask is None
 
@@ -128,7 +215,9 @@ def test_the_reask_loop_ends_once_within_its_budget(answers: list[bool], max_rea
     reasks = 0
     for valid in answers:
         text = '{"x": 1, "y": 2}' if valid else '{"x": 1'
-        verdict = check_answer(Answer(text), spec, payload, reasks=reasks, request_id="r")
+        verdict = check_answer(
+            Answer(text), spec, payload, reasks=reasks, request_id="r", attempts=reasks + 1
+        )
         # Exactly one of: validated, sent back, failed.
         assert [verdict.ok, verdict.reask is not None, verdict.error is not None].count(True) == 1
         if verdict.reask is None:
