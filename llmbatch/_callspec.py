@@ -291,13 +291,15 @@ def check_call(
     max_model_len: int | None = None,
     stream: bool = False,
     tenant_as_user: bool = True,
-    dialect: Dialect = GENERIC,
+    dialect: Dialect | None = GENERIC,
     version: Version | None = None,
 ) -> CallSpec:
     """Check one call's keywords (llmbatch's options and the body's fields) and
     build its :class:`CallSpec`, or raise. ``tier`` and ``default_model`` stand in
     where the call names none; ``dialect`` and ``version`` say how the server reads
-    a body (a schema, fields it has renamed)."""
+    a body (a schema, fields it has renamed). ``dialect=None`` checks the call
+    without a server in mind (a job file's lines, checked before the server is
+    known): the body stays as given, to be sent later in the server's dialect."""
     own: dict[str, Any] = {}
     fields: dict[str, Any] = {}
     for name, value in params.items():
@@ -349,11 +351,13 @@ def check_call(
                 "response_model needs one text answer: not with embeddings, streams or n > 1",
                 "response_model",
             )
-        fields.update(dialect.schema_fields(structured.schema, structured.name, version))
-    session = dialect.session_field(version)
-    if who is not None and tenant_as_user and session is not None and session not in fields:
-        fields[session] = who
-    fields = dialect.body_fields(fields, chat=kind == "chat", version=version)
+        if dialect is not None:
+            fields.update(dialect.schema_fields(structured.schema, structured.name, version))
+    if dialect is not None:
+        session = dialect.session_field(version)
+        if who is not None and tenant_as_user and session is not None and session not in fields:
+            fields[session] = who
+        fields = dialect.body_fields(fields, chat=kind == "chat", version=version)
     try:
         params_json = json.dumps(fields, sort_keys=True, allow_nan=False)
     except TypeError as exc:  # a value JSON has no type for (an object, a set)

@@ -178,6 +178,9 @@ def _check_body(body: Mapping[str, Any], kind: Kind, url: str) -> str | None:
         {**params, "extra_body": body.get("extra_body")},
         tier="batch",
         default_model=model or "the job's model",
+        # Checked before the server is known: its dialect (vLLM's guided_* fields
+        # translated or refused, say) applies when the client sends the line.
+        dialect=None,
     )
     given = body[field]
     if kind == "chat":

@@ -69,6 +69,16 @@ def test_a_server_specific_field_goes_in_extra_body() -> None:
         parse_line(raw({**GOOD, "body": {"prompt": "p", "extra_body": 5}}), 3)
 
 
+def test_a_line_is_checked_without_a_server_in_mind() -> None:
+    # The line check runs before the server is known: vLLM's guided fields stay as
+    # written, for the client to send in the dialect of the server it finds (they
+    # would be refused if the line were checked as for an unknown server).
+    body = {"prompt": "p", "extra_body": {"guided_regex": "[a-z]+", "guided_choice": ["a"]}}
+    line = parse_line(raw({**GOOD, "body": body}), 3)
+    assert line is not None
+    assert to_map_input(line) == {**body, "metadata": "x"}
+
+
 def test_parses_an_embeddings_line() -> None:
     line = parse_line(raw({**EMBED, "body": {"input": "t", "model": "e", "dimensions": 8}}), 2)
     assert line is not None
