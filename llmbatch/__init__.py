@@ -40,7 +40,7 @@ if typing.TYPE_CHECKING:
         TenantLimits,
         Timeout,
     )
-    from llmbatch._evidence import Inference
+    from llmbatch._control.evidence import Inference
     from llmbatch._exceptions import (
         APIStatusError,
         AuthenticationError,
@@ -75,7 +75,6 @@ if typing.TYPE_CHECKING:
         UnknownModelError,
         WriteTimeout,
     )
-    from llmbatch._fleet import Endpoints
     from llmbatch._models import (
         ChatChoice,
         ChatCompletion,
@@ -91,6 +90,7 @@ if typing.TYPE_CHECKING:
     )
     from llmbatch._progress import MapProgress, ProgressBar
     from llmbatch._replicas import Replica
+    from llmbatch._runtime.fleet import Endpoints
     from llmbatch._stats import (
         Histogram,
         Percentiles,
@@ -157,7 +157,7 @@ _EXPORTS = {
     "TransportError": "llmbatch._exceptions",
     "UnknownModelError": "llmbatch._exceptions",
     "WriteTimeout": "llmbatch._exceptions",
-    "Endpoints": "llmbatch._fleet",
+    "Endpoints": "llmbatch._runtime.fleet",
     "ChatChoice": "llmbatch._models",
     "ChatCompletion": "llmbatch._models",
     "ChatMessage": "llmbatch._models",
@@ -175,7 +175,7 @@ _EXPORTS = {
     "Histogram": "llmbatch._stats",
     "Percentiles": "llmbatch._stats",
     "ServerStats": "llmbatch._stats",
-    "Inference": "llmbatch._evidence",
+    "Inference": "llmbatch._control.evidence",
     "SharedStats": "llmbatch._stats",
     "Stats": "llmbatch._stats",
     "TenantStats": "llmbatch._stats",

@@ -24,7 +24,8 @@ import anyio
 from sniffio import current_async_library
 
 from llmbatch._arguments import checked_arguments
-from llmbatch._callspec import (
+from llmbatch._calls.defaults import NOT_GIVEN, CallDefaults, NotGiven
+from llmbatch._calls.spec import (
     CallSpec,
     ChatParams,
     CompletionParams,
@@ -34,7 +35,6 @@ from llmbatch._callspec import (
     TextParams,
 )
 from llmbatch._chunks import ChatCompletionChunk, CompletionChunk
-from llmbatch._clientconfig import ClientConfig
 from llmbatch._config import (
     DEFAULT_LIMITS,
     DEFAULT_RETRY_POLICY,
@@ -56,15 +56,15 @@ from llmbatch._exceptions import (
     InvalidTypeError,
     LLMBatchError,
 )
-from llmbatch._fleet import Endpoints
-from llmbatch._map import MapInput, MapRunner, check_inputs, check_map_options, kinds_of
 from llmbatch._models import ChatCompletion, Completion, Embedding, Result
-from llmbatch._options import NOT_GIVEN, CallDefaults, NotGiven
 from llmbatch._progress import ProgressLike, make_tracker
 from llmbatch._replicas import Replica
-from llmbatch._runtime import Runtime, State
+from llmbatch._runtime.config import ClientConfig
+from llmbatch._runtime.fleet import Endpoints
+from llmbatch._runtime.map import MapInput, MapRunner, check_inputs, check_map_options, kinds_of
+from llmbatch._runtime.runtime import Runtime, State
+from llmbatch._runtime.submitter import Submitter
 from llmbatch._stats import Stats
-from llmbatch._submit import Submitter
 from llmbatch._tracing import Tracer
 from llmbatch._transports.base import Transport
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from llmbatch._config import Priority
-from llmbatch._evidence import Inference
+from llmbatch._control.evidence import Inference
 from llmbatch._exceptions import DeadlineExceeded, LLMBatchError, RequestCancelled
 
 if TYPE_CHECKING:
-    from llmbatch._request import Request
+    from llmbatch._calls.request import Request
     from llmbatch._scheduler import Batch
     from llmbatch._tracing import Tracer
 

@@ -27,7 +27,8 @@ from typing import Any, Literal, TypeVar, Unpack, overload
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from llmbatch._arguments import checked_arguments
-from llmbatch._callspec import (
+from llmbatch._calls.defaults import NOT_GIVEN, NotGiven
+from llmbatch._calls.spec import (
     ChatParams,
     CompletionParams,
     EmbeddingParams,
@@ -52,11 +53,10 @@ from llmbatch._config import (
 )
 from llmbatch._exceptions import ClientClosedError
 from llmbatch._logs import logger
-from llmbatch._map import MapInput
 from llmbatch._models import ChatCompletion, Completion, Embedding, Result
-from llmbatch._options import NOT_GIVEN, NotGiven
 from llmbatch._progress import ProgressLike
 from llmbatch._replicas import Replica
+from llmbatch._runtime.map import MapInput
 from llmbatch._stats import Stats
 from llmbatch._transports.base import Transport
 

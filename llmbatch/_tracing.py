@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from llmbatch._request import Request
+    from llmbatch._calls.request import Request
 
 __all__ = ["Tracer"]
 

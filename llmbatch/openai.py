@@ -36,10 +36,10 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 
 import httpx
 
-from llmbatch._batching_transport import PRIORITY_HEADER, TENANT_HEADER, BatchingTransport
+from llmbatch._dropin.sync_transport import SyncBatchingTransport
+from llmbatch._dropin.transport import PRIORITY_HEADER, TENANT_HEADER, BatchingTransport
 from llmbatch._exceptions import ClientClosedError
 from llmbatch._stats import Stats
-from llmbatch._sync_batching_transport import SyncBatchingTransport
 
 __all__ = ["PRIORITY_HEADER", "TENANT_HEADER", "AsyncOpenAI", "OpenAI"]
 

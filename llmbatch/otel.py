@@ -39,8 +39,8 @@ from llmbatch._exceptions import ConfigTypeError, DeadlineExceeded, RequestCance
 from llmbatch._version import __version__
 
 if TYPE_CHECKING:
+    from llmbatch._calls.request import Request
     from llmbatch._client import Client
-    from llmbatch._request import Request
 
 __all__ = ["instrument", "uninstrument"]
 

@@ -38,13 +38,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "llmbatch.prometheus needs prometheus-client: pip install 'llmbatch[prometheus]'"
     ) from exc
 
+from llmbatch._control.signals import Source
 from llmbatch._exceptions import ConfigError, ConfigTypeError
-from llmbatch._signals import Source
 from llmbatch._stats import OTHER_TENANTS
 
 if TYPE_CHECKING:
     from llmbatch._client import Client
-    from llmbatch._runtime import Runtime
+    from llmbatch._runtime.runtime import Runtime
     from llmbatch._stats import Histogram, Stats
 
 __all__ = ["LLMBatchCollector", "register", "unregister"]

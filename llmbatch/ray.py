@@ -36,11 +36,11 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llmbatch._callspec import SpecCache
+from llmbatch._calls.request import Kind
+from llmbatch._calls.spec import SpecCache
 from llmbatch._config import Limits, PriorityLike, parse_priority
 from llmbatch._exceptions import ConfigError, ConfigTypeError, InvalidTypeError, LLMBatchError
-from llmbatch._map import MapInput, check_map_options
-from llmbatch._request import Kind
+from llmbatch._runtime.map import MapInput, check_map_options
 from llmbatch._sync import SyncClient
 
 __all__ = ["Chat", "Completions", "actor_options"]

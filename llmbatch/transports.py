@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from llmbatch._transports import HTTPRequest, HTTPResponse, MockResponse, MockTransport, Transport
 
 if TYPE_CHECKING:
-    from llmbatch._batching_transport import PRIORITY_HEADER, TENANT_HEADER, BatchingTransport
-    from llmbatch._sync_batching_transport import SyncBatchingTransport
+    from llmbatch._dropin.sync_transport import SyncBatchingTransport
+    from llmbatch._dropin.transport import PRIORITY_HEADER, TENANT_HEADER, BatchingTransport
 
 __all__ = [
     "PRIORITY_HEADER",
@@ -37,11 +37,11 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # Imported on first use: it pulls in httpx, which plain llmbatch use does not need.
     if name in ("BatchingTransport", "PRIORITY_HEADER", "TENANT_HEADER"):
-        from llmbatch import _batching_transport
+        from llmbatch._dropin import transport
 
-        return getattr(_batching_transport, name)
+        return getattr(transport, name)
     if name == "SyncBatchingTransport":
-        from llmbatch import _sync_batching_transport
+        from llmbatch._dropin import sync_transport
 
-        return _sync_batching_transport.SyncBatchingTransport
+        return sync_transport.SyncBatchingTransport
     raise AttributeError(f"module 'llmbatch.transports' has no attribute {name!r}")

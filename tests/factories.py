@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from llmbatch import Priority
-from llmbatch._callspec import check_call
-from llmbatch._request import Request
-from llmbatch._validate import check_prompt
+from llmbatch._calls.request import Request
+from llmbatch._calls.spec import check_call
+from llmbatch._calls.validate import check_prompt
 
 
 def make_request(

@@ -20,7 +20,6 @@ import pytest
 import llmbatch
 import llmbatch_server
 from llmbatch._cli import build_parser as llmbatch_parser
-from llmbatch._cli import main as llmbatch_main
 from llmbatch_server.cli import build_parser as server_parser
 
 SECRET = "sk-help-must-not-show-this-123"
@@ -127,13 +126,3 @@ def test_bench_help_is_the_bench_packages() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: llmbatch bench ")
 
-
-def test_bench_without_its_package_says_how_to_install_it(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setitem(sys.modules, "llmbatch_bench", None)  # as if not installed
-    assert llmbatch_main(["bench", "--scenario", "bulk"]) == 2
-    err = capsys.readouterr().err
-    assert "`pip install -e ./bench`" in err
-    # Only what works: the package is not on any registry yet.
-    assert "pip install llmbatch-bench" not in err

@@ -145,7 +145,7 @@ class _Probe:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        from llmbatch._shared.scripts import RATE_LEASE, rate_keys
+        from llmbatch._redis.scripts import RATE_LEASE, rate_keys
 
         script = self._db.register_script(RATE_LEASE)
         args: list[str | float] = ["probe", "0", 1, 1, 0, 0, 0, 0, 0.25, 0.25, 1.0, 10.0, "0"]
@@ -215,7 +215,7 @@ def _inflight_part(budget: int, n: int, seconds: float, lease: float,
                    redis_url: str) -> dict[str, Any]:  # fmt: skip
     import redis
 
-    from llmbatch._shared.scripts import seat_keys
+    from llmbatch._redis.scripts import seat_keys
     from llmbatch_server.testing import run_simulator
 
     db = redis.Redis.from_url(redis_url, decode_responses=True)

@@ -32,6 +32,7 @@ from typing import Any
 
 import anyio
 
+from llmbatch._calls.validate import check_tenant
 from llmbatch._config import DEFAULT_LIMITS, Priority
 from llmbatch._exceptions import InvalidRequestError
 from llmbatch._jobs.output import OutputError
@@ -39,7 +40,6 @@ from llmbatch._jobs.runner import JobConfig, JobRejected, JobSummary, run_job
 from llmbatch._jobs.shards import InputError
 from llmbatch._progress import ProgressBar, ProgressLike
 from llmbatch._replicas import DEFAULT_BASE_URL
-from llmbatch._validate import check_tenant
 from llmbatch.ray import DEFAULT_BATCH_SIZE
 
 __all__ = ["EXIT_FAILURES", "EXIT_OK", "EXIT_REJECTED", "EXIT_STOPPED", "EXIT_USAGE", "add_parser"]

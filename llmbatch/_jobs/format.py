@@ -26,7 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmbatch._callspec import check_call
+from llmbatch._calls.params import ALLOWED, nearest_parameter
+from llmbatch._calls.request import Kind
+from llmbatch._calls.spec import check_call
+from llmbatch._calls.validate import check_messages, check_prompt
 from llmbatch._exceptions import (
     APIStatusError,
     InvalidRequestError,
@@ -36,9 +39,6 @@ from llmbatch._exceptions import (
     StructuredOutputError,
 )
 from llmbatch._models import ChatCompletion, Completion, Embedding, Result, Usage
-from llmbatch._params import ALLOWED, nearest_parameter
-from llmbatch._request import Kind
-from llmbatch._validate import check_messages, check_prompt
 
 __all__ = [
     "ENDPOINTS",

@@ -29,7 +29,7 @@ from llmbatch._jobs.input import scan_input
 from llmbatch._jobs.output import OutputFile
 from llmbatch._jobs.runner import JOB_FATAL, REPORT_LIMIT, JobConfig, stop_reason
 from llmbatch._jobs.shards import shard_name
-from llmbatch._map import MapInput
+from llmbatch._runtime.map import MapInput
 from llmbatch.ray import _column, _Rows
 
 __all__ = ["COUNTS", "FileCheck", "JobLines", "JobStopped", "check_file"]

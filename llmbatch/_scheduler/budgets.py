@@ -3,7 +3,7 @@ an in-flight budget held with other processes, and each tier's credit toward its
 minimum share.
 
 Pure, with time passed in. Budgets shared through Redis are filled from outside
-(``llmbatch._shared``): the leasers set what is allowed; the scheduler only reads it.
+(``llmbatch._redis``): the leasers set what is allowed; the scheduler only reads it.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 
-from llmbatch._buckets import LeasedBucket, TokenBucket
 from llmbatch._config import Priority, RateLimit
+from llmbatch._scheduler.buckets import LeasedBucket, TokenBucket
 
 __all__ = ["RateBudget", "SharedAllowance", "settle_credit"]
 

@@ -59,6 +59,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from llmbatch._calls.request import Request, State
 from llmbatch._config import (
     DEFAULT_BATCH_POLICIES,
     BatchPolicy,
@@ -68,7 +69,6 @@ from llmbatch._config import (
     TenantLimits,
 )
 from llmbatch._exceptions import QueueFull
-from llmbatch._request import Request, State
 from llmbatch._scheduler.budgets import RateBudget, SharedAllowance, settle_credit
 from llmbatch._scheduler.queues import Group, TierQueue
 from llmbatch._scheduler.routing import Router

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 
+from llmbatch._calls.request import Request, State
 from llmbatch._config import BatchPolicy
-from llmbatch._request import Request, State
 
 __all__ = ["Group", "TierQueue", "WaitingLine"]
 

@@ -15,8 +15,8 @@ import random
 from collections import OrderedDict
 from collections.abc import Iterator
 
+from llmbatch._calls.request import Request
 from llmbatch._config import Priority
-from llmbatch._request import Request
 from llmbatch._scheduler.queues import Group, TierQueue
 from llmbatch._scheduler.seats import Seats
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from llmbatch._buckets import TokenBucket
 from llmbatch._config import Limits, Priority
+from llmbatch._scheduler.buckets import TokenBucket
 
 __all__ = ["Seats"]
 

@@ -18,9 +18,9 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 
+from llmbatch._calls.request import Request, State
 from llmbatch._config import Priority, TenantLimits
 from llmbatch._exceptions import InvalidRequestError, TenantQuotaExceeded
-from llmbatch._request import Request, State
 from llmbatch._scheduler.budgets import RateBudget, SharedAllowance
 
 __all__ = ["FORGET_AFTER", "Tenant", "TenantBook", "TenantSeats"]
@@ -130,7 +130,7 @@ class Tenant:
 
 class TenantSeats:
     """One tenant as the leaser of its in-flight budget shared through Redis sees it
-    (``llmbatch._shared.seats.SeatHolder``)."""
+    (``llmbatch._redis.in_flight.SeatHolder``)."""
 
     def __init__(self, tenant: Tenant) -> None:
         self.tenant = tenant

@@ -34,7 +34,7 @@ from llmbatch import (
     Usage,
 )
 from llmbatch._chunks import make_chunk
-from llmbatch._wire import StreamDecoder
+from llmbatch._servers.wire import StreamDecoder
 from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
 
 FAST_RETRY = RetryPolicy(attempts=3, initial_backoff=0.0, max_backoff=0.0, outage_tolerance=0)

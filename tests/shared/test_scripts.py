@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from llmbatch._shared.link import RedisLink, SharedBudgetUnreachable
-from llmbatch._shared.scripts import RATE_LEASE, SEAT_LEASE, rate_keys, seat_keys
+from llmbatch._redis.link import RedisLink, SharedBudgetUnreachable
+from llmbatch._redis.scripts import RATE_LEASE, SEAT_LEASE, rate_keys, seat_keys
 from llmbatch_server.redis_process import RedisProcess
 
 pytestmark = pytest.mark.anyio

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmbatch._breaker import Breaker, BreakerState
+from llmbatch._control.breaker import Breaker, BreakerState
 
 
 def test_consecutive_failures_open_the_breaker_and_a_success_resets_the_count() -> None:

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmbatch import SLO
-from llmbatch._control import AdmissionController
+from llmbatch._control.admission import AdmissionController
 
 #: The simulator's calibrated step model: 22.25 ms + 1.065 ms per running sequence.
 BASE, PER_SEQ = 0.02225, 0.001065

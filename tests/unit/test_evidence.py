@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmbatch._evidence import MIN_SAMPLES, MIN_SPAN, MIN_STEPS, Capacity, Persistence
+from llmbatch._control.evidence import MIN_SAMPLES, MIN_SPAN, MIN_STEPS, Capacity, Persistence
 
 
 def test_a_reading_is_believed_after_three_samples_spanning_five_steps() -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 from factories import make_request
 
 from llmbatch import Limits, Replica, RetryPolicy
+from llmbatch._calls.request import Request
 from llmbatch._exceptions import ConnectError
-from llmbatch._health import SLOW_FACTOR, Health
-from llmbatch._request import Request
+from llmbatch._runtime.health import SLOW_FACTOR, Health
 from llmbatch._scheduler import Scheduler
-from llmbatch._server import Server
+from llmbatch._servers.server import Server
 from llmbatch.transports import MockResponse, MockTransport
 
 LIMITS = Limits(max_in_flight=16, reserved_realtime=2)

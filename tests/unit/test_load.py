@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmbatch._load import Load, parse_load_header, parse_metrics
+from llmbatch._servers.load import Load, parse_load_header, parse_metrics
 
 
 @pytest.mark.parametrize(

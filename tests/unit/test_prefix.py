@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmbatch._prefix import BLOCK_CHARS, GROUP_BLOCK, HotPrefixes, prefix_keys
+from llmbatch._calls.prefix import BLOCK_CHARS, GROUP_BLOCK, HotPrefixes, prefix_keys
 
 
 def test_prompts_share_exactly_the_keys_of_the_blocks_they_share() -> None:

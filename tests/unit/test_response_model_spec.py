@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from llmbatch import InvalidRequestError, InvalidTypeError
-from llmbatch._callspec import SpecCache, check_call, response_model_of
+from llmbatch._calls.spec import SpecCache, check_call, response_model_of
 
 
 class Person(BaseModel):

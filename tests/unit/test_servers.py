@@ -11,9 +11,8 @@ import pytest
 from fake_server import FakeServer
 
 import llmbatch
-from llmbatch._dispatcher import Dispatcher
-from llmbatch._server import Server
-from llmbatch._servers import (
+from llmbatch._servers.dispatcher import Dispatcher
+from llmbatch._servers.kinds import (
     GENERIC,
     Dialect,
     PriorityField,
@@ -25,6 +24,7 @@ from llmbatch._servers import (
     sglang,
     vllm,
 )
+from llmbatch._servers.server import Server
 from llmbatch._stats import StatsRecorder
 from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
 
@@ -264,8 +264,8 @@ def test_a_server_reads_each_load_report_it_has_not_read_already(
 ) -> None:
     """A lone caller's answers repeat the same report: it is parsed when its text
     changes, and every answer's report still reaches the controller."""
-    from llmbatch import _server
-    from llmbatch._load import Load, parse_load_header
+    from llmbatch._servers import server as _server
+    from llmbatch._servers.load import Load, parse_load_header
 
     parsed: list[str | None] = []
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 import llmbatch
-from llmbatch._signals import LIVE_FOR, STEP_TIME_SOURCES, Signals, Source
+from llmbatch._control.signals import LIVE_FOR, STEP_TIME_SOURCES, Signals, Source
 from llmbatch_server.testing import run_simulator
 
 

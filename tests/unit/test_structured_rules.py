@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from llmbatch import InvalidRequestError, OutputTruncatedError, StructuredOutputError
-from llmbatch._callspec import check_call
-from llmbatch._servers import GENERIC, llamacpp, sglang, vllm
-from llmbatch._servers.base import gbnf_choice
-from llmbatch._structured import check_answer, reask_payload
+from llmbatch._calls.spec import check_call
+from llmbatch._calls.structured import check_answer, reask_payload
+from llmbatch._servers.kinds import GENERIC, llamacpp, sglang, vllm
+from llmbatch._servers.kinds.base import gbnf_choice
 
 
 class Point(BaseModel):

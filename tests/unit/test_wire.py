@@ -11,7 +11,7 @@ import pytest
 from factories import make_request as make
 
 from llmbatch import RateLimitError, ServerError
-from llmbatch._wire import (
+from llmbatch._servers.wire import (
     StreamDecoder,
     completion_body,
     error_from_response,

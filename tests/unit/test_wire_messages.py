@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmbatch._wire import TooLong, priority_refused, too_long
+from llmbatch._servers.wire import TooLong, priority_refused, too_long
 
 TOO_LONG = [
     pytest.param(

@@ -9,8 +9,8 @@ import pytest
 from factories import make_request as make
 
 from llmbatch import BatchPolicy, Limits, Priority, RateLimit
-from llmbatch._buckets import LeasedBucket, TokenBucket
 from llmbatch._scheduler import Scheduler
+from llmbatch._scheduler.buckets import LeasedBucket, TokenBucket
 
 RT, NORMAL = Priority.REALTIME, Priority.NORMAL
 SHARED = RateLimit(requests_per_minute=600, redis_url="redis://127.0.0.1:1", key="k")
@@ -198,7 +198,7 @@ class _SendingLink:
 @pytest.mark.anyio
 async def test_a_renewal_keeps_held_what_may_be_sent_while_it_is_on_its_way() -> None:
     from llmbatch import SharedInFlight
-    from llmbatch._shared.seats import SeatLeaser
+    from llmbatch._redis.in_flight import SeatLeaser
 
     s = scheduler(None, max_in_flight=8, reserved_realtime=0)
     link = _SendingLink(s)
@@ -225,7 +225,7 @@ async def test_a_renewal_keeps_held_what_may_be_sent_while_it_is_on_its_way() ->
 
 
 def test_a_bulk_lease_covers_three_batches_within_its_bounds() -> None:
-    from llmbatch._shared.rate import RateLeaser
+    from llmbatch._redis.rate import RateLeaser
 
     limit = RateLimit(tokens_per_minute=600_000, redis_url="redis://127.0.0.1:1", key="k")
     bucket = LeasedBucket()

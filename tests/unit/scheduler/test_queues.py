@@ -5,7 +5,7 @@ from __future__ import annotations
 from factories import make_request as make
 
 from llmbatch import BatchPolicy
-from llmbatch._request import State
+from llmbatch._calls.request import State
 from llmbatch._scheduler.queues import TierQueue
 
 POLICY = BatchPolicy(max_batch_size=3, max_wait=1.0, max_batch_tokens=10_000, send_when_idle=True)

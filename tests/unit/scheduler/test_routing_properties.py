@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmbatch import BatchPolicy, Limits, Priority
-from llmbatch._request import Request
+from llmbatch._calls.request import Request
 from llmbatch._scheduler import Scheduler
 
 TIERS = (Priority.REALTIME, Priority.NORMAL, Priority.BATCH)

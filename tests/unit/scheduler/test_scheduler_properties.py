@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmbatch import SLO, BatchPolicy, Limits, Priority, QueueFull
-from llmbatch._control import AdmissionController
-from llmbatch._request import Request, State
+from llmbatch._calls.request import Request, State
+from llmbatch._control.admission import AdmissionController
 from llmbatch._scheduler import Poll, Scheduler
 
 RT, NORMAL, BULK = Priority.REALTIME, Priority.NORMAL, Priority.BATCH

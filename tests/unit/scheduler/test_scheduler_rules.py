@@ -8,9 +8,9 @@ import pytest
 from factories import make_request as make
 
 from llmbatch import BatchPolicy, Limits, Priority, QueueFull, RateLimit
-from llmbatch._buckets import TokenBucket
-from llmbatch._request import State
+from llmbatch._calls.request import State
 from llmbatch._scheduler import Scheduler
+from llmbatch._scheduler.buckets import TokenBucket
 
 RT, NORMAL, BULK = Priority.REALTIME, Priority.NORMAL, Priority.BATCH
 

@@ -19,7 +19,7 @@ from llmbatch import (
     TenantLimits,
     TenantQuotaExceeded,
 )
-from llmbatch._request import Request, State
+from llmbatch._calls.request import Request, State
 from llmbatch._scheduler import Scheduler
 from llmbatch._scheduler.tenants import FORGET_AFTER
 

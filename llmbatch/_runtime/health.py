@@ -1,0 +1,191 @@
+"""The health policy over a client's servers: which may be sent work now, probes
+of those that are down, their controllers' limits, and ejection of a server far
+slower than its peers.
+
+The fleet owns it, with the servers; the engine asks it at each turn of its loop
+(``sync`` before polling the scheduler, ``control`` after) and when a request
+needs to know whether any server is left (``all_over_tolerance``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import anyio
+from anyio.abc import TaskGroup
+
+from llmbatch._calls.request import Request
+from llmbatch._clock import Clock
+from llmbatch._control.breaker import BreakerState
+from llmbatch._exceptions import ServerOutageError
+from llmbatch._scheduler import Scheduler
+from llmbatch._servers.server import METRICS_INTERVAL, Server
+
+__all__ = ["Health"]
+
+logger = logging.getLogger("llmbatch")
+
+#: A server whose step time is this many times its peers' median is ejected (sent
+#: nothing) until a health probe and a trial batch re-admit it.
+SLOW_FACTOR = 3.0
+
+
+class Health:
+    """Keeps each server's seats in line with what its breaker and controller say."""
+
+    def __init__(self, servers: list[Server], scheduler: Scheduler, clock: Clock) -> None:
+        self.servers = servers
+        """Every server, in the scheduler's order (removed ones stay, marked)."""
+        self._scheduler = scheduler
+        self._now = clock
+
+    def live(self) -> list[Server]:
+        return [server for server in self.servers if not server.removed]
+
+    # -- each turn of the engine's loop ----------------------------------------------
+
+    def sync(self, now: float, live: list[Server], tg: TaskGroup, wake: Callable[[], None]) -> None:
+        """Open each server's seats as its breaker allows (closed: freely; half-open:
+        one trial batch; open: nothing) and start the probes that are due."""
+        for server in live:
+            seats = server.seats
+            assert seats is not None
+            breaker = server.breaker
+            if breaker.state is BreakerState.CLOSED:
+                seats.sendable = None
+                continue
+            seats.sendable = 1 if breaker.allows() else 0
+            if breaker.probe_due(now) and not server.probing:
+                server.probing = True
+                tg.start_soon(self._probe, server, wake)
+
+    def control(self, now: float, live: list[Server], blocked: frozenset[int]) -> bool:
+        """Feed each server's controller and apply its limit; True if one grew."""
+        scheduler = self._scheduler
+        grew = False
+        for server in live:
+            seats = server.seats
+            assert seats is not None
+            changed = server.control(
+                now,
+                blocked=seats.index in blocked,
+                realtime_in_flight=seats.realtime_in_flight,
+                bulk_in_flight=seats.bulk_in_flight,
+            )
+            if changed:
+                limit = server.bulk_limit
+                grew = grew or limit > seats.bulk_cap
+                scheduler.set_bulk_limit(limit, seats.index)
+            scheduler.set_batch_prefill(server.batch_prefill, seats.index)
+            pace = server.bulk_pace
+            if pace is None:
+                if seats.pace is not None:
+                    scheduler.set_pace(None, replica=seats.index)
+            else:
+                scheduler.set_pace(pace.tokens_per_second, pace.slice_tokens, seats.index)
+        if len(live) > 2:
+            self._eject_slow(now, live)
+        return grew
+
+    def next_probe(self, live: list[Server], wakeup: float | None) -> float | None:
+        """The earlier of ``wakeup`` and the next probe due."""
+        for server in live:
+            probe = server.breaker.next_probe()
+            if probe is not None and (wakeup is None or probe < wakeup):
+                wakeup = probe
+        return wakeup
+
+    def length_risk(self, live: list[Server]) -> bool:
+        """A server has refused a prompt as too long."""
+        return any(server.length_risk for server in live)
+
+    # -- questions -------------------------------------------------------------------
+
+    def all_over_tolerance(self) -> bool:
+        """Every server has been unavailable for longer than the outage tolerance.
+        Asked on every submit: the usual answer (a breaker is closed) costs neither a
+        clock read nor a list."""
+        now: float | None = None
+        any_live = False
+        for server in self.servers:
+            breaker = server.breaker
+            if breaker.state is BreakerState.CLOSED:
+                if not server.removed:
+                    return False
+                continue
+            if server.removed:
+                continue
+            if now is None:
+                now = self._now()
+            if not breaker.outage_over_tolerance(now):
+                return False
+            any_live = True
+        return any_live
+
+    def can_fail_over(self, server: Server) -> bool:
+        """Another server than ``server`` takes batches now."""
+        return any(
+            other is not server and other.breaker.state is BreakerState.CLOSED
+            for other in self.live()
+        )
+
+    def outage_error(self, request: Request) -> ServerOutageError:
+        live = self.live() or self.servers
+        now = self._now()
+        # The server that has been back most recently names the outage's length.
+        server = min(live, key=lambda s: s.breaker.outage_seconds(now))
+        breaker = server.breaker
+        where = (
+            server.base_url
+            if len(live) == 1
+            else f"every server ({len(live)}; {server.base_url} the latest)"
+        )
+        return ServerOutageError(
+            f"{where} has been unavailable for "
+            f"{breaker.outage_seconds(now):.0f}s, longer than the outage tolerance of "
+            f"{breaker.outage_tolerance:.0f}s (RetryPolicy.outage_tolerance); last error: "
+            f"{breaker.last_error}",
+            request_id=request.id,
+            attempts=request.attempts,
+        )
+
+    # -- background work -------------------------------------------------------------
+
+    async def watch_metrics(self, server: Server, wake: Callable[[], None]) -> None:
+        """Read a server's /metrics while it has work, for its controller."""
+        seats = server.seats
+        assert seats is not None
+        while server.has_metrics is not False and not server.removed:
+            await anyio.sleep(METRICS_INTERVAL)
+            if seats.in_flight and server.breaker.state is BreakerState.CLOSED:
+                await server.read_metrics(self._now())
+                wake()
+
+    async def _probe(self, server: Server, wake: Callable[[], None]) -> None:
+        """One /health probe of an unavailable server."""
+        try:
+            healthy = await server.probe_health()
+            if healthy and server.on_back is not None:
+                await server.on_back()
+            server.breaker.on_probe(self._now(), healthy)
+            if healthy:
+                logger.warning("%s answers /health again; resuming", server.base_url)
+        finally:
+            server.probing = False
+            wake()
+
+    def _eject_slow(self, now: float, live: list[Server]) -> None:
+        """Send nothing to a server far slower than its peers until it proves itself
+        again (a health probe, then a trial batch): a server on a failing GPU or a
+        hot host would otherwise drag every batch routed to it."""
+        steps = [
+            (s.controller.step_time, s) for s in live if s.breaker.state is BreakerState.CLOSED
+        ]
+        known = sorted(t for t, _ in steps if t is not None)
+        if len(known) < 3:
+            return
+        median = known[len(known) // 2]
+        for step, server in steps:
+            if step is not None and step > SLOW_FACTOR * median:
+                server.eject(now, f"step time {step:.3f}s vs {median:.3f}s on its peers")

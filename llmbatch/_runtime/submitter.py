@@ -1,0 +1,197 @@
+"""Turning a call into a request and waiting for its outcome: the one path that
+``complete``, ``chat``, ``stream`` and ``map`` share.
+
+The client keeps configuration, lifetime and the public methods; the map runner
+keeps its window and results; both build requests and hand them to the engine here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any
+
+from llmbatch._calls.prefix import HotPrefixes, prefix_keys
+from llmbatch._calls.request import Request
+from llmbatch._calls.spec import CallSpec, SpecCache
+from llmbatch._calls.structured import Reask, Verdict, check_answer
+from llmbatch._calls.validate import TOKEN_OVERHEAD, check_messages, check_prompt, input_bytes
+from llmbatch._clock import Clock
+from llmbatch._runtime.engine import Engine
+from llmbatch._scheduler import Batch
+from llmbatch._tracing import Tracer
+
+__all__ = ["Submitter"]
+
+#: A typical tokenizer's bytes per token on English text (a rough estimate, used only
+#: to decide whether a long prompt goes alone).
+BYTES_PER_TOKEN = 4
+
+
+class Submitter:
+    """Validates calls into requests and submits them to one client's engine."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        specs: SpecCache,
+        *,
+        clock: Clock,
+        loop: asyncio.AbstractEventLoop | None,
+    ) -> None:
+        self.engine = engine
+        self.specs = specs
+        self.now = clock
+        self._loop = loop
+        self.tracer: Tracer | None = None
+        """Starts each request's span, when tracing is on."""
+        self._hot = HotPrefixes()
+
+    def request(self, spec: CallSpec, payload: object, parent: object = None) -> Request:
+        """One request for a prompt (``spec.kind == "completion"``) or a conversation;
+        ``parent``: the trace context to record it under (default: the current one)."""
+        max_model_len = self.specs.context_of(spec.model)
+        if spec.kind != "chat":
+            name = "prompt" if spec.kind == "completion" else "input"
+            est_tokens = check_prompt(payload, spec, max_model_len, name)
+            request = Request(spec, payload, None, est_tokens, self.now())  # type: ignore[arg-type]
+        else:
+            messages, est_tokens = check_messages(payload, spec)
+            request = Request(spec, None, messages, est_tokens, self.now())
+        if spec.tenant is not None:
+            self.engine.check_tenant_size(request)
+        if self.engine.routing:
+            self._key(request)
+        if self.tracer is not None:
+            self.tracer.request_started(request, parent)
+        if max_model_len is not None:
+            size = input_bytes(request.prompt, request.messages)
+            if size + TOKEN_OVERHEAD + spec.max_tokens > max_model_len:
+                request.might_not_fit = True
+                if size // BYTES_PER_TOKEN + spec.max_tokens > max_model_len:
+                    # Likely too long by the usual ~4 bytes a token: alone from the
+                    # start, so it cannot fail a batch. (Longer prompts that probably
+                    # fit still batch, until the server refuses one as too long.)
+                    request.travel_alone()
+        return request
+
+    def _key(self, request: Request) -> None:
+        """A prompt whose prefix recurs batches with its kind and carries its prefix
+        keys, so its batch goes to the replica where that prefix is cached."""
+        keys = prefix_keys(request.prompt, request.messages)
+        group = self._hot.group_of(keys)
+        if group is not None:
+            request.prefix = keys
+            request.join_prefix_group(group)
+
+    async def wait(self, request: Request) -> None:
+        """Return once ``request`` is settled."""
+        waiting = request.waiter(self._loop)
+        if waiting is not None:
+            await waiting
+
+    async def call(self, request: Request, *, nowait: bool = False) -> Any:
+        """Submit ``request`` and return its value, or raise its error.
+
+        The request's deadline (its ``timeout``) is kept by the scheduler, not by a
+        timer here; a caller that is cancelled takes its request out of the queue,
+        or out of its HTTP exchange if it was the last one waiting on it. With a
+        ``response_model``, the answer comes back validated (``parsed``), after any
+        re-asks, or the call raises :class:`StructuredOutputError`.
+        """
+        value = await self._call(request, nowait=nowait)
+        if request.spec.response_model is None:
+            return value
+        while True:
+            verdict = self.check(request, value)
+            if verdict.ok:
+                return value
+            if verdict.error is not None:
+                raise verdict.error
+            assert verdict.reask is not None
+            request = self.follow_up(request, verdict.reask)
+            value = await self._call(request, nowait=False)
+
+    def check(self, request: Request, answer: Any) -> Verdict:
+        """Validate a ``response_model`` call's answer (setting its ``parsed``), and
+        count what became of it."""
+        verdict = check_answer(
+            answer,
+            request.spec,
+            request.prompt if request.prompt is not None else request.messages or (),
+            reasks=request.reasks,
+            request_id=request.id,
+            attempts=request.prior_attempts + answer.timings.attempts,
+        )
+        stats = self.engine.stats
+        if verdict.ok:
+            stats.validated += 1
+            object.__setattr__(answer, "_parsed", verdict.parsed)
+        elif verdict.error is not None:
+            stats.structured_failed += 1
+        return verdict
+
+    def follow_up(self, request: Request, reask: Reask) -> Request:
+        """The request that sends an answer back to be corrected: same options, the
+        same deadline, the same place in a map. Raises if it is not valid (a
+        conversation grown past the context)."""
+        follow = self.request(request.spec, reask.payload)
+        follow.deadline = request.deadline
+        follow.reasks = request.reasks + 1
+        follow.prior_attempts = request.prior_attempts + request.attempts
+        follow.index = request.index
+        follow.metadata = request.metadata
+        self.engine.stats.reasked += 1
+        return follow
+
+    async def _call(self, request: Request, *, nowait: bool) -> Any:
+        waiting = self.submit(request, nowait=nowait)
+        try:
+            if waiting is not None:
+                await waiting
+        finally:
+            self.stop_waiting(request)
+        return self.outcome(request)
+
+    # The three steps of a call, for callers that wait in their own coroutine: a
+    # gather of 100,000 calls holds a frame for each coroutine a call is suspended
+    # in (about 230 bytes each), so ``complete`` and ``chat`` await ``submit``'s
+    # future themselves rather than through ``call``:
+    #
+    #     waiting = submitter.submit(request)
+    #     try:
+    #         if waiting is not None:
+    #             await waiting
+    #     finally:
+    #         submitter.stop_waiting(request)
+    #     return submitter.outcome(request)
+
+    def submit(self, request: Request, *, nowait: bool = False) -> Awaitable[None] | None:
+        """Submit ``request``; what to await until it is settled (None: it is). A
+        lone realtime call that may go at once is sent by what this returns, in the
+        awaiting task (``Engine.send_inline``)."""
+        alone = self.engine.submit(request, nowait=nowait, inline=not request.spec.stream)
+        if alone is not None:
+            return self._send_inline(alone, request)
+        return request.waiter(self._loop)
+
+    async def _send_inline(self, batch: Batch, request: Request) -> None:
+        await self.engine.send_inline(batch)
+        # Settled, unless its server was down and it went back to the queue.
+        waiting = request.waiter(self._loop)
+        if waiting is not None:
+            await waiting
+
+    def stop_waiting(self, request: Request) -> None:
+        """The caller is done waiting: if ``request`` is not settled (the caller was
+        cancelled), it leaves its queue, or its HTTP exchange if it was the last one
+        waiting on it."""
+        if not request.done:
+            self.engine.abandon(request)
+
+    @staticmethod
+    def outcome(request: Request) -> Any:
+        """A settled request's value, or its error raised."""
+        if request.error is not None:
+            raise request.error
+        return request.value

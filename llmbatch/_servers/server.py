@@ -1,0 +1,465 @@
+"""One server, all the client knows and does about it: its URL, headers and
+connection pool; what it is and serves (detected at open, again after an outage);
+its signals; the controller and breaker that decide how much may be sent to it and
+when; its seats in the scheduler and the dispatcher that talks to it.
+
+This object is the one door to its controller: the dispatcher reports every
+exchange here (what it sent, answers, failures, load headers, latencies), the
+fleet's health policy (``_health``) asks it to update its limit (``control``), and
+its own probes feed it what ``/metrics`` and the server's own report say; nothing
+else calls the controller, so a new signal is one change here. Everything that
+reads the network about the server is here (``/health`` probes, ``/metrics``
+reads, what it is); the controller, breaker and signals it feeds are pure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import anyio
+
+from llmbatch._config import SLO, Limits, Priority, RetryPolicy
+from llmbatch._control.admission import AdmissionController, Pace
+from llmbatch._control.breaker import Breaker, BreakerState
+from llmbatch._control.signals import STEP_TIME_SOURCES, Signals, Source
+from llmbatch._exceptions import RequestError
+from llmbatch._servers.kinds import (
+    GENERIC,
+    Dialect,
+    PriorityField,
+    ServerKind,
+    Version,
+    kind_from_models,
+)
+from llmbatch._servers.load import (
+    LOAD_FORMAT_HEADER,
+    LOAD_HEADER,
+    Load,
+    MetricsSample,
+    parse_load_header,
+    parse_metrics,
+)
+from llmbatch._servers.model_list import fetch
+from llmbatch._transports.base import HTTPRequest, Transport
+
+if TYPE_CHECKING:
+    from llmbatch._calls.request import Flight, Request
+    from llmbatch._replicas import Replica
+    from llmbatch._scheduler import Seats
+    from llmbatch._servers.model_list import ModelList
+    from llmbatch._tracing import Tracer
+
+__all__ = ["Sender", "Server"]
+
+logger = logging.getLogger("llmbatch")
+
+#: Seconds between two reads of /metrics while the client has work on the server.
+METRICS_INTERVAL = 0.5
+#: How long opening waits for each probe of what the server is.
+DETECT_TIMEOUT = 2.0
+#: A generation shorter than this says little about the server's step time.
+MIN_TOKENS_FOR_STEP_SAMPLE = 4
+
+
+class Sender(Protocol):
+    """What talks to a server (``_dispatcher.Dispatcher``; named here so that the
+    server does not depend on the dispatcher, which depends on it)."""
+
+    tracer: Tracer | None
+
+    @property
+    def ranks_tiers(self) -> bool:
+        """Each tier is sent with its priority, which the server takes."""
+        ...
+
+    async def send(self, requests: Sequence[Request], flight: Flight) -> list[Request]: ...
+
+
+class Server:
+    """One server the client sends to (one of its replicas)."""
+
+    def __init__(
+        self,
+        replica: Replica,
+        *,
+        headers: Mapping[str, str],
+        transport: Transport,
+        limits: Limits,
+        retry: RetryPolicy,
+        slo: SLO | None,
+        refill: int = 0,
+    ) -> None:
+        self.replica = replica
+        """How the user named it (the public value ``client.endpoints`` lists)."""
+        self.base_url = replica.base_url
+        self.transport = transport
+        self.models: ModelList | None = None
+        """Its model list as last read (None: not read yet, or it did not answer)."""
+        self.unread: Exception | None = None
+        """Why its model list could not be read, last time."""
+        self.seats: Seats | None = None
+        """Its seats in the scheduler (None until the client starts sending)."""
+        self.dispatcher: Sender | None = None
+        """What talks to it (None until the client starts sending)."""
+        self.probing = False
+        """A health probe of it is under way."""
+        self.on_back: Callable[[], Awaitable[None]] | None = None
+        """What to do once a probe finds it up, before it takes work again (read
+        afresh what it is and serves)."""
+        # Every request asks vLLM for a load report on its response (other servers
+        # ignore the header).
+        self.headers = {**headers, LOAD_FORMAT_HEADER[0]: LOAD_FORMAT_HEADER[1]}
+        self.probe_headers = dict(headers)
+        stated = replica.max_num_seqs
+        self.controller = AdmissionController(
+            ceiling=limits.max_in_flight,
+            max_reserve=limits.reserved_realtime,
+            slo=slo,
+            seats=stated,
+            seats_stated_by=f"Replica(max_num_seqs={stated})" if stated else "",
+            prefill_cost=replica.prefill_seconds_per_token,
+        )
+        self.refill = refill
+        """One bulk batch (the bulk tiers' largest ``max_batch_size``): what it may
+        keep queued beyond its seats while it is sent each tier's priority and until
+        realtime first runs there (``AdmissionController.refill``)."""
+        self.breaker = Breaker(outage_tolerance=retry.outage_tolerance)
+        self.prompt_cap: int | None = None
+        """The most prompts it takes in one ``/v1/completions`` list, once it has
+        refused a longer one (vLLM's ``VLLM_MAX_COMPLETION_PROMPTS``)."""
+        self.dialect: Dialect = GENERIC
+        """What the server said it is, and so how it speaks (``detect``)."""
+        self.version: Version | None = None
+        """Its release, where it says (``detect``)."""
+        self.priority_field: PriorityField | None = None
+        """How it takes the ``priority`` field (None: it is not sent)."""
+        self._load_report: tuple[str | None, Load | None] = (None, None)
+        """The last load header read and what it said: a lone caller's answers
+        repeat it, and parsing it again cost more than comparing the text."""
+        self.has_metrics: bool | None = None
+        """Whether /metrics parses as vLLM's, so is worth reading (None: not read yet).
+        Which of its series are there is ``signals``' business."""
+        self.signals = Signals()
+        """Which sources have reported on this server lately (load header, /metrics
+        gauges and histogram, stream and answer timings, 429/503)."""
+        self.length_risk = False
+        """The server has refused a prompt as too long: prompts that might be are sent
+        alone from now on, so one cannot fail a whole batch."""
+        self._last_metrics: MetricsSample | None = None
+        self.ejected = False
+        """Out of rotation for being far slower than its peers (until re-admitted)."""
+        self.patient = False
+        """Worth waiting for even before it first answers: one of several replicas
+        whose peers answered (so it is starting or restarting, not misconfigured)."""
+
+    def __repr__(self) -> str:
+        return f"<Server {self.base_url} breaker={self.breaker.state.value}>"
+
+    @property
+    def index(self) -> int:
+        """Its place in the scheduler (``Batch.replica``)."""
+        assert self.seats is not None
+        return self.seats.index
+
+    @property
+    def removed(self) -> bool:
+        """Removed from the client: it takes nothing new (in-flight work drains)."""
+        return self.seats is not None and not self.seats.active
+
+    @property
+    def model_names(self) -> frozenset[str] | None:
+        """The ids its list names (None: not read, or empty: it said nothing)."""
+        if not self.models:
+            return None
+        return frozenset(str(m["id"]) for m in self.models)
+
+    # -- what exchanges report ---------------------------------------------------------
+
+    def on_sent(
+        self, now: float, sequences: int, prompt_tokens: int = 0, bulk: bool = False
+    ) -> None:
+        """An HTTP request of ``sequences`` sequences (about ``prompt_tokens`` prompt
+        tokens; ``bulk``: normal or batch work) went out at ``now``."""
+        self.controller.on_sent(now, sequences, prompt_tokens, bulk)
+
+    def on_timing(
+        self,
+        tier: Priority,
+        latency: float,
+        tokens: int,
+        now: float,
+        first_token_at: float | None,
+    ) -> None:
+        """What one answered exchange shows of the server's speed: ``latency`` from
+        sending to ``now``, the most tokens a sequence generated, and when the first
+        arrived (streams)."""
+        controller = self.controller
+        signals = self.signals
+        ttft = tpot = None
+        source = Source.STREAM_TIMING
+        if first_token_at is not None:
+            ttft = first_token_at - (now - latency)
+            if tokens > 1:
+                tpot = (now - first_token_at) / (tokens - 1)
+                signals.saw(source, now)
+        else:
+            if tokens >= MIN_TOKENS_FOR_STEP_SAMPLE:
+                tpot = latency / tokens  # an upper bound: it includes the prefill
+                source = Source.ANSWER_LATENCY
+                signals.saw(source, now)
+            step = controller.step_time
+            if tier is Priority.REALTIME and step is not None and tokens >= 1:
+                # Not streamed: the answer's time less its decode steps estimates the
+                # first token's (the SLO's TTFT needs realtime callers to stream no more).
+                ttft = max(step, latency - (tokens - 1) * step)
+        if tier is Priority.REALTIME:
+            if ttft is not None:
+                controller.on_ttft(ttft)
+            controller.on_realtime_answer(ttft, tpot)
+        else:
+            controller.on_bulk_answer(tokens)
+        if tpot is not None and signals.best(now, STEP_TIME_SOURCES) is source:
+            # Only the best source reporting now feeds the step time: the server's own
+            # histogram while it is there, else streams, else answers. One that goes
+            # quiet gives way by itself; none switches another off for good.
+            controller.on_step_time(tpot)
+
+    def control(
+        self, now: float, *, blocked: bool, realtime_in_flight: int, bulk_in_flight: int
+    ) -> bool:
+        """Update the bulk limit (at most every controller interval): ``blocked`` if
+        bulk work waited for it, with ``realtime_in_flight`` realtime and
+        ``bulk_in_flight`` bulk sequences there now. Returns whether the limit
+        changed."""
+        controller = self.controller
+        if blocked:
+            controller.on_blocked()
+        controller.on_realtime_in_flight(now, realtime_in_flight)
+        sender = self.dispatcher
+        controller.refill = self.refill if sender is not None and sender.ranks_tiers else 0
+        unreachable = controller.slo_unreachable
+        changed = controller.update(now, bulk_in_flight)
+        if controller.slo_unreachable and not unreachable:
+            # Once per episode: the limit alone, sitting at 1, would not say why.
+            logger.warning(
+                "%s is over the SLO (%s) with bulk down to one sequence: the server "
+                "is too slow for it (step %s); loosen the SLO or add capacity",
+                self.base_url,
+                controller.slo,
+                "unknown" if controller.step_time is None else f"{controller.step_time:.4f}s",
+            )
+        return changed
+
+    @property
+    def bulk_limit(self) -> int:
+        """Bulk sequences the controller allows in flight here now."""
+        return self.controller.limit
+
+    @property
+    def paces(self) -> bool:
+        """Bulk here is paced once measured (``SLO(pace=True)``)."""
+        slo = self.controller.slo
+        return slo is not None and slo.pace
+
+    @property
+    def batch_prefill(self) -> float | None:
+        """The most estimated prompt tokens one batch should carry here (None: no
+        cap): one engine step's worth (as stated on its ``Replica``, else as its kind
+        takes them), less the decodes running there."""
+        step = self.replica.max_num_batched_tokens or self.dialect.step_tokens
+        return self.controller.batch_prefill_cap(step)
+
+    def on_prompt_usage(self, estimated: int, counted: int) -> None:
+        """A batch's prompt tokens: the client's estimate, and the server's count."""
+        self.controller.on_prompt_usage(estimated, counted)
+
+    @property
+    def bulk_pace(self) -> Pace | None:
+        """How fast bulk prompt tokens may go here now (None: unpaced)."""
+        return self.controller.pace()
+
+    def on_response(
+        self,
+        status: int,
+        headers: Mapping[str, str],
+        now: float,
+        sent_at: float | None = None,
+    ) -> None:
+        """An HTTP response arrived at ``now`` (any status) to a request sent at
+        ``sent_at``: the server is reachable."""
+        if status in (429, 503):
+            if self.breaker.state is BreakerState.CLOSED:  # (not an outage's 503s)
+                self.controller.on_overload()
+                self.signals.saw(Source.OVERLOAD_STATUS, now)
+        else:
+            self.controller.on_answer()
+        if status == 503:
+            return  # overloaded or restarting: the dispatcher reports it as a failure
+        if not self.ejected:
+            self.breaker.on_success(sent_at)
+        elif self.breaker.state is BreakerState.HALF_OPEN:
+            self.ejected = False  # its trial batch was answered: back in rotation
+            self.breaker.on_success(sent_at)
+        # (Answers to work sent before an ejection do not end it.)
+        raw = headers.get(LOAD_HEADER)
+        seen, load = self._load_report
+        if raw != seen:
+            load = parse_load_header(raw)
+            self._load_report = (raw, load)
+        if load is not None:
+            self.signals.saw(Source.LOAD_HEADER, now)
+            self.controller.on_load(
+                now, waiting=load.waiting, running=load.running, kv_usage=load.kv_usage
+            )
+
+    def on_unavailable(self, now: float, error: RequestError) -> bool:
+        """A connection failure, a dropped connection or a 503. Returns True when
+        requests should wait for the server rather than retry on their own: the
+        breaker is open (or just opened) and the server has answered before."""
+        if not (self.breaker.ever_answered or self.patient) or self.breaker.outage_tolerance <= 0:
+            # Never answered: a configuration problem, reported at once. (Or the
+            # patience was turned off.)
+            return False
+        opened = self.breaker.on_failure(now, str(error))
+        if opened:
+            self.controller.on_outage()
+            logger.warning(
+                "%s is unavailable (%s); holding requests and probing every %.1fs for up to %.0fs",
+                self.base_url,
+                error,
+                self.breaker.probe_interval,
+                self.breaker.outage_tolerance,
+            )
+        return self.breaker.state is not BreakerState.CLOSED
+
+    def eject(self, now: float, reason: str) -> None:
+        """Take a server far slower than its peers out of rotation until a health
+        probe and a trial batch re-admit it; its speed is measured afresh then."""
+        if self.breaker.state is not BreakerState.CLOSED:
+            return
+        logger.warning(
+            "%s is far slower than its peers (%s); sending it nothing for now",
+            self.base_url,
+            reason,
+        )
+        self.ejected = True
+        self.breaker.open_without_failure(now, reason)
+        self.controller.forget_speed()
+
+    def hold_out(self, now: float, reason: str) -> None:
+        """A replica that did not answer at open: out of rotation, probed like a
+        server in an outage, in once a probe and a trial batch succeed."""
+        self.breaker.open_without_failure(now, reason)
+
+    @property
+    def kind(self) -> ServerKind:
+        """What kind of server it is."""
+        return self.dialect.kind
+
+    # -- probes ----------------------------------------------------------------------
+
+    async def detect(self, models: Sequence[Mapping[str, object]]) -> None:
+        """Learn what the server is from its model list, and from what its kind says
+        about itself (its release; SGLang: how it orders priorities; llama.cpp: its
+        slots). ``_servers`` has the rules and their sources."""
+        dialect = kind_from_models(models) or GENERIC
+        info = None if dialect.info_path is None else await self._get_json(dialect.info_path)
+        self.dialect = dialect
+        self.version = dialect.version(info)
+        self.priority_field = dialect.priority_field(info)
+        slots = dialect.stated_seats(info)
+        if slots is not None and self.replica.max_num_seqs is None:
+            self.controller.capacity.state(
+                slots, f"{dialect.kind} {dialect.info_path} total_slots {slots}"
+            )
+
+    async def _get_json(self, path: str) -> object:
+        """``GET {origin}{path}`` as JSON; None when it fails in any way (a probe of
+        what the server is must never stop the client from opening)."""
+        try:
+            with anyio.fail_after(DETECT_TIMEOUT):
+                status, _, body = await fetch(
+                    self.transport, self._origin() + path, self.probe_headers
+                )
+            return json.loads(body) if status == 200 else None
+        except Exception:
+            return None
+
+    def _origin(self) -> str:
+        # vLLM serves /health and /metrics at the root, not under /v1.
+        url = self.base_url
+        return url[: -len("/v1")] if url.endswith("/v1") else url
+
+    async def probe_health(self) -> bool:
+        """GET /health: True if the server answers 200."""
+        try:
+            response = await self.transport.send(
+                HTTPRequest("GET", self._origin() + "/health", self.probe_headers)
+            )
+            try:
+                await response.read()
+            finally:
+                await response.aclose()
+        except RequestError:
+            return False
+        except Exception:
+            # A transport must raise only llmbatch's errors; a background probe must
+            # not take the client down when a custom one does not.
+            logger.exception("the transport failed probing %s/health", self._origin())
+            return False
+        return response.status == 200
+
+    async def read_metrics(self, now: float) -> None:
+        """GET /metrics and feed the controller: gauges, and the step time and TTFT
+        averaged since the last read (from vLLM's histogram totals)."""
+        try:
+            response = await self.transport.send(
+                HTTPRequest("GET", self._origin() + "/metrics", self.probe_headers)
+            )
+            try:
+                body = await response.read()
+            finally:
+                await response.aclose()
+        except RequestError:
+            return
+        except Exception:
+            # As for probes: a custom transport's bug costs the metrics, not the client.
+            logger.exception(
+                "the transport failed reading %s/metrics; not reading it again", self._origin()
+            )
+            self.has_metrics = False
+            return
+        sample = parse_metrics(body.decode("utf-8", "replace")) if response.status == 200 else None
+        self.has_metrics = sample is not None
+        if sample is None:
+            return
+        controller = self.controller
+        load = sample.load
+        if load.waiting is not None or load.running is not None or load.kv_usage is not None:
+            self.signals.saw(Source.METRICS_GAUGES, now)
+        controller.on_load(now, waiting=load.waiting, running=load.running, kv_usage=load.kv_usage)
+        if sample.tpot_count is not None:
+            # The histogram is there (even when no token was generated since the last
+            # read): the server measures the step time better than answers can.
+            self.signals.saw(Source.METRICS_STEP_TIME, now)
+        last = self._last_metrics
+        if last is not None:
+            step = _mean_since(sample.tpot_sum, sample.tpot_count, last.tpot_sum, last.tpot_count)
+            if step is not None:
+                controller.on_step_time(step)
+        self._last_metrics = sample
+
+
+def _mean_since(
+    total: float | None, count: float | None, last_total: float | None, last_count: float | None
+) -> float | None:
+    """The mean of a histogram's observations between two reads."""
+    if total is None or count is None or last_total is None or last_count is None:
+        return None
+    observed = count - last_count
+    if observed <= 0:
+        return None
+    return (total - last_total) / observed
