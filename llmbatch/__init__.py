@@ -40,7 +40,6 @@ if typing.TYPE_CHECKING:
         TenantLimits,
         Timeout,
     )
-    from llmbatch._control.evidence import Inference
     from llmbatch._exceptions import (
         APIStatusError,
         AuthenticationError,
@@ -93,6 +92,7 @@ if typing.TYPE_CHECKING:
     from llmbatch._runtime.fleet import Endpoints
     from llmbatch._stats import (
         Histogram,
+        Inference,
         Percentiles,
         ServerStats,
         SharedStats,
@@ -175,7 +175,7 @@ _EXPORTS = {
     "Histogram": "llmbatch._stats",
     "Percentiles": "llmbatch._stats",
     "ServerStats": "llmbatch._stats",
-    "Inference": "llmbatch._control.evidence",
+    "Inference": "llmbatch._stats",
     "SharedStats": "llmbatch._stats",
     "Stats": "llmbatch._stats",
     "TenantStats": "llmbatch._stats",

@@ -1,89 +1,51 @@
-"""Counters and latency samples, and the immutable :class:`Stats` snapshot.
-
-The recorder is also where a request is settled: setting its outcome and counting
-it happen in one call, so no outcome goes uncounted or is counted twice.
+"""The immutable :class:`Stats` snapshot that ``client.stats()`` returns, its parts,
+and its table (``str(stats)``). The counters it is frozen from are ``_recorder``'s.
 """
 
 from __future__ import annotations
 
 import enum
 import json
-from bisect import bisect_left
-from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from llmbatch._config import Priority
-from llmbatch._control.evidence import Inference
-from llmbatch._exceptions import DeadlineExceeded, LLMBatchError, RequestCancelled
-
-if TYPE_CHECKING:
-    from llmbatch._calls.request import Request
-    from llmbatch._scheduler import Batch
-    from llmbatch._tracing import Tracer
 
 __all__ = [
+    "OTHER_TENANTS",
     "Histogram",
+    "Inference",
     "Percentiles",
     "ServerStats",
     "SharedStats",
     "Stats",
-    "StatsRecorder",
     "StructuredStats",
     "TenantStats",
     "TierStats",
 ]
 
-#: Latency samples kept per tier for percentiles (a sliding window, bounded memory).
-SAMPLE_WINDOW = 8192
-#: Latency samples kept per tenant (tenants may be many: each conversation, say).
-TENANT_SAMPLE_WINDOW = 256
-#: Seconds a tenant not named in ``tenants=`` keeps its own counters after its last
-#: request ends (its counts stay in the ``other`` totals, which Prometheus exports).
-TENANT_FORGET_AFTER = 300.0
 #: The label of every tenant not named in ``tenants=`` (bounded metric labels).
 OTHER_TENANTS = "other"
-#: Seconds over which ``Stats`` rates are measured (the most recent ones).
-RATE_WINDOW = 10
-#: Histogram bucket upper bounds. Latency spans a realtime answer (tens of ms) to a
-#: long bulk generation (minutes); queue waits start lower; batch sizes are powers of 2.
-LATENCY_BOUNDS = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    120.0,
-    300.0,
-)
-QUEUE_WAIT_BOUNDS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    300.0,
-)
-BATCH_SIZE_BOUNDS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Inference:
+    """One belief of the admission controller about a server, for ``stats()``."""
+
+    name: str
+    """``"queue"`` (the server's queue is real), ``"seats"`` (what it runs at
+    once), ``"step_time"`` or ``"slo_unreachable"``."""
+    value: float | None
+    """The belief now: seats, the step time in seconds, 1.0 for a real queue or an
+    unreachable SLO; None when nothing is believed (after dismissals, say)."""
+    source: str
+    """``"stated"`` (by the server or the configuration), ``"learnt"`` (from
+    readings that persisted), ``"measured"`` (an average of samples) or ``"none"``."""
+    evidence: str
+    """What it rests on, in words (or what was seen and dismissed)."""
+    dismissed: int = 0
+    """Readings that pointed to it but did not last, and were dismissed."""
 
 
 class _Snapshot:
@@ -364,338 +326,105 @@ class Stats(_Snapshot):
         return self.servers[0] if self.servers else None
 
     def __str__(self) -> str:
-        from llmbatch._stats_table import render
-
         return render(self)
 
 
-def _percentiles(samples: deque[float]) -> Percentiles:
-    if not samples:
-        return Percentiles()
-    ordered = sorted(samples)
-    last = len(ordered) - 1
+# -- str(stats): the snapshot as a table a person can read at a glance ----------------
 
-    def pick(q: float) -> float:
-        return ordered[min(last, round(q * last))]
-
-    return Percentiles(p50=pick(0.50), p95=pick(0.95), p99=pick(0.99))
+_COLUMNS = ("tier", "queued", "in flight", "done", "failed", "cancelled", "retried")
 
 
-class _Buckets:
-    """A histogram being filled: one bisect and two additions per observation."""
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = tuple(bounds)
-        self.counts = [0] * (len(self.bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    def frozen(self) -> Histogram:
-        return Histogram(
-            bounds=self.bounds, counts=tuple(self.counts), sum=self.sum, count=sum(self.counts)
-        )
-
-
-class _Rates:
-    """Answers and completion tokens per second over the last ``RATE_WINDOW`` seconds:
-    a ring of one-second slots, so memory and cost stay constant."""
-
-    __slots__ = ("_done", "_second", "_tokens")
-
-    SLOTS = 16  # a power of two above RATE_WINDOW
-
-    def __init__(self) -> None:
-        self._second = [-1] * self.SLOTS
-        self._done = [0] * self.SLOTS
-        self._tokens = [0] * self.SLOTS
-
-    def add(self, now: float, tokens: int, answers: int = 1) -> None:
-        second = int(now)
-        slot = second & (self.SLOTS - 1)
-        if self._second[slot] != second:
-            self._second[slot] = second
-            self._done[slot] = self._tokens[slot] = 0
-        self._done[slot] += answers
-        self._tokens[slot] += tokens
-
-    def per_second(self, now: float, started_at: float) -> tuple[float, float, float]:
-        """``(window, answers/s, tokens/s)``: the window covers the slots from
-        ``RATE_WINDOW - 1`` whole seconds ago to now (less just after the start)."""
-        current = int(now)
-        oldest = current - (RATE_WINDOW - 1)
-        window = now - max(oldest, started_at)
-        if window <= 0:
-            return 0.0, 0.0, 0.0
-        done = tokens = 0
-        for slot in range(self.SLOTS):
-            if oldest <= self._second[slot] <= current:
-                done += self._done[slot]
-                tokens += self._tokens[slot]
-        return window, done / window, tokens / window
-
-
-class _TierCounters:
-    __slots__ = (
-        "cancelled",
-        "done",
-        "failed",
-        "latency",
-        "latency_buckets",
-        "queue_wait",
-        "queue_wait_buckets",
-        "retried",
+def render(stats: Stats) -> str:
+    """Every figure of ``stats``, one tier per row, then batches, tokens and server."""
+    lines = [
+        f"llmbatch: up {_duration(stats.uptime)}; last {_duration(stats.rate_window)}: "
+        f"{stats.requests_per_second:,.1f} answers/s, "
+        f"{stats.tokens_per_second:,.1f} completion tokens/s"
+    ]
+    rows = [
+        [
+            tier.value,
+            *(f"{n:,}" for n in (t.queued, t.in_flight, t.done, t.failed, t.cancelled, t.retried)),
+            _percentiles(t.latency) if t.done else "-",
+            _percentiles(t.queue_wait) if t.queue_wait_histogram.count else "-",
+        ]
+        for tier, t in stats.tiers.items()
+    ]
+    header = [*_COLUMNS, "latency p50/p95/p99", "queue wait p50/p95/p99"]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    for row in (header, *rows):
+        cells = [row[0].ljust(widths[0])]
+        cells += [cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    mean = f"{stats.mean_batch_size:,.1f}"
+    lines.append(
+        f"HTTP requests {stats.batches_sent:,} (prompts each: mean {mean}, "
+        f"max {stats.max_batch_size:,}); retries {stats.retries:,}; "
+        f"bisections {stats.bisections:,}"
     )
-
-    def __init__(self) -> None:
-        self.done = self.failed = self.retried = self.cancelled = 0
-        self.queue_wait: deque[float] = deque(maxlen=SAMPLE_WINDOW)
-        self.latency: deque[float] = deque(maxlen=SAMPLE_WINDOW)
-        self.queue_wait_buckets = _Buckets(QUEUE_WAIT_BOUNDS)
-        self.latency_buckets = _Buckets(LATENCY_BOUNDS)
+    lines.append(f"tokens: {stats.prompt_tokens:,} prompt, {stats.completion_tokens:,} completion")
+    lines.extend(_server(server) for server in stats.servers)
+    lines.extend(_tenants(stats))
+    return "\n".join(lines)
 
 
-class _TenantCounters:
-    __slots__ = ("cancelled", "completion", "done", "failed", "last", "latency", "prompt")
+#: Tenants listed by name in the table (the busiest; the rest are summed).
+SHOWN_TENANTS = 8
 
-    def __init__(self) -> None:
-        self.done = self.failed = self.cancelled = self.prompt = self.completion = 0
-        self.latency: deque[float] = deque(maxlen=TENANT_SAMPLE_WINDOW)
-        self.last = 0.0
 
-    def frozen(self, queued: int, in_flight: int) -> TenantStats:
-        return TenantStats(
-            queued=queued,
-            in_flight=in_flight,
-            done=self.done,
-            failed=self.failed,
-            cancelled=self.cancelled,
-            prompt_tokens=self.prompt,
-            completion_tokens=self.completion,
-            latency=_percentiles(self.latency),
+def _tenants(stats: Stats) -> list[str]:
+    """One line per busy tenant (queued and in flight first, then answers)."""
+    if not stats.tenants:
+        return []
+    busiest = sorted(
+        stats.tenants.items(), key=lambda kv: (-(kv[1].queued + kv[1].in_flight), -kv[1].done)
+    )
+    lines = [
+        f"tenant {name}: queued {t.queued:,}, in flight {t.in_flight:,}, done {t.done:,}, "
+        f"failed {t.failed:,}, cancelled {t.cancelled:,}; latency p50/p99 "
+        f"{_duration(t.latency.p50)} / {_duration(t.latency.p99)}"
+        for name, t in busiest[:SHOWN_TENANTS]
+    ]
+    if len(busiest) > SHOWN_TENANTS:
+        lines.append(f"... and {len(busiest) - SHOWN_TENANTS:,} more tenants")
+    return lines
+
+
+def _server(server: ServerStats) -> str:
+    parts = [
+        f"in flight {server.in_flight:,}",
+        f"bulk limit {server.bulk_limit:,} of {server.ceiling:,}",
+        f"realtime reserve {server.realtime_reserve}",
+        f"step {_duration(server.step_time)}",
+        f"TTFT {_duration(server.ttft)}",
+        f"waiting {'-' if server.waiting is None else server.waiting}",
+        "KV cache -" if server.kv_cache_usage is None else f"KV cache {server.kv_cache_usage:.0%}",
+        f"breaker {server.breaker}",
+    ]
+    if server.slo_aim is not None:
+        parts.append(
+            f"SLO met {server.slo_met:,}, missed {server.slo_missed:,}, "
+            f"aiming at {server.slo_aim:.0%} of it"
         )
+    if server.outages:
+        parts.append(f"outages {server.outages}")
+    if server.ejected:
+        parts.append("ejected (slow)")
+    return f"server {server.base_url}: " + "; ".join(parts)
 
 
-class StatsRecorder:
-    """Mutable counters owned by one client; :meth:`snapshot` freezes them.
+def _percentiles(p: Percentiles) -> str:
+    return f"{_duration(p.p50)} / {_duration(p.p95)} / {_duration(p.p99)}"
 
-    ``tenants``: the names given to ``Client(tenants=...)``, whose counters are kept
-    for good; other tenants' are kept while they are active, and summed under
-    ``other`` as well."""
 
-    def __init__(self, started_at: float, tenants: frozenset[str] = frozenset()) -> None:
-        self._started_at = started_at
-        self._named = tenants - {"*"}
-        self._tenants: dict[str, _TenantCounters] = {}
-        self._other: _TenantCounters | None = None
-        self._next_sweep = started_at + TENANT_FORGET_AFTER
-        self._tiers = {p: _TierCounters() for p in Priority}
-        self.batches_sent = 0
-        self._batch_items = 0
-        self.max_batch_size = 0
-        self._batch_sizes = _Buckets(BATCH_SIZE_BOUNDS)
-        self.retries = 0
-        self.bisections = 0
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
-        self._rates = _Rates()
-        self.tracer: Tracer | None = None
-        """Ends each request's span as it settles, when tracing is on."""
-        self.validated = 0
-        self.reasked = 0
-        self.structured_failed = 0
-
-    def batch_sent(self, size: int) -> None:
-        self.batches_sent += 1
-        self._batch_items += size
-        self._batch_sizes.observe(size)
-        if size > self.max_batch_size:
-            self.max_batch_size = size
-
-    def dispatched(self, batch: Batch, now: float) -> None:
-        tier = self._tiers[batch.priority]
-        waits = [now - r.created_at for r in batch.requests]
-        tier.queue_wait.extend(waits)
-        observe = tier.queue_wait_buckets.observe
-        for wait in waits:
-            observe(wait)
-
-    def settle_batch(
-        self,
-        requests: Sequence[Request],
-        values: Sequence[object],
-        now: float,
-        prompts: Sequence[int],
-        completions: Sequence[int],
-    ) -> None:
-        """Give each request of one answered batch its value, and count it. What the
-        batch shares (its tier, the time it was answered) is counted once: a bulk
-        batch of 64 pays for one counter update, not 64."""
-        tier = self._tiers[requests[0].priority]
-        latencies = tier.latency
-        observe = tier.latency_buckets.observe
-        tracer = self.tracer
-        settled = retried = prompt_total = completion_total = 0
-        # Per tenant: answers, prompt and completion tokens, latencies; counted into
-        # the tenants' counters once per batch (a batch's requests share a spec, and
-        # with it their tenant, unless the batch mixes tenants).
-        by_tenant: dict[str, list[Any]] | None = None
-        last_spec: object = None
-        entry: list[Any] = []
-        for request, value, prompt, completion in zip(
-            requests, values, prompts, completions, strict=True
-        ):
-            if not request.set_value(value):
-                continue  # settled already (cancelled, past its deadline)
-            latency = now - request.created_at
-            latencies.append(latency)
-            observe(latency)
-            settled += 1
-            retried += request.retried
-            prompt_total += prompt
-            completion_total += completion
-            spec = request.spec
-            if spec.tenant is not None:
-                if spec is not last_spec:
-                    last_spec = spec
-                    if by_tenant is None:
-                        by_tenant = {}
-                    entry = by_tenant.setdefault(spec.tenant, [0, 0, 0, []])
-                entry[0] += 1
-                entry[1] += prompt
-                entry[2] += completion
-                entry[3].append(latency)
-            if tracer is not None:
-                tracer.request_settled(request)
-        if by_tenant is not None:
-            for name, (done, prompt, completion, tenant_latencies) in by_tenant.items():
-                for counters in self._tenant_counters(name, now):
-                    counters.done += done
-                    counters.prompt += prompt
-                    counters.completion += completion
-                    counters.latency.extend(tenant_latencies)
-        if settled:
-            tier.done += settled
-            tier.retried += retried
-            self.prompt_tokens += prompt_total
-            self.completion_tokens += completion_total
-            self._rates.add(now, completion_total, settled)
-
-    def settle_error(self, request: Request, error: LLMBatchError) -> bool:
-        """Give ``request`` its error and count it as failed or cancelled; False if it
-        was already settled."""
-        if not request.set_error(error):
-            return False
-        tier = self._tiers[request.priority]
-        cancelled = isinstance(error, RequestCancelled | DeadlineExceeded)
-        if cancelled:
-            tier.cancelled += 1
-        else:
-            tier.failed += 1
-        name = request.spec.tenant
-        if name is not None:
-            for counters in self._tenant_counters(name, request.created_at):
-                if cancelled:
-                    counters.cancelled += 1
-                else:
-                    counters.failed += 1
-        tier.retried += request.retried
-        if self.tracer is not None:
-            self.tracer.request_settled(request)
-        return True
-
-    def _tenant_counters(self, name: str, now: float) -> tuple[_TenantCounters, ...]:
-        """The tenant's own counters, and ``other``'s if it is not named in ``tenants=``."""
-        counters = self._tenants.get(name)
-        if counters is None:
-            counters = self._tenants[name] = _TenantCounters()
-        counters.last = now
-        if name in self._named:
-            return (counters,)
-        other = self._other
-        if other is None:
-            other = self._other = _TenantCounters()
-        return counters, other
-
-    def _tenant_stats(
-        self, now: float, counts: Mapping[str, tuple[int, int]]
-    ) -> tuple[dict[str, TenantStats], TenantStats | None]:
-        if now >= self._next_sweep:
-            # Forget tenants idle for a while (not named, nothing queued or in flight).
-            self._next_sweep = now + TENANT_FORGET_AFTER
-            cutoff = now - TENANT_FORGET_AFTER
-            for name in [
-                n
-                for n, c in self._tenants.items()
-                if c.last < cutoff and n not in self._named and n not in counts
-            ]:
-                del self._tenants[name]
-        names = self._named | self._tenants.keys() | counts.keys()
-        idle = _TenantCounters()
-        tenants = {
-            name: self._tenants.get(name, idle).frozen(*counts.get(name, (0, 0)))
-            for name in sorted(names)
-        }
-        other = None
-        if self._other is not None or any(n not in self._named for n in counts):
-            queued = sum(q for n, (q, _) in counts.items() if n not in self._named)
-            flying = sum(f for n, (_, f) in counts.items() if n not in self._named)
-            other = (self._other or idle).frozen(queued, flying)
-        return tenants, other
-
-    def snapshot(
-        self,
-        now: float,
-        queued: Mapping[Priority, int],
-        in_flight: Mapping[Priority, int],
-        servers: tuple[ServerStats, ...] = (),
-        shared: SharedStats | None = None,
-        tenant_counts: Mapping[str, tuple[int, int]] | None = None,
-    ) -> Stats:
-        """Freeze the counters; ``tenant_counts``: each named tenant's (queued, in
-        flight) now, from the scheduler."""
-        uptime = max(0.0, now - self._started_at)
-        window, requests_per_second, tokens_per_second = self._rates.per_second(
-            now, self._started_at
-        )
-        tenants, other_tenants = self._tenant_stats(now, tenant_counts or {})
-        return Stats(
-            tiers={
-                p: TierStats(
-                    queued=queued[p],
-                    in_flight=in_flight[p],
-                    done=t.done,
-                    failed=t.failed,
-                    retried=t.retried,
-                    cancelled=t.cancelled,
-                    queue_wait=_percentiles(t.queue_wait),
-                    latency=_percentiles(t.latency),
-                    queue_wait_histogram=t.queue_wait_buckets.frozen(),
-                    latency_histogram=t.latency_buckets.frozen(),
-                )
-                for p, t in self._tiers.items()
-            },
-            batches_sent=self.batches_sent,
-            mean_batch_size=self._batch_items / self.batches_sent if self.batches_sent else 0.0,
-            max_batch_size=self.max_batch_size,
-            batch_size_histogram=self._batch_sizes.frozen(),
-            retries=self.retries,
-            bisections=self.bisections,
-            prompt_tokens=self.prompt_tokens,
-            completion_tokens=self.completion_tokens,
-            uptime=uptime,
-            rate_window=window,
-            tokens_per_second=tokens_per_second,
-            requests_per_second=requests_per_second,
-            servers=servers,
-            shared=shared,
-            tenants=tenants,
-            other_tenants=other_tenants,
-            structured=StructuredStats(
-                validated=self.validated, reasked=self.reasked, failed=self.structured_failed
-            ),
-        )
+def _duration(seconds: float | None) -> str:
+    """Seconds in the unit a person reads best: ``0.4 ms``, ``123 ms``, ``2.50 s``."""
+    if seconds is None:
+        return "-"
+    if seconds < 0.01:
+        return f"{seconds * 1000:.1f} ms"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 600:
+        return f"{seconds:.2f} s"
+    return f"{seconds / 60:.1f} min"

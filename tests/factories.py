@@ -36,4 +36,6 @@ def make_request(
         stream=stream,
         tenant_as_user=tenant_as_user,
     )
-    return Request(spec, prompt, None, check_prompt(prompt, spec, None), at)
+    return Request(
+        spec, prompt, None, check_prompt(prompt, n=spec.n, max_tokens=spec.max_tokens), at
+    )

@@ -125,4 +125,3 @@ def test_bench_help_is_the_bench_packages() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: llmbatch bench ")
-

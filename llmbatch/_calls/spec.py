@@ -22,7 +22,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
 from llmbatch._calls.params import (
     ChatFields,
@@ -45,11 +45,11 @@ from llmbatch._calls.validate import (
 )
 from llmbatch._config import Priority, PriorityLike, parse_priority
 from llmbatch._exceptions import InvalidRequestError, InvalidTypeError
-from llmbatch._servers.kinds import GENERIC, Dialect, Version
 
 __all__ = [
     "DEFAULT_MAX_REASKS",
     "OWN_OPTIONS",
+    "BodyDialect",
     "CallParams",
     "CallSpec",
     "ChatParams",
@@ -281,6 +281,32 @@ def _number(params: Mapping[str, Any], name: str, lo: float, hi: float) -> None:
         )
 
 
+Version = tuple[int, int, int]
+"""A server's release as ``(major, minor, patch)``."""
+
+
+class BodyDialect(Protocol):
+    """How a kind of server reads a call's body: what a call needs of a server kind
+    (``_servers.kinds`` has one for each; the server is known only once a client
+    has opened, and a call is checked without one before that)."""
+
+    def schema_fields(
+        self, schema: Mapping[str, Any], name: str, version: Version | None
+    ) -> dict[str, Any]:
+        """The body fields that constrain an answer to a JSON schema."""
+        ...
+
+    def session_field(self, version: Version | None) -> str | None:
+        """The body field that carries a caller's session (None: none)."""
+        ...
+
+    def body_fields(
+        self, fields: dict[str, Any], *, chat: bool, version: Version | None
+    ) -> dict[str, Any]:
+        """The body's fields as this server reads them."""
+        ...
+
+
 def check_call(
     kind: Kind,
     method: str,
@@ -291,15 +317,16 @@ def check_call(
     max_model_len: int | None = None,
     stream: bool = False,
     tenant_as_user: bool = True,
-    dialect: Dialect | None = GENERIC,
+    dialect: BodyDialect | None = None,
     version: Version | None = None,
 ) -> CallSpec:
     """Check one call's keywords (llmbatch's options and the body's fields) and
     build its :class:`CallSpec`, or raise. ``tier`` and ``default_model`` stand in
     where the call names none; ``dialect`` and ``version`` say how the server reads
-    a body (a schema, fields it has renamed). ``dialect=None`` checks the call
-    without a server in mind (a job file's lines, checked before the server is
-    known): the body stays as given, to be sent later in the server's dialect."""
+    a body (a schema, fields it has renamed). ``dialect=None`` (the default) checks
+    the call without a server in mind (a job file's lines, a Ray driver's options,
+    checked before the server is known): the body stays as given, to be sent later
+    in the server's dialect."""
     own: dict[str, Any] = {}
     fields: dict[str, Any] = {}
     for name, value in params.items():
@@ -429,12 +456,12 @@ class SpecCache:
         *,
         size: int = 512,
         tenant_as_user: bool = True,
-        dialect: Dialect = GENERIC,
+        dialect: BodyDialect | None = None,
         version: Version | None = None,
     ) -> None:
         self.model = model
         self.dialect = dialect
-        """How the (first) server reads a body."""
+        """How the (first) server reads a body (None: checked without a server)."""
         self.version = version
         self.max_model_len = max_model_len
         self.tenant_as_user = tenant_as_user

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from llmbatch._exceptions import InvalidRequestError, InvalidTypeError
-
-if TYPE_CHECKING:
-    from llmbatch._calls.spec import CallSpec
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -103,10 +100,15 @@ def check_tenant(value: object) -> str | None:
 
 
 def check_prompt(
-    prompt: object, spec: CallSpec, max_model_len: int | None, name: str = "prompt"
+    prompt: object,
+    *,
+    n: int,
+    max_tokens: int,
+    max_model_len: int | None = None,
+    name: str = "prompt",
 ) -> int:
-    """Check one completion prompt (or embedding ``input``); returns its in-flight
-    token estimate."""
+    """Check one completion prompt (or embedding ``input``) of a call that asks for
+    ``n`` answers of up to ``max_tokens``; returns its in-flight token estimate."""
     if not isinstance(prompt, str):
         raise wrong_type(name, "a str", prompt)
     if not prompt:
@@ -121,13 +123,13 @@ def check_prompt(
         # A lower bound for any common tokenizer: no token spans more than 16 bytes of
         # ordinary text, so this never refuses a prompt the server would take.
         at_least = size // 16
-        if at_least + spec.max_tokens > max_model_len:
+        if at_least + max_tokens > max_model_len:
             raise bad_value(
-                f"{name} (at least {at_least} tokens) + max_tokens ({spec.max_tokens}) exceeds "
+                f"{name} (at least {at_least} tokens) + max_tokens ({max_tokens}) exceeds "
                 f"the server's max_model_len of {max_model_len}",
                 name,
             )
-    return spec.n * (len(prompt) // 4 + 1 + spec.max_tokens)
+    return n * (len(prompt) // 4 + 1 + max_tokens)
 
 
 def input_bytes(prompt: str | None, messages: tuple[Mapping[str, Any], ...] | None) -> int:
@@ -154,8 +156,11 @@ def _check_text(value: object, name: str) -> str:
     return value
 
 
-def check_messages(messages: object, spec: CallSpec) -> tuple[tuple[Mapping[str, Any], ...], int]:
-    """Check one conversation; returns it as a tuple, and its in-flight token estimate."""
+def check_messages(
+    messages: object, *, n: int, max_tokens: int
+) -> tuple[tuple[Mapping[str, Any], ...], int]:
+    """Check one conversation of a call that asks for ``n`` answers of up to
+    ``max_tokens``; returns it as a tuple, and its in-flight token estimate."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise wrong_type("messages", "a list of {'role': ..., 'content': ...} dicts", messages)
     if not messages:
@@ -176,4 +181,4 @@ def check_messages(messages: object, spec: CallSpec) -> tuple[tuple[Mapping[str,
         elif not isinstance(content, list):
             raise wrong_type(f"messages[{i}].content", "a str or a list of parts", content)
     prompt_tokens = chars // 4 + 4 * len(messages)
-    return tuple(messages), spec.n * (prompt_tokens + spec.max_tokens)
+    return tuple(messages), n * (prompt_tokens + max_tokens)

@@ -64,7 +64,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from llmbatch._config import SLO
-from llmbatch._control.evidence import Capacity, Inference, Persistence
+from llmbatch._control.evidence import Capacity, Persistence
+from llmbatch._stats import Inference
 
 __all__ = ["AdmissionController", "ControllerState", "Pace"]
 

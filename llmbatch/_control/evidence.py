@@ -13,9 +13,9 @@ seats). What the server states itself (llama.cpp's slots, a configured
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from llmbatch._stats import Inference
 
-__all__ = ["Capacity", "Inference", "Persistence"]
+__all__ = ["Capacity", "Persistence"]
 
 #: A reading must hold in this many samples in a row ...
 MIN_SAMPLES = 3
@@ -23,25 +23,6 @@ MIN_SAMPLES = 3
 MIN_STEPS = 5
 #: ... or, while the step time is not known yet, this many seconds.
 MIN_SPAN = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class Inference:
-    """One belief of the admission controller about a server, for ``stats()``."""
-
-    name: str
-    """``"queue"`` (the server's queue is real), ``"seats"`` (what it runs at
-    once), ``"step_time"`` or ``"slo_unreachable"``."""
-    value: float | None
-    """The belief now: seats, the step time in seconds, 1.0 for a real queue or an
-    unreachable SLO; None when nothing is believed (after dismissals, say)."""
-    source: str
-    """``"stated"`` (by the server or the configuration), ``"learnt"`` (from
-    readings that persisted), ``"measured"`` (an average of samples) or ``"none"``."""
-    evidence: str
-    """What it rests on, in words (or what was seen and dismissed)."""
-    dismissed: int = 0
-    """Readings that pointed to it but did not last, and were dismissed."""
 
 
 class Persistence:

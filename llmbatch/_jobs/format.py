@@ -177,14 +177,13 @@ def _check_body(body: Mapping[str, Any], kind: Kind, url: str) -> str | None:
         "run",
         {**params, "extra_body": body.get("extra_body")},
         tier="batch",
+        # Checked before the server is known (no dialect): its dialect (vLLM's
+        # guided_* fields translated or refused, say) applies when the client sends it.
         default_model=model or "the job's model",
-        # Checked before the server is known: its dialect (vLLM's guided_* fields
-        # translated or refused, say) applies when the client sends the line.
-        dialect=None,
     )
     given = body[field]
     if kind == "chat":
-        check_messages(given, spec)
+        check_messages(given, n=spec.n, max_tokens=spec.max_tokens)
     elif kind == "embedding" and isinstance(given, list):
         # One line is one result: a list would need its answers joined back together.
         raise InvalidTypeError(
@@ -194,7 +193,7 @@ def _check_body(body: Mapping[str, Any], kind: Kind, url: str) -> str | None:
         )
     else:
         # vLLM also takes lists and token ids; llmbatch batches single str prompts.
-        check_prompt(given, spec, None, name=field)
+        check_prompt(given, n=spec.n, max_tokens=spec.max_tokens, name=field)
     return model
 
 

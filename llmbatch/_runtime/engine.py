@@ -26,16 +26,18 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from llmbatch._calls.outcome import Outcomes
 from llmbatch._calls.request import Flight, Request
 from llmbatch._clock import Clock
 from llmbatch._config import Priority
 from llmbatch._control.breaker import BreakerState
 from llmbatch._control.signals import STEP_TIME_SOURCES
-from llmbatch._exceptions import DeadlineExceeded, RequestCancelled, RequestError
+from llmbatch._exceptions import DeadlineExceeded, RequestError
+from llmbatch._recorder import StatsRecorder
 from llmbatch._runtime.health import Health
 from llmbatch._scheduler import Batch, Scheduler
 from llmbatch._servers.server import Server
-from llmbatch._stats import ServerStats, SharedStats, Stats, StatsRecorder
+from llmbatch._stats import ServerStats, SharedStats, Stats
 
 __all__ = ["Engine"]
 
@@ -59,6 +61,7 @@ class Engine:
         self,
         scheduler: Scheduler,
         stats: StatsRecorder,
+        outcomes: Outcomes,
         health: Health,
         *,
         clock: Clock = time.monotonic,
@@ -66,6 +69,7 @@ class Engine:
         self._now = clock
         self._scheduler = scheduler
         self._stats = stats
+        self._outcomes = outcomes
         self._health = health
         self.servers = health.servers
         """Every server, in the scheduler's order (removed ones stay, marked)."""
@@ -135,17 +139,12 @@ class Engine:
         handed to a sender, and the caller must pass it to :meth:`send_inline`."""
         if self.closed:
             # The client is closing: nobody would ever serve the queue.
-            self._stats.settle_error(
-                request,
-                RequestCancelled(
-                    "the client closed before the request was sent", request_id=request.id
-                ),
-            )
+            self._outcomes.cancelled(request, "the client closed before the request was sent")
             return None
         if self._health.all_over_tolerance():
             # Past the outage tolerance new requests fail at once until a probe
             # finds the server back.
-            self._stats.settle_error(request, self._health.outage_error(request))
+            self._outcomes.failed(request, self._health.outage_error(request))
             return None
         if self._scheduler.add(request, nowait=nowait, must_wait=more):
             if request.priority is Priority.REALTIME and not more:
@@ -177,12 +176,7 @@ class Engine:
         if request.abandoned:
             return
         request.abandoned = True
-        self._stats.settle_error(
-            request,
-            RequestCancelled(
-                "the caller went away", request_id=request.id, attempts=request.attempts
-            ),
-        )
+        self._outcomes.cancelled(request, "the caller went away")
         if self._scheduler.remove(request):
             self._wake()  # its place may admit a waiting caller
             self._signal_progress()
@@ -191,7 +185,7 @@ class Engine:
 
     def expire(self, request: Request) -> None:
         """Fail a request whose deadline passed (queued or in flight) and drop it."""
-        self._stats.settle_error(
+        self._outcomes.failed(
             request,
             DeadlineExceeded(
                 f"no answer within the request's timeout of {request.spec.timeout}s",
@@ -253,7 +247,7 @@ class Engine:
                     breaker.trial_sent()
                 for request in batch.requests:
                     request.dispatched_at = now
-                stats.dispatched(batch, now)
+                stats.dispatched(batch.priority, [now - r.created_at for r in batch.requests])
                 if batch.requests[0] is inline and len(batch.requests) == 1:
                     kept = batch
                 else:
@@ -274,7 +268,7 @@ class Engine:
         """The outage outlasted the tolerance: fail what waits for the server."""
         for request in list(self._scheduler.queued_requests()):
             self._scheduler.remove(request)
-            self._stats.settle_error(request, self._health.outage_error(request))
+            self._outcomes.failed(request, self._health.outage_error(request))
         self._signal_progress()
 
     def wake(self) -> None:
@@ -344,7 +338,7 @@ class Engine:
             for request in batch.requests:
                 if request.flight is not flight:
                     continue
-                self._stats.settle_error(
+                self._outcomes.failed(
                     request,
                     RequestError(
                         f"internal llmbatch error: {exc!r}",
@@ -373,10 +367,7 @@ class Engine:
                     reason = "the caller went away"
                 else:
                     reason = "the client closed before the request finished"
-                self._stats.settle_error(
-                    request,
-                    RequestCancelled(reason, request_id=request.id, attempts=request.attempts),
-                )
+                self._outcomes.cancelled(request, reason)
             if scheduler.has_queued:
                 self._wake()  # the freed seats may let queued requests go
             self._signal_progress()
@@ -401,12 +392,7 @@ class Engine:
         self.closed = True
         for request in list(self._scheduler.queued_requests()):
             self._scheduler.remove(request)
-            self._stats.settle_error(
-                request,
-                RequestCancelled(
-                    "the client closed before the request was sent", request_id=request.id
-                ),
-            )
+            self._outcomes.cancelled(request, "the client closed before the request was sent")
 
     def snapshot(self) -> Stats:
         servers = tuple(self._server_stats(s) for s in self._health.live())

@@ -38,9 +38,10 @@ from llmbatch._servers.model_list import read_models
 from llmbatch._servers.server import Server
 
 if TYPE_CHECKING:
+    from llmbatch._calls.outcome import Outcomes
     from llmbatch._clock import Clock
+    from llmbatch._recorder import StatsRecorder
     from llmbatch._scheduler import Scheduler
-    from llmbatch._stats import StatsRecorder
     from llmbatch._tracing import Tracer
     from llmbatch._transports.base import Transport
 
@@ -77,7 +78,7 @@ class Fleet:
         self._engine: Engine | None = None
         self._health: Health | None = None
         self._model: str | None = None
-        self._parts: tuple[Scheduler, StatsRecorder, Clock] | None = None
+        self._parts: tuple[Scheduler, StatsRecorder, Outcomes, Clock] | None = None
         """What a new server's dispatcher is made with (set when the engine starts)."""
         self.tracer: Tracer | None = None
         """Records each HTTP request as a span, when tracing is on."""
@@ -111,14 +112,16 @@ class Fleet:
         self._servers = servers
         return model, max_model_len
 
-    def start(self, scheduler: Scheduler, stats: StatsRecorder, clock: Clock) -> Engine:
+    def start(
+        self, scheduler: Scheduler, stats: StatsRecorder, outcomes: Outcomes, clock: Clock
+    ) -> Engine:
         """The engine, driving every opened server; those that did not answer start
         out of rotation and join when a probe finds them up."""
-        self._parts = (scheduler, stats, clock)
+        self._parts = (scheduler, stats, outcomes, clock)
         servers = self._servers
         self._servers = []
         health = self._health = Health(self._servers, scheduler, clock)
-        engine = self._engine = Engine(scheduler, stats, health, clock=clock)
+        engine = self._engine = Engine(scheduler, stats, outcomes, health, clock=clock)
         several = len(servers) > 1
         answered = any(s.models is not None for s in servers)
         for server in servers:
@@ -165,7 +168,7 @@ class Fleet:
         """Give a server its seats and dispatcher: it takes work from now on."""
         assert self._parts is not None
         assert self._health is not None
-        scheduler, stats, clock = self._parts
+        scheduler, stats, outcomes, clock = self._parts
         health = self._health
         if not self._servers:
             server.seats = scheduler.seats[0]  # the scheduler starts with one server's
@@ -177,6 +180,7 @@ class Fleet:
             server=server,
             retry=self._config.retry,
             stats=stats,
+            outcomes=outcomes,
             rate=scheduler.rate,
             priority_scheduling=self._config.priority_scheduling,
             clock=clock,
@@ -245,7 +249,7 @@ class Fleet:
             other.patient = True
         if server.models is None:
             assert self._parts is not None
-            self._hold_out(server, self._parts[2]())
+            self._hold_out(server, self._parts[3]())
 
     def remove(self, replica: Replica) -> None:
         """Send nothing more to ``replica``; what it has in flight finishes there."""

@@ -31,9 +31,11 @@ import anyio
 import sniffio
 from anyio.abc import TaskGroup
 
+from llmbatch._calls.outcome import Outcomes
 from llmbatch._calls.spec import SpecCache
 from llmbatch._clock import loop_clock
 from llmbatch._exceptions import ClientClosedError
+from llmbatch._recorder import StatsRecorder
 from llmbatch._redis.sharing import SharedBudgets
 from llmbatch._runtime.config import ClientConfig
 from llmbatch._runtime.engine import Engine
@@ -41,7 +43,7 @@ from llmbatch._runtime.fleet import Fleet
 from llmbatch._runtime.map import MapRunner
 from llmbatch._runtime.submitter import Submitter
 from llmbatch._scheduler import Scheduler
-from llmbatch._stats import Stats, StatsRecorder
+from llmbatch._stats import Stats
 from llmbatch._tracing import Tracer
 
 __all__ = ["Runtime", "State"]
@@ -82,7 +84,7 @@ class Runtime:
         self.map: MapRunner | None = None
         self.task_group: TaskGroup | None = None
         self._submitter: Submitter | None = None
-        self._recorder: StatsRecorder | None = None
+        self._outcomes: Outcomes | None = None
         self._stack: AsyncExitStack | None = None
         self._host: asyncio.Task[None] | None = None
         self._opening: asyncio.Task[None] | None = None
@@ -121,7 +123,8 @@ class Runtime:
                 rate_limit=config.rate_limit,
                 tenants=config.tenants,
             )
-            engine = fleet.start(scheduler, stats, now)
+            outcomes = Outcomes(stats)
+            engine = fleet.start(scheduler, stats, outcomes, now)
             self.fleet = fleet
             loop = (
                 asyncio.get_running_loop() if sniffio.current_async_library() == "asyncio" else None
@@ -145,7 +148,7 @@ class Runtime:
                 self._shared.start(tg, scheduler, engine.wake, now)
                 engine.shared_stats = self._shared.stats
                 stack.push_async_callback(self._shared.aclose)
-            self._recorder = stats
+            self._outcomes = outcomes
             self.map = MapRunner(self._submitter, tg)
             self.engine = engine
             self._install_tracer()
@@ -373,10 +376,10 @@ class Runtime:
 
     def _install_tracer(self) -> None:
         assert self._submitter is not None
-        assert self._recorder is not None
+        assert self._outcomes is not None
         assert self.fleet is not None
         tracer = self._tracer
-        self._submitter.tracer = self._recorder.tracer = tracer
+        self._submitter.tracer = self._outcomes.tracer = tracer
         self.fleet.set_tracer(tracer)
 
 

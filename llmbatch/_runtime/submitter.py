@@ -53,10 +53,16 @@ class Submitter:
         max_model_len = self.specs.context_of(spec.model)
         if spec.kind != "chat":
             name = "prompt" if spec.kind == "completion" else "input"
-            est_tokens = check_prompt(payload, spec, max_model_len, name)
+            est_tokens = check_prompt(
+                payload,
+                n=spec.n,
+                max_tokens=spec.max_tokens,
+                max_model_len=max_model_len,
+                name=name,
+            )
             request = Request(spec, payload, None, est_tokens, self.now())  # type: ignore[arg-type]
         else:
-            messages, est_tokens = check_messages(payload, spec)
+            messages, est_tokens = check_messages(payload, n=spec.n, max_tokens=spec.max_tokens)
             request = Request(spec, None, messages, est_tokens, self.now())
         if spec.tenant is not None:
             self.engine.check_tenant_size(request)

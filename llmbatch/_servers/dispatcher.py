@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import anyio
 
+from llmbatch._calls.outcome import Outcomes
 from llmbatch._calls.request import Flight, Request
 from llmbatch._calls.validate import TOKEN_OVERHEAD, input_bytes
 from llmbatch._clock import Clock
@@ -55,6 +56,7 @@ from llmbatch._models import (
     Embedding,
     make_answer,
 )
+from llmbatch._recorder import StatsRecorder
 from llmbatch._scheduler.budgets import RateBudget
 from llmbatch._servers.kinds import PriorityField
 from llmbatch._servers.model_list import read_models
@@ -76,7 +78,6 @@ from llmbatch._servers.wire import (
     split_usage,
     too_long,
 )
-from llmbatch._stats import StatsRecorder
 from llmbatch._tracing import Tracer
 from llmbatch._transports.base import HTTPRequest, HTTPResponse
 
@@ -138,6 +139,7 @@ class Dispatcher:
         server: Server,
         retry: RetryPolicy,
         stats: StatsRecorder,
+        outcomes: Outcomes,
         rate: RateBudget | None = None,
         priority_scheduling: bool | None = None,
         clock: Clock = time.monotonic,
@@ -147,6 +149,7 @@ class Dispatcher:
         self.server = server
         self._retry = retry
         self._stats = stats
+        self._outcomes = outcomes
         self._rate = rate
         """The rate limits: resends are charged to them, and answers tell the token
         budget what they really used."""
@@ -735,7 +738,7 @@ class Dispatcher:
                 requests, answers.choices, prompt_parts, completion_parts, strict=True
             )
         ]
-        self._stats.settle_batch(requests, values, now, prompt_parts, completion_parts)
+        self._outcomes.answered(requests, values, now, prompt_parts, completion_parts)
         self.server.on_timing(
             first.priority, now - sent_at, max(completion_parts), now, first_token_at
         )
@@ -749,7 +752,7 @@ class Dispatcher:
         flight.handed_back.extend(requests)
 
     def _fail_all(self, requests: Sequence[Request], error: RequestError) -> None:
-        settle = self._stats.settle_error
+        settle = self._outcomes.failed
         for request in requests:
             settle(request, error.for_request(request.id, request.attempts))
 

@@ -23,7 +23,8 @@ from llmbatch import (
     RetryPolicy,
     ServerError,
 )
-from llmbatch._stats import LATENCY_BOUNDS, RATE_WINDOW, StatsRecorder
+from llmbatch._calls.outcome import Outcomes
+from llmbatch._recorder import LATENCY_BOUNDS, RATE_WINDOW, StatsRecorder
 from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
 
 QUIET = {p: 0 for p in Priority}
@@ -31,7 +32,7 @@ QUIET = {p: 0 for p in Priority}
 
 def settle(recorder: StatsRecorder, at: float, latency: float, tokens: int = 10) -> None:
     request = make_request(Priority.BATCH, at=at - latency)
-    recorder.settle_batch([request], [object()], at, [3], [tokens])
+    Outcomes(recorder).answered([request], [object()], at, [3], [tokens])
     assert request.done
 
 
@@ -63,7 +64,7 @@ def test_histograms_count_every_observation_in_its_bucket() -> None:
     latencies = [0.001, 0.005, 0.02, 0.3, 7.0, 1000.0]
     for latency in latencies:  # asked at 0, answered at the latency: exact, on the bounds
         request = make_request(Priority.BATCH, at=0.0)
-        recorder.settle_batch([request], [object()], latency, [3], [10])
+        Outcomes(recorder).answered([request], [object()], latency, [3], [10])
     for size in (1, 3, 64, 2000):
         recorder.batch_sent(size)
     stats = recorder.snapshot(2000.0, QUIET, QUIET)
@@ -92,7 +93,7 @@ def test_cancellations_and_deadlines_count_as_cancelled_not_failed() -> None:
         RequestCancelled("gone"),
         ServerError("boom", status_code=500),
     ):
-        assert recorder.settle_error(make_request(Priority.NORMAL), error)
+        assert Outcomes(recorder).failed(make_request(Priority.NORMAL), error)
     tier = recorder.snapshot(1.0, QUIET, QUIET).tiers[Priority.NORMAL]
     assert (tier.cancelled, tier.failed, tier.done) == (2, 1, 0)
     assert tier.latency_histogram.count == 0  # failures are not latency samples

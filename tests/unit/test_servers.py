@@ -11,6 +11,8 @@ import pytest
 from fake_server import FakeServer
 
 import llmbatch
+from llmbatch._calls.outcome import Outcomes
+from llmbatch._recorder import StatsRecorder
 from llmbatch._servers.dispatcher import Dispatcher
 from llmbatch._servers.kinds import (
     GENERIC,
@@ -25,7 +27,6 @@ from llmbatch._servers.kinds import (
     vllm,
 )
 from llmbatch._servers.server import Server
-from llmbatch._stats import StatsRecorder
 from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
 
 pytestmark = pytest.mark.anyio
@@ -237,7 +238,8 @@ def test_a_refill_queue_only_where_the_server_puts_realtime_first(
     dispatcher = Dispatcher(
         server=server,
         retry=llmbatch.RetryPolicy(),
-        stats=StatsRecorder(started_at=0.0),
+        stats=(recorder := StatsRecorder(started_at=0.0)),
+        outcomes=Outcomes(recorder),
         priority_scheduling=priority_scheduling,
     )
     server.dispatcher = dispatcher

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llmbatch._calls.spec import Version
 from llmbatch._exceptions import InvalidRequestError
 
 __all__ = [
@@ -52,9 +53,6 @@ class PriorityField:
 
 
 _LOWEST_RANK = 2
-
-Version = tuple[int, int, int]
-"""A release as ``(major, minor, patch)``."""
 
 
 def parse_version(text: object) -> Version | None:

@@ -1,0 +1,104 @@
+"""Where a request ends: its outcome is set here, once (the first wins), then counted
+by the recorder and told to the tracer. The dispatcher settles what a server
+answered; the engine what never reached one, or was cancelled on the way.
+
+Setting an outcome and counting it go through this one door, so no outcome goes
+uncounted or is counted twice; the recorder only counts what it is told.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from llmbatch._exceptions import DeadlineExceeded, LLMBatchError, RequestCancelled
+
+if TYPE_CHECKING:
+    from llmbatch._calls.request import Request
+    from llmbatch._recorder import StatsRecorder
+    from llmbatch._tracing import Tracer
+
+__all__ = ["Outcomes"]
+
+
+class Outcomes:
+    """Settles requests for one client, counting each outcome in its recorder."""
+
+    __slots__ = ("recorder", "tracer")
+
+    def __init__(self, recorder: StatsRecorder) -> None:
+        self.recorder = recorder
+        self.tracer: Tracer | None = None
+        """Ends each request's span as it settles, when tracing is on."""
+
+    def answered(
+        self,
+        requests: Sequence[Request],
+        values: Sequence[object],
+        now: float,
+        prompts: Sequence[int],
+        completions: Sequence[int],
+    ) -> None:
+        """Give each request of one answered batch its value, and count those it
+        settles (one settled already, cancelled or past its deadline, keeps its
+        outcome). A batch shares its tier, so it is counted in one go."""
+        tracer = self.tracer
+        latencies: list[float] = []
+        retried = prompt_total = completion_total = 0
+        # Per tenant: prompt and completion tokens, latencies. A batch's requests
+        # share a spec, and with it their tenant, unless the batch mixes tenants.
+        by_tenant: dict[str, list[Any]] | None = None
+        last_spec: object = None
+        entry: list[Any] = []
+        for request, value, prompt, completion in zip(
+            requests, values, prompts, completions, strict=True
+        ):
+            if not request.set_value(value):
+                continue
+            latency = now - request.created_at
+            latencies.append(latency)
+            retried += request.retried
+            prompt_total += prompt
+            completion_total += completion
+            spec = request.spec
+            if spec.tenant is not None:
+                if spec is not last_spec:
+                    last_spec = spec
+                    if by_tenant is None:
+                        by_tenant = {}
+                    entry = by_tenant.setdefault(spec.tenant, [0, 0, []])
+                entry[0] += prompt
+                entry[1] += completion
+                entry[2].append(latency)
+            if tracer is not None:
+                tracer.request_settled(request)
+        recorder = self.recorder
+        recorder.answered(
+            requests[0].priority, latencies, retried, prompt_total, completion_total, now
+        )
+        if by_tenant is not None:
+            for name, (prompt, completion, tenant_latencies) in by_tenant.items():
+                recorder.tenant_answered(name, prompt, completion, tenant_latencies, now)
+
+    def failed(self, request: Request, error: LLMBatchError) -> bool:
+        """Give ``request`` its error and count it as failed, or as cancelled for a
+        cancellation or a deadline; False if it was settled already."""
+        if not request.set_error(error):
+            return False
+        self.recorder.ended(
+            request.priority,
+            request.spec.tenant,
+            request.created_at,
+            cancelled=isinstance(error, RequestCancelled | DeadlineExceeded),
+            retried=request.retried,
+        )
+        if self.tracer is not None:
+            self.tracer.request_settled(request)
+        return True
+
+    def cancelled(self, request: Request, reason: str) -> bool:
+        """End ``request`` with :class:`RequestCancelled` saying ``reason`` ("the caller
+        went away", "the client closed before ..."); False if it was settled already."""
+        return self.failed(
+            request, RequestCancelled(reason, request_id=request.id, attempts=request.attempts)
+        )
