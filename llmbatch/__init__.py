@@ -87,6 +87,7 @@ if typing.TYPE_CHECKING:
         ToolCall,
         Usage,
     )
+    from llmbatch._observers import ObservedBatch, ObservedRequest, Observer
     from llmbatch._progress import MapProgress, ProgressBar
     from llmbatch._replicas import Replica
     from llmbatch._runtime.fleet import Endpoints
@@ -96,6 +97,7 @@ if typing.TYPE_CHECKING:
         Percentiles,
         ServerStats,
         SharedStats,
+        SignalSource,
         Stats,
         StructuredStats,
         TenantStats,
@@ -170,6 +172,9 @@ _EXPORTS = {
     "ToolCall": "llmbatch._models",
     "Usage": "llmbatch._models",
     "MapProgress": "llmbatch._progress",
+    "ObservedBatch": "llmbatch._observers",
+    "ObservedRequest": "llmbatch._observers",
+    "Observer": "llmbatch._observers",
     "ProgressBar": "llmbatch._progress",
     "Replica": "llmbatch._replicas",
     "Histogram": "llmbatch._stats",
@@ -177,6 +182,7 @@ _EXPORTS = {
     "ServerStats": "llmbatch._stats",
     "Inference": "llmbatch._stats",
     "SharedStats": "llmbatch._stats",
+    "SignalSource": "llmbatch._stats",
     "Stats": "llmbatch._stats",
     "TenantStats": "llmbatch._stats",
     "TierStats": "llmbatch._stats",
@@ -238,6 +244,9 @@ __all__ = [
     "Limits",
     "MapProgress",
     "NotFoundError",
+    "ObservedBatch",
+    "ObservedRequest",
+    "Observer",
     "OutputTruncatedError",
     "Percentiles",
     "PermissionDeniedError",
@@ -261,6 +270,7 @@ __all__ = [
     "ServiceUnavailableError",
     "SharedInFlight",
     "SharedStats",
+    "SignalSource",
     "Stats",
     "StructuredOutputError",
     "StructuredStats",

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 
 from llmbatch._version import __version__
 
@@ -51,17 +51,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(args.handler(args) or 0)
 
 
+#: Where packages put commands of their own under ``llmbatch`` (the bench: ``bench``).
+COMMANDS_GROUP = "llmbatch.commands"
+
+
 def run_bench(argv: Sequence[str]) -> int:
-    """Run ``llmbatch_bench``'s command line, imported only now (it is optional)."""
-    try:
-        importlib.import_module("llmbatch_bench")
-    except ModuleNotFoundError as exc:
-        if exc.name != "llmbatch_bench":
-            raise  # installed but broken: show the real error
+    """Run the command the bench package registers as ``bench`` (an entry point in
+    :data:`COMMANDS_GROUP`), loaded only now: it is optional."""
+    found = [e for e in entry_points(group=COMMANDS_GROUP) if e.name == "bench"]
+    if not found:
         print(BENCH_MISSING, file=sys.stderr)
         return 2
-    bench_cli = importlib.import_module("llmbatch_bench.cli")
-    return int(bench_cli.main(list(argv), prog="llmbatch bench"))
+    main = found[0].load()
+    return int(main(list(argv), prog="llmbatch bench"))
 
 
 if __name__ == "__main__":

@@ -57,15 +57,15 @@ from llmbatch._exceptions import (
     LLMBatchError,
 )
 from llmbatch._models import ChatCompletion, Completion, Embedding, Result
+from llmbatch._observers import Observer
 from llmbatch._progress import ProgressLike, make_tracker
 from llmbatch._replicas import Replica
-from llmbatch._runtime.config import ClientConfig
+from llmbatch._runtime.config import ClientConfig, check_observer
 from llmbatch._runtime.fleet import Endpoints
 from llmbatch._runtime.map import MapInput, MapRunner, check_inputs, check_map_options, kinds_of
 from llmbatch._runtime.runtime import Runtime, State
 from llmbatch._runtime.submitter import Submitter
 from llmbatch._stats import Stats
-from llmbatch._tracing import Tracer
 from llmbatch._transports.base import Transport
 
 __all__ = ["Client"]
@@ -126,6 +126,9 @@ class Client:
     against each other within a tier (docs/tenants.md). A call's tenant is sent as
     OpenAI's ``user`` unless the call has one, or ``send_tenant_as_user=False``
     (then tenants whose calls are otherwise alike share HTTP batches).
+    ``observers=[...]`` lists :class:`Observer` objects that see every request and
+    HTTP request as it happens (an exporter's hook; :meth:`add_observer` adds one
+    later).
     Bad configuration raises :class:`ConfigError` (a :class:`ConfigTypeError`, also a
     ``TypeError``, for a value of the wrong type).
     """
@@ -153,6 +156,7 @@ class Client:
         drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
         tenants: Mapping[str, TenantLimits] | None = None,
         send_tenant_as_user: bool = True,
+        observers: Sequence[Observer] = (),
     ) -> None:
         config = ClientConfig.build(
             base_url=base_url,
@@ -174,6 +178,7 @@ class Client:
             drain_timeout=drain_timeout,
             tenants=tenants,
             send_tenant_as_user=send_tenant_as_user,
+            observers=observers,
         )
         self._setup(config, Runtime(config), config.call_defaults, view=False)
 
@@ -305,10 +310,23 @@ class Client:
         """The same as :meth:`close` (for ``contextlib.aclosing``)."""
         await self.close()
 
-    def _set_tracer(self, tracer: Tracer | None) -> None:
-        """Record this client's requests and HTTP requests with ``tracer`` (None: stop);
-        ``llmbatch.otel.instrument`` calls it, before or after the client opens."""
-        self._runtime.set_tracer(tracer)
+    # -- observers -------------------------------------------------------------------
+
+    @property
+    def observers(self) -> tuple[Observer, ...]:
+        """The :class:`Observer` objects that see this client's requests (a view's are
+        its client's)."""
+        return self._runtime.observers.tuple
+
+    def add_observer(self, observer: Observer) -> None:
+        """Let ``observer`` see this client's requests and HTTP requests from now on
+        (before or after it opens; adding one twice adds it once)."""
+        self._runtime.observers.add(check_observer(observer))
+
+    def remove_observer(self, observer: Observer) -> bool:
+        """Stop telling ``observer`` (requests it saw start still end with it); False
+        if it was not added."""
+        return self._runtime.observers.remove(observer)
 
     async def _spec(
         self,

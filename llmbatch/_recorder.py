@@ -171,8 +171,9 @@ class _TenantCounters:
         self.latency: deque[float] = deque(maxlen=TENANT_SAMPLE_WINDOW)
         self.last = 0.0
 
-    def frozen(self, queued: int, in_flight: int) -> TenantStats:
+    def frozen(self, queued: int, in_flight: int, *, named: bool = False) -> TenantStats:
         return TenantStats(
+            named=named,
             queued=queued,
             in_flight=in_flight,
             done=self.done,
@@ -315,7 +316,9 @@ class StatsRecorder:
         names = self._named | self._tenants.keys() | counts.keys()
         idle = _TenantCounters()
         tenants = {
-            name: self._tenants.get(name, idle).frozen(*counts.get(name, (0, 0)))
+            name: self._tenants.get(name, idle).frozen(
+                *counts.get(name, (0, 0)), named=name in self._named
+            )
             for name in sorted(names)
         }
         other = None

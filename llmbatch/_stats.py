@@ -19,6 +19,7 @@ __all__ = [
     "Percentiles",
     "ServerStats",
     "SharedStats",
+    "SignalSource",
     "Stats",
     "StructuredStats",
     "TenantStats",
@@ -46,6 +47,25 @@ class Inference:
     """What it rests on, in words (or what was seen and dismissed)."""
     dismissed: int = 0
     """Readings that pointed to it but did not last, and were dismissed."""
+
+
+class SignalSource(enum.StrEnum):
+    """A source of samples about a server, as ``ServerStats.signals`` names it (every
+    source a server may speak through: what is live is in ``signals``)."""
+
+    LOAD_HEADER = "load_header"
+    """vLLM's ``endpoint-load-metrics`` response header: its queue and KV cache."""
+    METRICS_GAUGES = "metrics_gauges"
+    """``/metrics`` gauges: requests running and waiting, KV-cache use."""
+    METRICS_STEP_TIME = "metrics_step_time"
+    """``/metrics`` inter-token (or per-output-token) latency histogram."""
+    STREAM_TIMING = "stream_timing"
+    """Streamed answers: time to first token and per-token time, as they arrive."""
+    ANSWER_LATENCY = "answer_latency"
+    """Non-streamed answers: latency per generated token (an upper bound of the step
+    time: it includes the prefill and the queue)."""
+    OVERLOAD_STATUS = "overload_status"
+    """429 and 503 answers."""
 
 
 class _Snapshot:
@@ -162,6 +182,9 @@ class TenantStats(_Snapshot):
     completion_tokens: int
     latency: Percentiles
     """From the call until the answer was complete (its recent successful requests)."""
+    named: bool = False
+    """Named in ``Client(tenants=...)``: its counters are kept for good (others' are
+    forgotten once idle, and summed in ``Stats.other_tenants`` as well)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

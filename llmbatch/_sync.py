@@ -54,6 +54,7 @@ from llmbatch._config import (
 from llmbatch._exceptions import ClientClosedError
 from llmbatch._logs import logger
 from llmbatch._models import ChatCompletion, Completion, Embedding, Result
+from llmbatch._observers import Observer
 from llmbatch._progress import ProgressLike
 from llmbatch._replicas import Replica
 from llmbatch._runtime.map import MapInput
@@ -103,6 +104,7 @@ class SyncClient:
         drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
         tenants: Mapping[str, TenantLimits] | None = None,
         send_tenant_as_user: bool = True,
+        observers: Sequence[Observer] = (),
     ) -> None:
         self._client = Client(**_arguments(locals()))
         self._portal_context: AbstractContextManager[BlockingPortal] | None = None
@@ -545,6 +547,19 @@ class SyncClient:
     ) -> Iterator[Result[Any]]:
         """:meth:`Client.imap`: one :class:`Result` per input, in order, bounded memory."""
         return self._iterate(self._client.imap(**_arguments(locals())))
+
+    @property
+    def observers(self) -> tuple[Observer, ...]:
+        """:attr:`Client.observers`."""
+        return self._client.observers
+
+    def add_observer(self, observer: Observer) -> None:
+        """:meth:`Client.add_observer` (its methods run on the client's loop thread)."""
+        self._client.add_observer(observer)
+
+    def remove_observer(self, observer: Observer) -> bool:
+        """:meth:`Client.remove_observer`."""
+        return self._client.remove_observer(observer)
 
     def stats(self) -> Stats:
         """:meth:`Client.stats` (it does not open the client: before the first call it

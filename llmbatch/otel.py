@@ -35,12 +35,18 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "llmbatch.otel needs opentelemetry-api: pip install 'llmbatch[otel]'"
     ) from exc
 
-from llmbatch._exceptions import ConfigTypeError, DeadlineExceeded, RequestCancelled
-from llmbatch._version import __version__
+import llmbatch
+from llmbatch import (
+    ConfigTypeError,
+    DeadlineExceeded,
+    ObservedBatch,
+    ObservedRequest,
+    Observer,
+    RequestCancelled,
+)
 
 if TYPE_CHECKING:
-    from llmbatch._calls.request import Request
-    from llmbatch._client import Client
+    from llmbatch import Client
 
 __all__ = ["instrument", "uninstrument"]
 
@@ -52,24 +58,28 @@ def instrument(client: Client, tracer_provider: trace.TracerProvider | None = No
 
     ``tracer_provider`` defaults to OpenTelemetry's global one. Works before or
     after the client opens; a ``with_options`` view shares its client's tracing.
+    Instrumenting again replaces the first (one set of spans per client). It is an
+    :class:`llmbatch.Observer` added to the client: the public hook any exporter
+    may use.
     """
-    from llmbatch._client import Client
-
-    if not isinstance(client, Client):
+    if not isinstance(client, llmbatch.Client):
         raise ConfigTypeError(
             f"instrument() takes a llmbatch.Client, got {type(client).__name__}", field="client"
         )
-    tracer = trace.get_tracer("llmbatch", __version__, tracer_provider=tracer_provider)
-    client._set_tracer(_SpanTracer(tracer))
+    uninstrument(client)
+    tracer = trace.get_tracer("llmbatch", llmbatch.__version__, tracer_provider=tracer_provider)
+    client.add_observer(SpanObserver(tracer))
 
 
 def uninstrument(client: Client) -> None:
     """Stop recording spans for ``client`` (requests already started still end)."""
-    client._set_tracer(None)
+    for observer in client.observers:
+        if isinstance(observer, SpanObserver):
+            client.remove_observer(observer)
 
 
-class _SpanTracer:
-    """llmbatch's tracing hooks (``llmbatch._tracing.Tracer``) as OpenTelemetry spans."""
+class SpanObserver(Observer):
+    """A client's requests and HTTP requests as OpenTelemetry spans."""
 
     def __init__(self, tracer: trace.Tracer) -> None:
         self._tracer = tracer
@@ -77,34 +87,31 @@ class _SpanTracer:
     def capture(self) -> object:
         return otel_context.get_current()
 
-    def request_started(self, request: Request, parent: object = None) -> None:
-        spec = request.spec
-        operation = _OPERATIONS[spec.kind]
+    def request_started(self, request: ObservedRequest, parent: object) -> object:
+        operation = _OPERATIONS[request.kind]
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": operation,
-            "gen_ai.request.model": spec.model,
-            "llmbatch.tier": spec.priority.value,
+            "gen_ai.request.model": request.model,
+            "llmbatch.tier": request.priority.value,
             "llmbatch.request.id": request.id,
         }
-        if spec.kind != "embedding":
-            attributes["gen_ai.request.max_tokens"] = spec.max_tokens
-        if spec.stream:
+        if request.kind != "embedding":
+            attributes["gen_ai.request.max_tokens"] = request.max_tokens
+        if request.stream:
             attributes["llmbatch.stream"] = True
-        if spec.tenant is not None:
-            attributes["llmbatch.tenant"] = spec.tenant
-        request.trace = self._tracer.start_span(
-            f"{operation} {spec.model}",
+        if request.tenant is not None:
+            attributes["llmbatch.tenant"] = request.tenant
+        return self._tracer.start_span(
+            f"{operation} {request.model}",
             context=parent,  # type: ignore[arg-type]  # None: the current context
             kind=SpanKind.INTERNAL,
             attributes=attributes,
         )
 
-    def request_settled(self, request: Request) -> None:
-        span = request.trace
-        if span is None:
+    def request_ended(self, request: ObservedRequest, kept: object) -> None:
+        span = kept
+        if not isinstance(span, trace.Span):
             return
-        request.trace = None
-        assert isinstance(span, trace.Span)
         span.set_attribute("llmbatch.attempts", request.attempts)
         error = request.error
         if error is None:
@@ -126,26 +133,26 @@ class _SpanTracer:
             span.set_status(Status(StatusCode.ERROR, str(error)))
         span.end()
 
-    def http_started(self, path: str, url: str, requests: Sequence[Request]) -> object:
-        spans = [r.trace for r in requests if isinstance(r.trace, trace.Span)]
-        parts = urlsplit(url)
+    def batch_sent(self, batch: ObservedBatch, kept: Sequence[object]) -> object:
+        spans = [span for span in kept if isinstance(span, trace.Span)]
+        parts = urlsplit(batch.url)
         attributes: dict[str, Any] = {
             "http.request.method": "POST",
-            "url.full": url,
+            "url.full": batch.url,
             "server.address": parts.hostname or "",
-            "llmbatch.batch.size": len(requests),
-            "llmbatch.tier": requests[0].priority.value,
+            "llmbatch.batch.size": len(batch.requests),
+            "llmbatch.tier": batch.priority.value,
         }
         if parts.port is not None:
             attributes["server.port"] = parts.port
         # A batch of one belongs under its request; a larger one under none of them.
         parent = (
             trace.set_span_in_context(spans[0])
-            if len(requests) == 1 and spans
+            if len(batch.requests) == 1 and spans
             else otel_context.Context()
         )
         span = self._tracer.start_span(
-            f"POST {path}",
+            f"POST {batch.path}",
             context=parent,
             kind=SpanKind.CLIENT,
             attributes=attributes,
@@ -160,8 +167,16 @@ class _SpanTracer:
             request_span.add_event("llmbatch.http", event)
         return span
 
-    def http_ended(self, handle: object, status: int | None, error: BaseException | None) -> None:
-        assert isinstance(handle, trace.Span)
+    def batch_answered(
+        self,
+        batch: ObservedBatch,
+        kept: object,
+        status: int | None,
+        error: BaseException | None,
+    ) -> None:
+        handle = kept
+        if not isinstance(handle, trace.Span):
+            return
         if status is not None:
             handle.set_attribute("http.response.status_code", status)
             if status >= 400:

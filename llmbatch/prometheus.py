@@ -38,33 +38,32 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "llmbatch.prometheus needs prometheus-client: pip install 'llmbatch[prometheus]'"
     ) from exc
 
-from llmbatch._control.signals import Source
-from llmbatch._exceptions import ConfigError, ConfigTypeError
-from llmbatch._stats import OTHER_TENANTS
+import llmbatch
+from llmbatch import ConfigError, ConfigTypeError, SignalSource
 
 if TYPE_CHECKING:
-    from llmbatch._client import Client
-    from llmbatch._runtime.runtime import Runtime
-    from llmbatch._stats import Histogram, Stats
+    from llmbatch import Client, Histogram, Stats
 
 __all__ = ["LLMBatchCollector", "register", "unregister"]
 
 _BREAKER_STATES = ("closed", "open", "half_open")
+#: The tenant label of every tenant not named in ``tenants=`` (few label values).
+OTHER_TENANTS = "other"
 
 
 class LLMBatchCollector(Collector):
     """Collects every registered client's ``stats()`` at scrape time.
 
     One per registry (``register`` makes it); clients are held weakly, so a client
-    that is gone stops being reported instead of being kept alive.
+    that is gone stops being reported instead of being kept alive. It reads only
+    what any exporter may: ``client.stats()``.
     """
 
     def __init__(self) -> None:
-        # A client's runtime stands for it and its with_options views alike.
-        self._clients: list[tuple[weakref.ref[Runtime], tuple[tuple[str, str], ...]]] = []
+        self._clients: list[tuple[weakref.ref[Client], tuple[tuple[str, str], ...]]] = []
         self._lock = threading.Lock()
 
-    def add(self, client: Runtime, labels: Mapping[str, str]) -> None:
+    def add(self, client: Client, labels: Mapping[str, str]) -> None:
         """Report ``client`` with these constant labels."""
         key = tuple(sorted(labels.items()))
         with self._lock:
@@ -86,7 +85,7 @@ class LLMBatchCollector(Collector):
                     )
             self._clients.append((weakref.ref(client), key))
 
-    def remove(self, client: Runtime) -> bool:
+    def remove(self, client: Client) -> bool:
         """Stop reporting ``client``; False if it was not registered."""
         with self._lock:
             before = len(self._clients)
@@ -105,12 +104,12 @@ class LLMBatchCollector(Collector):
         with self._lock:
             self._prune()
             clients = [(r(), dict(k)) for r, k in self._clients]
-        snapshots: list[tuple[Stats, dict[str, str], frozenset[str]]] = []
+        snapshots: list[tuple[Stats, dict[str, str]]] = []
         for client, labels in clients:
             if client is None:
                 continue
             try:
-                snapshots.append((client.stats(), labels, client.tenant_names))
+                snapshots.append((client.stats(), labels))
             except Exception:  # not open yet, or closed and gone: nothing to report
                 continue
         names = sorted(snapshots[0][1]) if snapshots else []
@@ -137,9 +136,7 @@ def register(
     it closes (its final counts), until :func:`unregister` or until it is gone.
     A ``with_options`` view reports its client's figures: register the client.
     """
-    from llmbatch._client import Client
-
-    if not isinstance(client, Client):
+    if not isinstance(client, llmbatch.Client):
         raise ConfigTypeError(
             f"register() takes a llmbatch.Client, got {type(client).__name__}", field="client"
         )
@@ -150,14 +147,14 @@ def register(
         if collector is None:
             collector = _collectors[target] = LLMBatchCollector()
             target.register(collector)
-    collector.add(client._runtime, checked)
+    collector.add(client, checked)
     return collector
 
 
 def unregister(client: Client, registry: CollectorRegistry | None = None) -> bool:
     """Stop reporting ``client`` in ``registry``; False if it was not registered."""
     collector = _collectors.get(REGISTRY if registry is None else registry)
-    return collector is not None and collector.remove(client._runtime)
+    return collector is not None and collector.remove(client)
 
 
 _RESERVED = frozenset(
@@ -180,9 +177,7 @@ def _check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     return dict(labels)
 
 
-def _families(
-    snapshots: list[tuple[Stats, dict[str, str], frozenset[str]]], names: list[str]
-) -> list[Metric]:
+def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -> list[Metric]:
     """Every metric family, one sample per client (and tier, outcome, server...)."""
 
     def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
@@ -274,7 +269,7 @@ def _families(
         (*tenant, "kind"),
     )
 
-    for stats, labels, named in snapshots:
+    for stats, labels in snapshots:
         own = [labels[n] for n in names]
         for tier, t in stats.tiers.items():
             at = [*own, tier.value]
@@ -311,11 +306,11 @@ def _families(
             slo.add_metric([*at, "met"], s.slo_met)
             slo.add_metric([*at, "missed"], s.slo_missed)
             unreachable.add_metric(at, 1.0 if s.slo_unreachable else 0.0)
-            for source in Source:  # every source, so a series never just disappears
+            for source in SignalSource:  # every source, so a series never just disappears
                 signal.add_metric([*at, source.value], 1.0 if source in s.signals else 0.0)
         # Tenants named in tenants= have series of their own; every other tenant is
         # summed under "other", so label values stay few and never jump.
-        shown = [(n, stats.tenants[n]) for n in sorted(named) if n in stats.tenants]
+        shown = [(name, t) for name, t in sorted(stats.tenants.items()) if t.named]
         if stats.other_tenants is not None:
             shown.append((OTHER_TENANTS, stats.other_tenants))
         for name, counts in shown:

@@ -8,40 +8,64 @@ tests can run llmbatch without a server::
 
     async with llmbatch.Client(transport=MockTransport(handler), model="m") as client: ...
 
+``AiohttpTransport`` (the default on asyncio) and ``HttpxTransport`` (the default on
+trio) are the real ones, to be wrapped by a transport of your own: anything with
+``async send(request) -> HTTPResponse`` and ``async aclose()``.
+
 ``BatchingTransport`` (and ``SyncBatchingTransport`` for sync code) goes the other
 way: an httpx transport that sends any httpx-based program's OpenAI calls through an
 llmbatch client (see ``llmbatch.openai`` and docs/openai.md).
+
+Every name but the seam's own is loaded on first use: aiohttp and httpx are
+imported only by a program that asks for them.
 """
 
-from typing import TYPE_CHECKING, Any
+import importlib
+import typing
 
 from llmbatch._transports import HTTPRequest, HTTPResponse, MockResponse, MockTransport, Transport
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from llmbatch._dropin.sync_transport import SyncBatchingTransport
     from llmbatch._dropin.transport import PRIORITY_HEADER, TENANT_HEADER, BatchingTransport
+    from llmbatch._transports.aiohttp import AiohttpTransport
+    from llmbatch._transports.httpx import HttpxTransport
+
+#: Where each name loaded on first use is defined (read by ``__getattr__``).
+_EXPORTS = {
+    "AiohttpTransport": "llmbatch._transports.aiohttp",
+    "HttpxTransport": "llmbatch._transports.httpx",
+    "BatchingTransport": "llmbatch._dropin.transport",
+    "PRIORITY_HEADER": "llmbatch._dropin.transport",
+    "TENANT_HEADER": "llmbatch._dropin.transport",
+    "SyncBatchingTransport": "llmbatch._dropin.sync_transport",
+}
+
+if not typing.TYPE_CHECKING:  # type checkers read the imports above
+
+    def __getattr__(name: str) -> object:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module 'llmbatch.transports' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # later lookups are plain attribute reads
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = [
     "PRIORITY_HEADER",
     "TENANT_HEADER",
+    "AiohttpTransport",
     "BatchingTransport",
     "HTTPRequest",
     "HTTPResponse",
+    "HttpxTransport",
     "MockResponse",
     "MockTransport",
     "SyncBatchingTransport",
     "Transport",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # Imported on first use: it pulls in httpx, which plain llmbatch use does not need.
-    if name in ("BatchingTransport", "PRIORITY_HEADER", "TENANT_HEADER"):
-        from llmbatch._dropin import transport
-
-        return getattr(transport, name)
-    if name == "SyncBatchingTransport":
-        from llmbatch._dropin import sync_transport
-
-        return sync_transport.SyncBatchingTransport
-    raise AttributeError(f"module 'llmbatch.transports' has no attribute {name!r}")

@@ -38,6 +38,7 @@ from llmbatch_bench.metrics import Recorder, RunMetrics, measure, record_stream
 from llmbatch_bench.replicaplan import KILLED
 from llmbatch_bench.server import discover, machine_busy, process_cpu
 from llmbatch_bench.stepmodel import SimModel, sim_model
+from llmbatch_bench.workloads import run_workload
 
 __all__ = ["own_fleet", "run_replicas"]
 
@@ -407,9 +408,6 @@ def _per_second(times: Iterable[float], at: float, before: int = 5, after: int =
 
 
 async def _slo(job: Job, sims: list[Any], sampler: FleetSampler) -> RunMetrics:
-    # Imported here: the scenarios module dispatches to this one.
-    from llmbatch_bench.scenarios import run_job
-
     urls = [s.base_url for s in sims]
     served = await asyncio.to_thread(discover, urls[0], None, None)
     contender = LlmbatchContender(
@@ -420,4 +418,4 @@ async def _slo(job: Job, sims: list[Any], sampler: FleetSampler) -> RunMetrics:
         slo_tpot=job.slo_tpot,
     )
     mixed = dataclasses.replace(job, kind="mixed", base_url=urls[0], trace=False)
-    return await run_job(mixed, contender)
+    return await run_workload(mixed, contender)

@@ -130,9 +130,10 @@ def _tokens(sim: Any) -> int:
 
 
 class _Probe:
-    """Times one lease-script round trip to Redis every 10 ms from a quiet thread of
-    this (otherwise idle) process: the round trip itself, without a busy event loop's
-    wait around it."""
+    """Times one round trip to Redis (a ``PING``) every 10 ms from a quiet thread of
+    this (otherwise idle) process: Redis's own latency while the workers lease from
+    it, without a busy event loop's wait around it. (Each lease call pays this round
+    trip plus its Lua script's few microseconds of work on the server.)"""
 
     def __init__(self, redis_url: str) -> None:
         import threading
@@ -145,14 +146,10 @@ class _Probe:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        from llmbatch._redis.scripts import RATE_LEASE, rate_keys
-
-        script = self._db.register_script(RATE_LEASE)
-        args: list[str | float] = ["probe", "0", 1, 1, 0, 0, 0, 0, 0.25, 0.25, 1.0, 10.0, "0"]
-        script(keys=rate_keys("probe"), args=args)  # connects, loads the script
+        self._db.ping()  # connects
         while not self._stop.wait(0.01):
             started = time.perf_counter()
-            script(keys=rate_keys("probe"), args=args)
+            self._db.ping()
             self.samples.append(time.perf_counter() - started)
 
     def __enter__(self) -> _Probe:
@@ -215,12 +212,12 @@ def _inflight_part(budget: int, n: int, seconds: float, lease: float,
                    redis_url: str) -> dict[str, Any]:  # fmt: skip
     import redis
 
-    from llmbatch._redis.scripts import seat_keys
     from llmbatch_server.testing import run_simulator
 
     db = redis.Redis.from_url(redis_url, decode_responses=True)
     key = f"bench-inflight-{os.getpid()}-{time.time_ns()}"
-    held_key = seat_keys(key)[0]
+    # The documented key of what each process holds (docs/shared-limits.md).
+    held_key = f"llmbatch:{{{key}}}:seats-held"
 
     def holds() -> dict[str, int]:
         return {str(m): int(v.split()[0]) for m, v in db.hgetall(held_key).items()}

@@ -86,15 +86,12 @@ def _name(exc: BaseException) -> str:
 
 
 def aiohttp_transport() -> Any:
-    """llmbatch's own default transport with its default limits and timeouts.
+    """llmbatch's own default transport with its default limits and timeouts:
+    wrapping the very transport a default client uses keeps the measurement about
+    llmbatch."""
+    from llmbatch.transports import AiohttpTransport
 
-    Private to the library, used here as ``tests/reliability`` does: wrapping the
-    very transport a default client uses keeps the measurement about llmbatch.
-    """
-    import llmbatch
-    from llmbatch._transports.aiohttp import AiohttpTransport
-
-    return AiohttpTransport(limits=llmbatch.DEFAULT_LIMITS, timeout=llmbatch.DEFAULT_TIMEOUT)
+    return AiohttpTransport()
 
 
 def sent_between(log: Sequence[Exchange], start: float, end: float) -> list[Exchange]:

@@ -1,5 +1,5 @@
 """Where a request ends: its outcome is set here, once (the first wins), then counted
-by the recorder and told to the tracer. The dispatcher settles what a server
+by the recorder and told to the observers. The dispatcher settles what a server
 answered; the engine what never reached one, or was cancelled on the way.
 
 Setting an outcome and counting it go through this one door, so no outcome goes
@@ -15,8 +15,8 @@ from llmbatch._exceptions import DeadlineExceeded, LLMBatchError, RequestCancell
 
 if TYPE_CHECKING:
     from llmbatch._calls.request import Request
+    from llmbatch._observers import Observers
     from llmbatch._recorder import StatsRecorder
-    from llmbatch._tracing import Tracer
 
 __all__ = ["Outcomes"]
 
@@ -24,12 +24,11 @@ __all__ = ["Outcomes"]
 class Outcomes:
     """Settles requests for one client, counting each outcome in its recorder."""
 
-    __slots__ = ("recorder", "tracer")
+    __slots__ = ("observers", "recorder")
 
-    def __init__(self, recorder: StatsRecorder) -> None:
+    def __init__(self, recorder: StatsRecorder, observers: Observers) -> None:
         self.recorder = recorder
-        self.tracer: Tracer | None = None
-        """Ends each request's span as it settles, when tracing is on."""
+        self.observers = observers
 
     def answered(
         self,
@@ -42,7 +41,7 @@ class Outcomes:
         """Give each request of one answered batch its value, and count those it
         settles (one settled already, cancelled or past its deadline, keeps its
         outcome). A batch shares its tier, so it is counted in one go."""
-        tracer = self.tracer
+        observers = self.observers
         latencies: list[float] = []
         retried = prompt_total = completion_total = 0
         # Per tenant: prompt and completion tokens, latencies. A batch's requests
@@ -70,8 +69,8 @@ class Outcomes:
                 entry[0] += prompt
                 entry[1] += completion
                 entry[2].append(latency)
-            if tracer is not None:
-                tracer.request_settled(request)
+            if request.kept is not None:  # started with observers (some may be gone since)
+                observers.request_ended(request)
         recorder = self.recorder
         recorder.answered(
             requests[0].priority, latencies, retried, prompt_total, completion_total, now
@@ -92,8 +91,8 @@ class Outcomes:
             cancelled=isinstance(error, RequestCancelled | DeadlineExceeded),
             retried=request.retried,
         )
-        if self.tracer is not None:
-            self.tracer.request_settled(request)
+        if request.kept is not None:
+            self.observers.request_ended(request)
         return True
 
     def cancelled(self, request: Request, reason: str) -> bool:

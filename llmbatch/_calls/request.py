@@ -64,6 +64,7 @@ class Request:
         "flight",
         "group_key",
         "index",
+        "kept",
         "messages",
         "metadata",
         "might_not_fit",
@@ -79,7 +80,6 @@ class Request:
         "seq",
         "spec",
         "state",
-        "trace",
         "value",
     )
 
@@ -138,8 +138,9 @@ class Request:
         """A map item's position in the inputs."""
         self.metadata: object = None
         """A map item's metadata, handed back in its Result."""
-        self.trace: object = None
-        """The tracer's record of it (a span), when tracing is on."""
+        self.kept: Any = None
+        """What the observers keep for it (a span, say), with the observers that
+        started it, while it runs (``_observers.Observers``); None when none."""
         self.replica = 0
         """The server it was last sent to (an index into the scheduler's replicas)."""
         self.prefix: tuple[int, ...] = ()
@@ -178,6 +179,28 @@ class Request:
     def id(self) -> str:
         """The request id that errors carry (``req-17``)."""
         return f"req-{self.seq}"
+
+    # What an observer reads of it (``llmbatch.ObservedRequest``), from its spec.
+
+    @property
+    def kind(self) -> Kind:
+        return self.spec.kind
+
+    @property
+    def model(self) -> str:
+        return self.spec.model
+
+    @property
+    def tenant(self) -> str | None:
+        return self.spec.tenant
+
+    @property
+    def max_tokens(self) -> int:
+        return self.spec.max_tokens
+
+    @property
+    def stream(self) -> bool:
+        return self.spec.stream
 
     def __repr__(self) -> str:
         return f"<Request {self.id} {self.priority.value} state={self.state}>"

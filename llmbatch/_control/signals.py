@@ -14,36 +14,22 @@ by itself. Pure: time is passed in.
 
 from __future__ import annotations
 
-import enum
+from llmbatch._stats import SignalSource
 
-__all__ = ["LIVE_FOR", "STEP_TIME_SOURCES", "Signals", "Source"]
+__all__ = ["LIVE_FOR", "STEP_TIME_SOURCES", "Signals"]
 
 #: Seconds a source stays live after its last sample (``/metrics`` is read every
 #: 0.5 s while the client has work on the server).
 LIVE_FOR = 5.0
 
 
-class Source(enum.StrEnum):
-    """A source of samples about a server, as ``stats()`` names it."""
-
-    LOAD_HEADER = "load_header"
-    """vLLM's ``endpoint-load-metrics`` response header: its queue and KV cache."""
-    METRICS_GAUGES = "metrics_gauges"
-    """``/metrics`` gauges: requests running and waiting, KV-cache use."""
-    METRICS_STEP_TIME = "metrics_step_time"
-    """``/metrics`` inter-token (or per-output-token) latency histogram."""
-    STREAM_TIMING = "stream_timing"
-    """Streamed answers: time to first token and per-token time, as they arrive."""
-    ANSWER_LATENCY = "answer_latency"
-    """Non-streamed answers: latency per generated token (an upper bound of the step
-    time: it includes the prefill and the queue)."""
-    OVERLOAD_STATUS = "overload_status"
-    """429 and 503 answers."""
-
-
 #: Where the step time may come from, best first: the server's own histogram, then
 #: streamed per-token times, then answers' latency per token.
-STEP_TIME_SOURCES = (Source.METRICS_STEP_TIME, Source.STREAM_TIMING, Source.ANSWER_LATENCY)
+STEP_TIME_SOURCES = (
+    SignalSource.METRICS_STEP_TIME,
+    SignalSource.STREAM_TIMING,
+    SignalSource.ANSWER_LATENCY,
+)
 
 
 class Signals:
@@ -52,24 +38,24 @@ class Signals:
     __slots__ = ("_seen",)
 
     def __init__(self) -> None:
-        self._seen: dict[Source, float] = {}
+        self._seen: dict[SignalSource, float] = {}
 
-    def saw(self, source: Source, now: float) -> None:
+    def saw(self, source: SignalSource, now: float) -> None:
         """``source`` delivered a sample at ``now``."""
         self._seen[source] = now
 
-    def is_live(self, source: Source, now: float) -> bool:
+    def is_live(self, source: SignalSource, now: float) -> bool:
         """Whether ``source`` delivered a sample within the last ``LIVE_FOR`` s."""
         seen = self._seen.get(source)
         return seen is not None and now - seen <= LIVE_FOR
 
-    def best(self, now: float, sources: tuple[Source, ...]) -> Source | None:
+    def best(self, now: float, sources: tuple[SignalSource, ...]) -> SignalSource | None:
         """The first of ``sources`` that is live (None if none is)."""
         return next((source for source in sources if self.is_live(source, now)), None)
 
     def live(self, now: float) -> tuple[str, ...]:
-        """The live sources' names, in ``Source`` order."""
-        return tuple(source.value for source in Source if self.is_live(source, now))
+        """The live sources' names, in ``SignalSource`` order."""
+        return tuple(source.value for source in SignalSource if self.is_live(source, now))
 
     def forget(self) -> None:
         """Hear every source afresh (a server back from an outage may be another

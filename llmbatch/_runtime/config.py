@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import sniffio
@@ -33,6 +33,7 @@ from llmbatch._config import (
     parse_priority,
 )
 from llmbatch._exceptions import ConfigError, ConfigTypeError, InvalidRequestError
+from llmbatch._observers import Observer
 from llmbatch._replicas import Replica, check_api_key, env, resolve
 from llmbatch._runtime.fleet import ServerConfig
 from llmbatch._transports.base import Transport
@@ -68,6 +69,8 @@ class ClientConfig:
     """Each named tenant's limits (``"*"``: every named tenant not listed)."""
     send_tenant_as_user: bool = True
     """A call's tenant goes to the server as OpenAI's ``user`` (unless it has one)."""
+    observers: tuple[Observer, ...] = ()
+    """What sees the client's requests as they happen (``llmbatch.Observer``)."""
 
     @classmethod
     def build(
@@ -92,6 +95,7 @@ class ClientConfig:
         drain_timeout: object,
         tenants: object = None,
         send_tenant_as_user: object = True,
+        observers: object = (),
     ) -> ClientConfig:
         """Check every argument; raises :class:`ConfigError` (or
         :class:`ConfigTypeError`) naming the first that is wrong."""
@@ -185,6 +189,7 @@ class ClientConfig:
             drain_timeout=float(drain_timeout),
             tenants=_tenants(tenants),
             send_tenant_as_user=send_tenant_as_user,
+            observers=check_observers(observers),
         )
 
     def headers(self, api_key: str | None) -> dict[str, str]:
@@ -273,3 +278,31 @@ def _policies(batching: object) -> dict[Priority, BatchPolicy]:
         except InvalidRequestError as exc:
             raise ConfigError(f"batching: {exc}", field="batching") from None
     return policies
+
+
+def check_observers(observers: object) -> tuple[Observer, ...]:
+    """``observers=``: a list (or any sequence) of :class:`llmbatch.Observer`."""
+    if isinstance(observers, Observer):
+        raise ConfigTypeError(
+            "observers must be a list of llmbatch.Observer: put the one in a list",
+            field="observers",
+        )
+    if isinstance(observers, str | bytes) or not isinstance(observers, Sequence):
+        raise ConfigTypeError(
+            f"observers must be a list of llmbatch.Observer, got {type(observers).__name__}",
+            field="observers",
+        )
+    for observer in observers:
+        check_observer(observer)
+    return tuple(observers)
+
+
+def check_observer(observer: object) -> Observer:
+    """One observer: an instance of a subclass of :class:`llmbatch.Observer`."""
+    if not isinstance(observer, Observer):
+        raise ConfigTypeError(
+            "an observer must be an instance of a subclass of llmbatch.Observer, got "
+            f"{type(observer).__name__}",
+            field="observers",
+        )
+    return observer

@@ -40,9 +40,9 @@ from llmbatch._servers.server import Server
 if TYPE_CHECKING:
     from llmbatch._calls.outcome import Outcomes
     from llmbatch._clock import Clock
+    from llmbatch._observers import Observers
     from llmbatch._recorder import StatsRecorder
     from llmbatch._scheduler import Scheduler
-    from llmbatch._tracing import Tracer
     from llmbatch._transports.base import Transport
 
 __all__ = ["Endpoints", "Fleet"]
@@ -71,8 +71,9 @@ class ServerConfig:
 class Fleet:
     """Every server of one client, from opening to closing."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, observers: Observers) -> None:
         self._config = config
+        self._observers = observers
         self._servers: list[Server] = []
         self._transports: list[Transport] = []
         self._engine: Engine | None = None
@@ -80,8 +81,6 @@ class Fleet:
         self._model: str | None = None
         self._parts: tuple[Scheduler, StatsRecorder, Outcomes, Clock] | None = None
         """What a new server's dispatcher is made with (set when the engine starts)."""
-        self.tracer: Tracer | None = None
-        """Records each HTTP request as a span, when tracing is on."""
 
     # -- opening ---------------------------------------------------------------------
 
@@ -181,21 +180,15 @@ class Fleet:
             retry=self._config.retry,
             stats=stats,
             outcomes=outcomes,
+            observers=self._observers,
             rate=scheduler.rate,
             priority_scheduling=self._config.priority_scheduling,
             clock=clock,
         )
-        dispatcher.tracer = self.tracer
         dispatcher.fail_over = lambda: health.can_fail_over(server)
         server.dispatcher = dispatcher
         server.on_back = lambda: self._learn(server)
         self._servers.append(server)
-
-    def set_tracer(self, tracer: Tracer | None) -> None:
-        self.tracer = tracer
-        for server in self._servers:
-            if server.dispatcher is not None:
-                server.dispatcher.tracer = tracer
 
     def _hold_out(self, server: Server, now: float) -> None:
         logger.warning(

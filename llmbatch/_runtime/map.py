@@ -185,8 +185,9 @@ class MapRunner:
 
     def _run(self, window: int, tracker: ProgressTracker | None, *, collect: bool) -> _Run:
         run = _Run(window, tracker, collect=collect, structured=self._structured)
-        if self._submitter.tracer is not None:
-            run.trace_parent = self._submitter.tracer.capture()
+        observers = self._submitter.observers
+        if observers.on:
+            run.trace_parent = observers.capture()
         return run
 
     def _structured(self, run: _Run, request: Request) -> Result[Any] | None:

@@ -35,6 +35,7 @@ from llmbatch._calls.outcome import Outcomes
 from llmbatch._calls.spec import SpecCache
 from llmbatch._clock import loop_clock
 from llmbatch._exceptions import ClientClosedError
+from llmbatch._observers import Observers
 from llmbatch._recorder import StatsRecorder
 from llmbatch._redis.sharing import SharedBudgets
 from llmbatch._runtime.config import ClientConfig
@@ -44,7 +45,6 @@ from llmbatch._runtime.map import MapRunner
 from llmbatch._runtime.submitter import Submitter
 from llmbatch._scheduler import Scheduler
 from llmbatch._stats import Stats
-from llmbatch._tracing import Tracer
 
 __all__ = ["Runtime", "State"]
 
@@ -68,12 +68,13 @@ class Runtime:
 
     def __init__(self, config: ClientConfig) -> None:
         self._config = config
-        self._tracer: Tracer | None = None
+        self.observers = Observers(config.observers)
+        """What sees the client's requests (kept across a reopening on a new loop)."""
         self._reset()
 
     def _reset(self) -> None:
         """Unopened: every part its opening builds forgotten (the configuration and
-        tracer kept)."""
+        observers kept)."""
         config = self._config
         self.state = State.UNOPENED
         self.model = config.model
@@ -84,7 +85,6 @@ class Runtime:
         self.map: MapRunner | None = None
         self.task_group: TaskGroup | None = None
         self._submitter: Submitter | None = None
-        self._outcomes: Outcomes | None = None
         self._stack: AsyncExitStack | None = None
         self._host: asyncio.Task[None] | None = None
         self._opening: asyncio.Task[None] | None = None
@@ -112,7 +112,7 @@ class Runtime:
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:
-            fleet = Fleet(config.server_config())
+            fleet = Fleet(config.server_config(), self.observers)
             stack.push_async_callback(fleet.aclose)
             self.model, self.max_model_len = await fleet.open(config.replicas, self.model)
             now = loop_clock()
@@ -123,7 +123,7 @@ class Runtime:
                 rate_limit=config.rate_limit,
                 tenants=config.tenants,
             )
-            outcomes = Outcomes(stats)
+            outcomes = Outcomes(stats, self.observers)
             engine = fleet.start(scheduler, stats, outcomes, now)
             self.fleet = fleet
             loop = (
@@ -137,7 +137,9 @@ class Runtime:
                 dialect=dialect,
                 version=version,
             )
-            self._submitter = Submitter(engine, specs, clock=now, loop=loop)
+            self._submitter = Submitter(
+                engine, specs, clock=now, loop=loop, observers=self.observers
+            )
             if loop is not None:
                 tg = await self._start_host(loop, engine)
             else:
@@ -148,10 +150,8 @@ class Runtime:
                 self._shared.start(tg, scheduler, engine.wake, now)
                 engine.shared_stats = self._shared.stats
                 stack.push_async_callback(self._shared.aclose)
-            self._outcomes = outcomes
             self.map = MapRunner(self._submitter, tg)
             self.engine = engine
-            self._install_tracer()
         except BaseException:
             await stack.aclose()
             raise
@@ -353,11 +353,6 @@ class Runtime:
             _ABANDONED.add(closing)  # the loop keeps only a weak reference to a task
             closing.add_done_callback(_ABANDONED.discard)
 
-    @property
-    def tenant_names(self) -> frozenset[str]:
-        """The tenants named in ``Client(tenants=...)`` (``"*"`` left out)."""
-        return frozenset(self._config.tenants) - {"*"}
-
     def stats(self) -> Stats:
         """A snapshot, taken on the client's loop (waiting for it from other threads)."""
         engine = self.engine
@@ -366,21 +361,6 @@ class Runtime:
         if self.state is State.OPEN and self._in_loop is not None:
             return self._in_loop(engine.snapshot)
         return engine.snapshot()
-
-    def set_tracer(self, tracer: Tracer | None) -> None:
-        """Record requests and HTTP requests with ``tracer`` (None: stop), before or
-        after opening."""
-        self._tracer = tracer
-        if self.engine is not None:
-            self._install_tracer()
-
-    def _install_tracer(self) -> None:
-        assert self._submitter is not None
-        assert self._outcomes is not None
-        assert self.fleet is not None
-        tracer = self._tracer
-        self._submitter.tracer = self._outcomes.tracer = tracer
-        self.fleet.set_tracer(tracer)
 
 
 class _LoopCaller:

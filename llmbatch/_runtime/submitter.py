@@ -17,9 +17,9 @@ from llmbatch._calls.spec import CallSpec, SpecCache
 from llmbatch._calls.structured import Reask, Verdict, check_answer
 from llmbatch._calls.validate import TOKEN_OVERHEAD, check_messages, check_prompt, input_bytes
 from llmbatch._clock import Clock
+from llmbatch._observers import Observers
 from llmbatch._runtime.engine import Engine
 from llmbatch._scheduler import Batch
-from llmbatch._tracing import Tracer
 
 __all__ = ["Submitter"]
 
@@ -38,13 +38,13 @@ class Submitter:
         *,
         clock: Clock,
         loop: asyncio.AbstractEventLoop | None,
+        observers: Observers,
     ) -> None:
         self.engine = engine
         self.specs = specs
         self.now = clock
         self._loop = loop
-        self.tracer: Tracer | None = None
-        """Starts each request's span, when tracing is on."""
+        self.observers = observers
         self._hot = HotPrefixes()
 
     def request(self, spec: CallSpec, payload: object, parent: object = None) -> Request:
@@ -68,8 +68,8 @@ class Submitter:
             self.engine.check_tenant_size(request)
         if self.engine.routing:
             self._key(request)
-        if self.tracer is not None:
-            self.tracer.request_started(request, parent)
+        if self.observers.on:
+            self.observers.request_started(request, parent)
         if max_model_len is not None:
             size = input_bytes(request.prompt, request.messages)
             if size + TOKEN_OVERHEAD + spec.max_tokens > max_model_len:

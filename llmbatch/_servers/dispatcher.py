@@ -56,6 +56,7 @@ from llmbatch._models import (
     Embedding,
     make_answer,
 )
+from llmbatch._observers import ObservedBatch, Observers
 from llmbatch._recorder import StatsRecorder
 from llmbatch._scheduler.budgets import RateBudget
 from llmbatch._servers.kinds import PriorityField
@@ -78,7 +79,6 @@ from llmbatch._servers.wire import (
     split_usage,
     too_long,
 )
-from llmbatch._tracing import Tracer
 from llmbatch._transports.base import HTTPRequest, HTTPResponse
 
 __all__ = ["Dispatcher"]
@@ -140,6 +140,7 @@ class Dispatcher:
         retry: RetryPolicy,
         stats: StatsRecorder,
         outcomes: Outcomes,
+        observers: Observers,
         rate: RateBudget | None = None,
         priority_scheduling: bool | None = None,
         clock: Clock = time.monotonic,
@@ -156,8 +157,7 @@ class Dispatcher:
         self._priority_scheduling = priority_scheduling
         self.chat_batch: bool | None = None
         """Whether the server has /chat/completions/batch: None until the first try."""
-        self.tracer: Tracer | None = None
-        """Records each HTTP request as a span, when tracing is on."""
+        self._observers = observers
         self.fail_over: Callable[[], bool] | None = None
         """Whether another replica takes batches now (several servers only)."""
         self._models_read: tuple[float, list[str]] | None = None
@@ -211,7 +211,9 @@ class Dispatcher:
             return
         body = route.body(live, self._rank(live))
         try:
-            content = await self._with_retries(live, lambda: self._post(route.path, live, body))
+            content = await self._with_retries(
+                route.path, live, lambda: self._post(route.path, live, body)
+            )
             answers = route.parse(content, live)
         except _Unavailable:
             self._requeue(live)
@@ -393,7 +395,7 @@ class Dispatcher:
 
         requeued = False
         try:
-            await self._with_retries([request], exchange, retry_if=lambda: not sent)
+            await self._with_retries(path, [request], exchange, retry_if=lambda: not sent)
         except _Unavailable:
             # Nothing was sent to the caller yet: the stream waits out the outage in
             # the queue like any request, its caller still reading.
@@ -464,17 +466,18 @@ class Dispatcher:
             server.on_sent(sent_at, len(requests) * spec.n, tokens, bulk=True)
         else:
             server.on_sent(sent_at, len(requests) * spec.n)
-        tracer = self.tracer
-        if tracer is None:
+        observers = self._observers
+        if not observers.on:
             response = await server.transport.send(HTTPRequest("POST", url, headers, body))
         else:
-            handle = tracer.http_started(path, url, requests)
+            batch = _observed(path, url, requests)
+            sent = observers.batch_sent(batch)
             try:
                 response = await server.transport.send(HTTPRequest("POST", url, headers, body))
             except BaseException as exc:
-                tracer.http_ended(handle, None, exc)
+                observers.batch_answered(batch, sent, None, exc)
                 raise
-            tracer.http_ended(handle, response.status, None)
+            observers.batch_answered(batch, sent, response.status, None)
         server.on_response(response.status, response.headers, self._now(), sent_at)
         return response
 
@@ -490,6 +493,7 @@ class Dispatcher:
 
     async def _with_retries(
         self,
+        path: str,
         requests: Sequence[Request],
         call: Callable[[], Awaitable[T]],
         retry_if: Callable[[], bool] | None = None,
@@ -536,7 +540,7 @@ class Dispatcher:
                     and self._retryable(exc, requests, _can(retry_if))
                 )
             ),
-            before_sleep=lambda state: self._before_sleep(requests, state, attempts),
+            before_sleep=lambda state: self._before_sleep(path, requests, state, attempts),
             sleep=anyio.sleep,
             reraise=True,
         )
@@ -596,10 +600,17 @@ class Dispatcher:
             delay = max(delay, self._rate.reserve(self._now(), tokens))
         return delay
 
-    def _before_sleep(self, requests: Sequence[Request], state: Any, attempts: int) -> None:
+    def _before_sleep(
+        self, path: str, requests: Sequence[Request], state: Any, attempts: int
+    ) -> None:
         self._stats.retries += 1
         sleep = state.next_action.sleep if state.next_action is not None else 0.0
-        self._log_retry(requests, state.attempt_number, attempts, sleep, _failure(state))
+        error = _failure(state)
+        self._log_retry(requests, state.attempt_number, attempts, sleep, error)
+        if self._observers.on:
+            url = self.server.base_url + path + requests[0].spec.query
+            batch = _observed(path, url, requests, attempt=state.attempt_number)
+            self._observers.batch_retrying(batch, error, sleep)
 
     async def _unknown_model(self, error: NotFoundError, model: str) -> NotFoundError:
         """A 404 that names no route (an OpenAI error object: vLLM's "The model `x`
@@ -804,3 +815,16 @@ def _suspect_parts(requests: list[Request], tokens: int) -> list[list[Request]] 
 
 def _size(request: Request) -> int:
     return input_bytes(request.prompt, request.messages)
+
+
+def _observed(
+    path: str, url: str, requests: Sequence[Request], *, attempt: int | None = None
+) -> ObservedBatch:
+    """An HTTP request as observers see it (made only when some are added)."""
+    return ObservedBatch(
+        path=path,
+        url=url,
+        requests=tuple(requests),
+        priority=requests[0].priority,
+        attempt=requests[0].attempts if attempt is None else attempt,
+    )

@@ -24,7 +24,7 @@ import anyio
 from llmbatch._config import SLO, Limits, Priority, RetryPolicy
 from llmbatch._control.admission import AdmissionController, Pace
 from llmbatch._control.breaker import Breaker, BreakerState
-from llmbatch._control.signals import STEP_TIME_SOURCES, Signals, Source
+from llmbatch._control.signals import STEP_TIME_SOURCES, Signals
 from llmbatch._exceptions import RequestError
 from llmbatch._servers.kinds import (
     GENERIC,
@@ -43,6 +43,7 @@ from llmbatch._servers.load import (
     parse_metrics,
 )
 from llmbatch._servers.model_list import fetch
+from llmbatch._stats import SignalSource
 from llmbatch._transports.base import HTTPRequest, Transport
 
 if TYPE_CHECKING:
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
     from llmbatch._replicas import Replica
     from llmbatch._scheduler import Seats
     from llmbatch._servers.model_list import ModelList
-    from llmbatch._tracing import Tracer
 
 __all__ = ["Sender", "Server"]
 
@@ -67,8 +67,6 @@ MIN_TOKENS_FOR_STEP_SAMPLE = 4
 class Sender(Protocol):
     """What talks to a server (``_dispatcher.Dispatcher``; named here so that the
     server does not depend on the dispatcher, which depends on it)."""
-
-    tracer: Tracer | None
 
     @property
     def ranks_tiers(self) -> bool:
@@ -199,7 +197,7 @@ class Server:
         controller = self.controller
         signals = self.signals
         ttft = tpot = None
-        source = Source.STREAM_TIMING
+        source = SignalSource.STREAM_TIMING
         if first_token_at is not None:
             ttft = first_token_at - (now - latency)
             if tokens > 1:
@@ -208,7 +206,7 @@ class Server:
         else:
             if tokens >= MIN_TOKENS_FOR_STEP_SAMPLE:
                 tpot = latency / tokens  # an upper bound: it includes the prefill
-                source = Source.ANSWER_LATENCY
+                source = SignalSource.ANSWER_LATENCY
                 signals.saw(source, now)
             step = controller.step_time
             if tier is Priority.REALTIME and step is not None and tokens >= 1:
@@ -293,7 +291,7 @@ class Server:
         if status in (429, 503):
             if self.breaker.state is BreakerState.CLOSED:  # (not an outage's 503s)
                 self.controller.on_overload()
-                self.signals.saw(Source.OVERLOAD_STATUS, now)
+                self.signals.saw(SignalSource.OVERLOAD_STATUS, now)
         else:
             self.controller.on_answer()
         if status == 503:
@@ -310,7 +308,7 @@ class Server:
             load = parse_load_header(raw)
             self._load_report = (raw, load)
         if load is not None:
-            self.signals.saw(Source.LOAD_HEADER, now)
+            self.signals.saw(SignalSource.LOAD_HEADER, now)
             self.controller.on_load(
                 now, waiting=load.waiting, running=load.running, kv_usage=load.kv_usage
             )
@@ -439,12 +437,12 @@ class Server:
         controller = self.controller
         load = sample.load
         if load.waiting is not None or load.running is not None or load.kv_usage is not None:
-            self.signals.saw(Source.METRICS_GAUGES, now)
+            self.signals.saw(SignalSource.METRICS_GAUGES, now)
         controller.on_load(now, waiting=load.waiting, running=load.running, kv_usage=load.kv_usage)
         if sample.tpot_count is not None:
             # The histogram is there (even when no token was generated since the last
             # read): the server measures the step time better than answers can.
-            self.signals.saw(Source.METRICS_STEP_TIME, now)
+            self.signals.saw(SignalSource.METRICS_STEP_TIME, now)
         last = self._last_metrics
         if last is not None:
             step = _mean_since(sample.tpot_sum, sample.tpot_count, last.tpot_sum, last.tpot_count)

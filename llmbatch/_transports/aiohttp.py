@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 import aiohttp
 
-from llmbatch._config import Limits, Timeout
+from llmbatch._config import DEFAULT_LIMITS, DEFAULT_TIMEOUT, Limits, Timeout
 from llmbatch._exceptions import (
     ConnectTimeout,
     PoolTimeout,
@@ -241,9 +241,19 @@ class _Response:
 
 
 class AiohttpTransport:
-    """aiohttp session with ``Limits.max_connections`` connections and keep-alive expiry."""
+    """The default transport on asyncio: an aiohttp session with
+    ``Limits.max_connections`` connections, keep-alive expiry and ``Timeout``'s
+    bounds (the defaults are a default client's). Public as
+    ``llmbatch.transports.AiohttpTransport``, to be wrapped by a transport of your
+    own (one that logs, or signs requests) and passed as ``Client(transport=...)``."""
 
-    def __init__(self, *, limits: Limits, timeout: Timeout, verify: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        limits: Limits = DEFAULT_LIMITS,
+        timeout: Timeout = DEFAULT_TIMEOUT,
+        verify: bool = True,
+    ) -> None:
         self._limits = limits
         self._timeout = aiohttp.ClientTimeout(
             total=None,
@@ -278,6 +288,8 @@ class AiohttpTransport:
         return self._session
 
     async def send(self, request: HTTPRequest) -> HTTPResponse:
+        """Send ``request``; its answer (headers read, body still to read), or the
+        failure as llmbatch's :class:`TransportError`."""
         session = self._open()
         pool_full = self._active >= self._limits.max_connections
         self._active += 1
@@ -305,6 +317,7 @@ class AiohttpTransport:
         self._active -= 1
 
     async def aclose(self) -> None:
+        """Close every connection (a client does it when it closes)."""
         if self._watch is not None:
             self._watch.close()
         if self._session is not None:

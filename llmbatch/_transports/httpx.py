@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import httpx
 
-from llmbatch._config import Limits, Timeout
+from llmbatch._config import DEFAULT_LIMITS, DEFAULT_TIMEOUT, Limits, Timeout
 from llmbatch._exceptions import (
     ConnectTimeout,
     PoolTimeout,
@@ -92,9 +92,18 @@ class _Response:
 
 
 class HttpxTransport:
-    """httpx.AsyncClient with bounded connections and explicit timeouts."""
+    """The portable transport (asyncio and trio): an ``httpx.AsyncClient`` with
+    bounded connections and explicit timeouts (the defaults are a default client's).
+    Public as ``llmbatch.transports.HttpxTransport``, to be wrapped like
+    :class:`AiohttpTransport`."""
 
-    def __init__(self, *, limits: Limits, timeout: Timeout, verify: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        limits: Limits = DEFAULT_LIMITS,
+        timeout: Timeout = DEFAULT_TIMEOUT,
+        verify: bool = True,
+    ) -> None:
         self._client = httpx.AsyncClient(
             limits=httpx.Limits(
                 max_connections=limits.max_connections,
@@ -109,6 +118,8 @@ class HttpxTransport:
         )
 
     async def send(self, request: HTTPRequest) -> HTTPResponse:
+        """Send ``request``; its answer (headers read, body still to read), or the
+        failure as llmbatch's :class:`TransportError`."""
         built = self._client.build_request(
             request.method, request.url, content=request.body, headers=dict(request.headers)
         )
@@ -117,4 +128,5 @@ class HttpxTransport:
         return _Response(response)
 
     async def aclose(self) -> None:
+        """Close every connection (a client does it when it closes)."""
         await self._client.aclose()

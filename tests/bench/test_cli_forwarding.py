@@ -3,8 +3,6 @@ and says how to install it when it is missing."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from llmbatch import _cli
@@ -30,15 +28,23 @@ def test_bench_help_is_the_bench_help(capsys: pytest.CaptureFixture[str]) -> Non
 def test_missing_bench_package_gives_install_hint(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # None in sys.modules makes `import llmbatch_bench` fail as if not installed.
-    for name in [m for m in sys.modules if m.split(".")[0] == "llmbatch_bench"]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "llmbatch_bench", None)
+    # Not installed: no package registers the `bench` command.
+    monkeypatch.setattr(_cli, "entry_points", lambda group: ())
     assert _cli.main(["bench", "--n", "5"]) == 2
     err = capsys.readouterr().err
     assert "pip install -e ./bench" in err
     # Only what works: the package is on no registry yet.
     assert "pip install llmbatch-bench" not in err
+
+
+def test_the_bench_package_registers_the_command() -> None:
+    # `llmbatch bench` names no package: it runs what registers as `bench`.
+    from importlib.metadata import entry_points
+
+    [command] = [e for e in entry_points(group=_cli.COMMANDS_GROUP) if e.name == "bench"]
+    assert command.value == "llmbatch_bench.cli:main"
+    assert command.dist is not None
+    assert command.dist.name == "llmbatch-bench"
 
 
 def test_other_subcommands_still_reject_unknown_arguments(

@@ -24,6 +24,7 @@ from llmbatch import (
     ServerError,
 )
 from llmbatch._calls.outcome import Outcomes
+from llmbatch._observers import Observers
 from llmbatch._recorder import LATENCY_BOUNDS, RATE_WINDOW, StatsRecorder
 from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
 
@@ -32,7 +33,7 @@ QUIET = {p: 0 for p in Priority}
 
 def settle(recorder: StatsRecorder, at: float, latency: float, tokens: int = 10) -> None:
     request = make_request(Priority.BATCH, at=at - latency)
-    Outcomes(recorder).answered([request], [object()], at, [3], [tokens])
+    Outcomes(recorder, Observers()).answered([request], [object()], at, [3], [tokens])
     assert request.done
 
 
@@ -64,7 +65,7 @@ def test_histograms_count_every_observation_in_its_bucket() -> None:
     latencies = [0.001, 0.005, 0.02, 0.3, 7.0, 1000.0]
     for latency in latencies:  # asked at 0, answered at the latency: exact, on the bounds
         request = make_request(Priority.BATCH, at=0.0)
-        Outcomes(recorder).answered([request], [object()], latency, [3], [10])
+        Outcomes(recorder, Observers()).answered([request], [object()], latency, [3], [10])
     for size in (1, 3, 64, 2000):
         recorder.batch_sent(size)
     stats = recorder.snapshot(2000.0, QUIET, QUIET)
@@ -93,7 +94,7 @@ def test_cancellations_and_deadlines_count_as_cancelled_not_failed() -> None:
         RequestCancelled("gone"),
         ServerError("boom", status_code=500),
     ):
-        assert Outcomes(recorder).failed(make_request(Priority.NORMAL), error)
+        assert Outcomes(recorder, Observers()).failed(make_request(Priority.NORMAL), error)
     tier = recorder.snapshot(1.0, QUIET, QUIET).tiers[Priority.NORMAL]
     assert (tier.cancelled, tier.failed, tier.done) == (2, 1, 0)
     assert tier.latency_histogram.count == 0  # failures are not latency samples

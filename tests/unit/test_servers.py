@@ -12,6 +12,7 @@ from fake_server import FakeServer
 
 import llmbatch
 from llmbatch._calls.outcome import Outcomes
+from llmbatch._observers import Observers
 from llmbatch._recorder import StatsRecorder
 from llmbatch._servers.dispatcher import Dispatcher
 from llmbatch._servers.kinds import (
@@ -239,7 +240,8 @@ def test_a_refill_queue_only_where_the_server_puts_realtime_first(
         server=server,
         retry=llmbatch.RetryPolicy(),
         stats=(recorder := StatsRecorder(started_at=0.0)),
-        outcomes=Outcomes(recorder),
+        outcomes=Outcomes(recorder, observers := Observers()),
+        observers=observers,
         priority_scheduling=priority_scheduling,
     )
     server.dispatcher = dispatcher

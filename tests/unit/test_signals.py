@@ -11,15 +11,16 @@ import httpx
 import pytest
 
 import llmbatch
-from llmbatch._control.signals import LIVE_FOR, STEP_TIME_SOURCES, Signals, Source
+from llmbatch._control.signals import LIVE_FOR, STEP_TIME_SOURCES, Signals
+from llmbatch._stats import SignalSource
 from llmbatch_server.testing import run_simulator
 
 
 def test_a_source_is_live_for_a_while_after_its_last_sample() -> None:
     signals = Signals()
     assert signals.live(0.0) == ()
-    signals.saw(Source.ANSWER_LATENCY, 10.0)
-    signals.saw(Source.LOAD_HEADER, 12.0)
+    signals.saw(SignalSource.ANSWER_LATENCY, 10.0)
+    signals.saw(SignalSource.LOAD_HEADER, 12.0)
     assert signals.live(12.0) == ("load_header", "answer_latency")
     assert signals.live(10.0 + LIVE_FOR + 0.1) == ("load_header",)
     assert signals.live(12.0 + LIVE_FOR + 0.1) == ()
@@ -27,15 +28,15 @@ def test_a_source_is_live_for_a_while_after_its_last_sample() -> None:
 
 def test_the_best_live_source_feeds_the_step_time_and_a_quiet_one_gives_way() -> None:
     signals = Signals()
-    signals.saw(Source.ANSWER_LATENCY, 0.0)
-    assert signals.best(0.0, STEP_TIME_SOURCES) is Source.ANSWER_LATENCY
-    signals.saw(Source.STREAM_TIMING, 1.0)
-    assert signals.best(1.0, STEP_TIME_SOURCES) is Source.STREAM_TIMING
-    signals.saw(Source.METRICS_STEP_TIME, 2.0)
-    assert signals.best(2.0, STEP_TIME_SOURCES) is Source.METRICS_STEP_TIME
+    signals.saw(SignalSource.ANSWER_LATENCY, 0.0)
+    assert signals.best(0.0, STEP_TIME_SOURCES) is SignalSource.ANSWER_LATENCY
+    signals.saw(SignalSource.STREAM_TIMING, 1.0)
+    assert signals.best(1.0, STEP_TIME_SOURCES) is SignalSource.STREAM_TIMING
+    signals.saw(SignalSource.METRICS_STEP_TIME, 2.0)
+    assert signals.best(2.0, STEP_TIME_SOURCES) is SignalSource.METRICS_STEP_TIME
     # The histogram stops being reported (a proxy now filters it): answers take over.
-    signals.saw(Source.ANSWER_LATENCY, 2.0 + LIVE_FOR + 1)
-    assert signals.best(2.0 + LIVE_FOR + 1, STEP_TIME_SOURCES) is Source.ANSWER_LATENCY
+    signals.saw(SignalSource.ANSWER_LATENCY, 2.0 + LIVE_FOR + 1)
+    assert signals.best(2.0 + LIVE_FOR + 1, STEP_TIME_SOURCES) is SignalSource.ANSWER_LATENCY
     signals.forget()
     assert signals.best(2.0 + LIVE_FOR + 1, STEP_TIME_SOURCES) is None
 
