@@ -90,7 +90,7 @@ if typing.TYPE_CHECKING:
     from llmbatch._observers import ObservedBatch, ObservedRequest, Observer
     from llmbatch._progress import MapProgress, ProgressBar
     from llmbatch._replicas import Replica
-    from llmbatch._runtime.fleet import Endpoints
+    from llmbatch._runtime.endpoints import Endpoints
     from llmbatch._stats import (
         Histogram,
         Inference,
@@ -159,7 +159,7 @@ _EXPORTS = {
     "TransportError": "llmbatch._exceptions",
     "UnknownModelError": "llmbatch._exceptions",
     "WriteTimeout": "llmbatch._exceptions",
-    "Endpoints": "llmbatch._runtime.fleet",
+    "Endpoints": "llmbatch._runtime.endpoints",
     "ChatChoice": "llmbatch._models",
     "ChatCompletion": "llmbatch._models",
     "ChatMessage": "llmbatch._models",

@@ -61,7 +61,7 @@ from llmbatch._observers import Observer
 from llmbatch._progress import ProgressLike, make_tracker
 from llmbatch._replicas import Replica
 from llmbatch._runtime.config import ClientConfig, check_observer
-from llmbatch._runtime.fleet import Endpoints
+from llmbatch._runtime.endpoints import Endpoints
 from llmbatch._runtime.map import MapInput, MapRunner, check_inputs, check_map_options, kinds_of
 from llmbatch._runtime.runtime import Runtime, State
 from llmbatch._runtime.submitter import Submitter
@@ -203,7 +203,12 @@ class Client:
         trailing slash; ``endpoints`` lists every replica."""
         self.limits = config.limits
         """The :class:`Limits` this client runs with."""
-        self.endpoints = Endpoints(lambda: runtime.fleet, config.api_key)
+        self.endpoints = Endpoints(
+            current=runtime.replicas,
+            add=runtime.add_replica,
+            remove=runtime.remove_replica,
+            api_key=config.api_key,
+        )
         """The client's replicas: iterate them, ``await endpoints.add(url)`` or
         ``await endpoints.remove(url)`` while it is open."""
 

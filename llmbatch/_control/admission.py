@@ -171,9 +171,8 @@ class ControllerState:
     """The server's observed time per output token (seconds), if measured."""
     ttft: float | None
     """Observed realtime time to first token (seconds), if measured."""
-    server_waiting: int | None
+    waiting: int | None
     """Requests in the server's own queue at the last report."""
-    server_running: int | None
     kv_cache_usage: float | None
     slo_met: int
     """Realtime requests whose latency met the SLO."""
@@ -241,7 +240,7 @@ class AdmissionController:
         tokenizer against four bytes a token), from the answers' usage."""
         self.waiting: int | None = None
         self.running: int | None = None
-        self.kv_usage: float | None = None
+        self.kv_cache_usage: float | None = None
         self.capacity = Capacity(seats, seats_stated_by)
         """What the server runs at once: stated, or the most it ran while a real
         queue waited (its ``--max-num-seqs``, or what its KV cache holds)."""
@@ -396,7 +395,7 @@ class AdmissionController:
         self._aim_met = self._aim_missed = 0
 
     def on_load(
-        self, now: float, *, waiting: int | None, running: int | None, kv_usage: float | None
+        self, now: float, *, waiting: int | None, running: int | None, kv_cache_usage: float | None
     ) -> None:
         """The server's own gauges at ``now`` (load header or /metrics)."""
         step = self.step_time
@@ -417,9 +416,9 @@ class AdmissionController:
             if not self._probing(now):
                 self._queue.observe(now, beyond > allowance, step, waiting)
                 self._learn_seats(now, beyond > base, running, waiting)
-        if kv_usage is not None:
-            self.kv_usage = kv_usage
-            self._kv_full.observe(now, kv_usage >= KV_FULL, step, kv_usage)
+        if kv_cache_usage is not None:
+            self.kv_cache_usage = kv_cache_usage
+            self._kv_full.observe(now, kv_cache_usage >= KV_FULL, step, kv_cache_usage)
 
     def _learn_seats(self, now: float, queued: bool, running: int | None, waiting: int) -> None:
         """What runs beside a queue that has lasted is the server's seats; a refill
@@ -689,9 +688,8 @@ class AdmissionController:
             realtime_reserve=self.reserve,
             step_time=self.step_time,
             ttft=self.ttft,
-            server_waiting=self.waiting,
-            server_running=self.running,
-            kv_cache_usage=self.kv_usage,
+            waiting=self.waiting,
+            kv_cache_usage=self.kv_cache_usage,
             slo_met=self.slo_met,
             slo_missed=self.slo_missed,
             slo_aim=self.aim if self.slo is not None else None,

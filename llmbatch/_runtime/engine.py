@@ -8,8 +8,8 @@ It owns three promises to callers:
   once, and an HTTP exchange serving only such callers is cancelled;
 - every request ends exactly once: answered, failed, expired or cancelled at close.
 
-It drives one or more servers (``_server.Server``), which the fleet owns with their
-health policy (``_health``): the engine asks that policy at each turn what may be
+It drives one or more servers (``_servers.server.Server``), which the health policy
+(``_runtime.health``) holds: the engine asks that policy at each turn what may be
 sent where, and hands each batch to its server's dispatcher. The scheduler holds each
 server's seats and routes batches among them.
 """
@@ -31,13 +31,12 @@ from llmbatch._calls.request import Flight, Request
 from llmbatch._clock import Clock
 from llmbatch._config import Priority
 from llmbatch._control.breaker import BreakerState
-from llmbatch._control.signals import STEP_TIME_SOURCES
 from llmbatch._exceptions import DeadlineExceeded, RequestError
 from llmbatch._recorder import StatsRecorder
 from llmbatch._runtime.health import Health
 from llmbatch._scheduler import Batch, Scheduler
 from llmbatch._servers.server import Server
-from llmbatch._stats import ServerStats, SharedStats, Stats
+from llmbatch._stats import SharedStats, Stats
 
 __all__ = ["Engine"]
 
@@ -65,14 +64,13 @@ class Engine:
         health: Health,
         *,
         clock: Clock = time.monotonic,
+        shared_stats: Callable[[], SharedStats | None] | None = None,
     ) -> None:
         self._now = clock
         self._scheduler = scheduler
         self._stats = stats
         self._outcomes = outcomes
         self._health = health
-        self.servers = health.servers
-        """Every server, in the scheduler's order (removed ones stay, marked)."""
         self.routing = False
         """Several servers take work: requests carry prefix keys for affinity."""
         self._tg: TaskGroup | None = None
@@ -101,15 +99,15 @@ class Engine:
         "Instructions")."""
         self.flushing = False
         self.closed = False
-        self.shared_stats: Callable[[], SharedStats | None] | None = None
+        self._shared_stats = shared_stats
         """The state of budgets shared through Redis, for ``stats()``."""
 
     def servers_changed(self, added: Server | None = None) -> None:
         """The fleet added a server (it takes work at once) or removed one."""
         if added is not None and self._tg is not None:
-            self._tg.start_soon(self._health.watch_metrics, added, self._wake)
+            self._tg.start_soon(self._health.watch_metrics, added, self.wake)
         self.routing = len(self._health.live()) > 1
-        self._wake()
+        self.wake()
 
     # -- callers ---------------------------------------------------------------------
 
@@ -149,7 +147,7 @@ class Engine:
         if self._scheduler.add(request, nowait=nowait, must_wait=more):
             if request.priority is Priority.REALTIME and not more:
                 return self._due(request if inline else None)
-            self._wake()
+            self.wake()
         return None
 
     def _due(self, inline: Request | None) -> Batch | None:
@@ -164,11 +162,11 @@ class Engine:
         Returns ``inline``'s batch if the turn sends it alone (see :meth:`submit`)."""
         tg = self._tg
         if self._wake_event is None or self._woken or self._turning or tg is None:
-            self._wake()  # the loop is running (or about to): it will see the request
+            self.wake()  # the loop is running (or about to): it will see the request
             return None
         wakeup, again, kept = self._turn(tg, inline)
         if again or (wakeup is not None and wakeup < self._sleep_until):
-            self._wake()
+            self.wake()
         return kept
 
     def abandon(self, request: Request) -> None:
@@ -178,7 +176,7 @@ class Engine:
         request.abandoned = True
         self._outcomes.cancelled(request, "the caller went away")
         if self._scheduler.remove(request):
-            self._wake()  # its place may admit a waiting caller
+            self.wake()  # its place may admit a waiting caller
             self._signal_progress()
         elif request.flight is not None:
             request.flight.cancel_if_abandoned()
@@ -203,8 +201,8 @@ class Engine:
         self._tg = tg
         self._context = contextvars.copy_context()
         self._new_scope = type(anyio.CancelScope())
-        for server in self.servers:
-            tg.start_soon(health.watch_metrics, server, self._wake)
+        for server in health.servers:
+            tg.start_soon(health.watch_metrics, server, self.wake)
         while True:
             self._woken = False
             wakeup, again, _ = self._turn(tg)
@@ -231,7 +229,7 @@ class Engine:
         try:
             now = self._now()
             live = health.live()
-            health.sync(now, live, tg, self._wake)
+            health.sync(now, live, tg, self.wake)
             if scheduler.has_queued and health.all_over_tolerance():
                 self._give_up()
             if not self._isolating and health.length_risk(live):
@@ -242,7 +240,7 @@ class Engine:
                 self.expire(request)
             kept = None
             for batch in poll.batches:
-                breaker = self.servers[batch.replica].breaker
+                breaker = health.server(batch.replica).breaker
                 if breaker.state is BreakerState.HALF_OPEN:
                     breaker.trial_sent()
                 for request in batch.requests:
@@ -262,7 +260,7 @@ class Engine:
         for request in requests:
             request.flight = None
         self._scheduler.requeue(list(requests))
-        self._wake()
+        self.wake()
 
     def _give_up(self) -> None:
         """The outage outlasted the tolerance: fail what waits for the server."""
@@ -272,11 +270,8 @@ class Engine:
         self._signal_progress()
 
     def wake(self) -> None:
-        """Ask the loop to poll again: a shared budget granted more."""
-        self._wake()
-
-    def _wake(self) -> None:
-        """Ask the loop to poll again (now, or as soon as it is done polling)."""
+        """Ask the loop to poll again (now, or as soon as it is done polling): new
+        work, freed seats, a shared budget that granted more."""
         self._woken = True
         event = self._wake_event
         if event is not None:
@@ -327,9 +322,7 @@ class Engine:
         if inline:
             self._inline.add(flight)
         try:
-            dispatcher = self.servers[batch.replica].dispatcher
-            assert dispatcher is not None
-            handed_back = await dispatcher.send(batch.requests, flight)
+            handed_back = await self._health.sender(batch.replica).send(batch.requests, flight)
             if handed_back:
                 self.requeue(handed_back)  # their server is down: they wait for one
         except Exception as exc:
@@ -369,7 +362,7 @@ class Engine:
                     reason = "the client closed before the request finished"
                 self._outcomes.cancelled(request, reason)
             if scheduler.has_queued:
-                self._wake()  # the freed seats may let queued requests go
+                self.wake()  # the freed seats may let queued requests go
             self._signal_progress()
 
     # -- shutdown --------------------------------------------------------------------
@@ -377,7 +370,7 @@ class Engine:
     def start_flush(self) -> None:
         """Send everything queued now, whatever the batch triggers say (shutdown)."""
         self.flushing = True
-        self._wake()
+        self.wake()
 
     async def wait_idle(self) -> None:
         """Return once nothing is queued or in flight."""
@@ -395,47 +388,15 @@ class Engine:
             self._outcomes.cancelled(request, "the client closed before the request was sent")
 
     def snapshot(self) -> Stats:
-        servers = tuple(self._server_stats(s) for s in self._health.live())
+        now = self._now()
+        servers = tuple(server.stats(now) for server in self._health.live())
         return self._stats.snapshot(
-            self._now(),
+            now,
             {p: self._scheduler.queued(p) for p in Priority},
             dict(self._scheduler.in_flight_by_tier),
             servers,
-            self.shared_stats() if self.shared_stats is not None else None,
+            None if self._shared_stats is None else self._shared_stats(),
             self._scheduler.tenants.counts(),
-        )
-
-    def _server_stats(self, server: Server) -> ServerStats:
-        now = self._now()
-        best = server.signals.best(now, STEP_TIME_SOURCES)
-        control = server.controller.state()
-        breaker = server.breaker
-        seats = server.seats
-        assert seats is not None
-        return ServerStats(
-            base_url=server.base_url,
-            kind=server.kind.value,
-            in_flight=seats.in_flight,
-            bulk_limit=seats.bulk_cap,
-            ceiling=control.ceiling,
-            realtime_reserve=control.realtime_reserve,
-            step_time=control.step_time,
-            ttft=control.ttft,
-            waiting=control.server_waiting,
-            kv_cache_usage=control.kv_cache_usage,
-            slo_met=control.slo_met,
-            slo_missed=control.slo_missed,
-            slo_aim=control.slo_aim,
-            slo_unreachable=control.slo_unreachable,
-            signals=server.signals.live(now),
-            step_time_source=None if best is None else best.value,
-            breaker=breaker.state.value,
-            outages=breaker.opened,
-            ejected=server.ejected,
-            inferences=control.inferences,
-            bulk_pace=None if control.pace is None else control.pace.tokens_per_second,
-            bulk_slice=None if control.pace is None else control.pace.slice_tokens,
-            bulk_refill=control.refill,
         )
 
     def _signal_progress(self) -> None:

@@ -2,15 +2,17 @@
 of those that are down, their controllers' limits, and ejection of a server far
 slower than its peers.
 
-The fleet owns it, with the servers; the engine asks it at each turn of its loop
-(``sync`` before polling the scheduler, ``control`` after) and when a request
-needs to know whether any server is left (``all_over_tolerance``).
+It holds the servers that take work, each with the dispatcher that talks to it
+(the fleet joins them here, and nothing else keeps a list of them); the engine asks
+it at each turn of its loop (``sync`` before polling the scheduler, ``control``
+after), for a batch's server and dispatcher, and whether any server is left
+(``all_over_tolerance``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Collection
 
 import anyio
 from anyio.abc import TaskGroup
@@ -20,6 +22,7 @@ from llmbatch._clock import Clock
 from llmbatch._control.breaker import BreakerState
 from llmbatch._exceptions import ServerOutageError
 from llmbatch._scheduler import Scheduler
+from llmbatch._servers.dispatcher import Dispatcher
 from llmbatch._servers.server import METRICS_INTERVAL, Server
 
 __all__ = ["Health"]
@@ -32,16 +35,54 @@ SLOW_FACTOR = 3.0
 
 
 class Health:
-    """Keeps each server's seats in line with what its breaker and controller say."""
+    """Keeps each server's seats in line with what its breaker and controller say.
 
-    def __init__(self, servers: list[Server], scheduler: Scheduler, clock: Clock) -> None:
-        self.servers = servers
-        """Every server, in the scheduler's order (removed ones stay, marked)."""
+    ``on_back``: what to do once a probe finds a server up, before it takes work
+    again (read afresh what it is and serves)."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        clock: Clock,
+        *,
+        on_back: Callable[[Server], Awaitable[None]],
+    ) -> None:
         self._scheduler = scheduler
         self._now = clock
+        self._on_back = on_back
+        self._servers: dict[int, Server] = {}
+        self._senders: dict[int, Dispatcher] = {}
+
+    def join(self, server: Server, sender: Dispatcher) -> None:
+        """``server`` takes work from now on, sent by ``sender``."""
+        self._servers[server.index] = server
+        self._senders[server.index] = sender
+
+    @property
+    def servers(self) -> Collection[Server]:
+        """Every server that joined, in the scheduler's order (removed ones stay,
+        marked)."""
+        return self._servers.values()
+
+    def server(self, index: int) -> Server:
+        """The server at ``index`` in the scheduler (``Batch.replica``)."""
+        return self._servers[index]
+
+    def sender(self, index: int) -> Dispatcher:
+        """What sends to the server at ``index``."""
+        return self._senders[index]
 
     def live(self) -> list[Server]:
-        return [server for server in self.servers if not server.removed]
+        return [server for server in self._servers.values() if not server.removed]
+
+    def patient(self) -> bool:
+        """A server that has not answered yet is worth waiting for: it is one of
+        several, and one of them has answered (so it is starting or restarting, not
+        misconfigured)."""
+        servers = self._servers.values()
+        return len(servers) > 1 and any(
+            s.models is not None or s.breaker.ever_answered for s in servers
+        )
 
     # -- each turn of the engine's loop ----------------------------------------------
 
@@ -50,7 +91,6 @@ class Health:
         one trial batch; open: nothing) and start the probes that are due."""
         for server in live:
             seats = server.seats
-            assert seats is not None
             breaker = server.breaker
             if breaker.state is BreakerState.CLOSED:
                 seats.sendable = None
@@ -66,7 +106,6 @@ class Health:
         grew = False
         for server in live:
             seats = server.seats
-            assert seats is not None
             changed = server.control(
                 now,
                 blocked=seats.index in blocked,
@@ -108,7 +147,7 @@ class Health:
         clock read nor a list."""
         now: float | None = None
         any_live = False
-        for server in self.servers:
+        for server in self._servers.values():
             breaker = server.breaker
             if breaker.state is BreakerState.CLOSED:
                 if not server.removed:
@@ -131,7 +170,7 @@ class Health:
         )
 
     def outage_error(self, request: Request) -> ServerOutageError:
-        live = self.live() or self.servers
+        live = self.live() or list(self._servers.values())
         now = self._now()
         # The server that has been back most recently names the outage's length.
         server = min(live, key=lambda s: s.breaker.outage_seconds(now))
@@ -155,7 +194,6 @@ class Health:
     async def watch_metrics(self, server: Server, wake: Callable[[], None]) -> None:
         """Read a server's /metrics while it has work, for its controller."""
         seats = server.seats
-        assert seats is not None
         while server.has_metrics is not False and not server.removed:
             await anyio.sleep(METRICS_INTERVAL)
             if seats.in_flight and server.breaker.state is BreakerState.CLOSED:
@@ -166,8 +204,8 @@ class Health:
         """One /health probe of an unavailable server."""
         try:
             healthy = await server.probe_health()
-            if healthy and server.on_back is not None:
-                await server.on_back()
+            if healthy:
+                await self._on_back(server)
             server.breaker.on_probe(self._now(), healthy)
             if healthy:
                 logger.warning("%s answers /health again; resuming", server.base_url)

@@ -38,6 +38,7 @@ from llmbatch._exceptions import ClientClosedError
 from llmbatch._observers import Observers
 from llmbatch._recorder import StatsRecorder
 from llmbatch._redis.sharing import SharedBudgets
+from llmbatch._replicas import Replica
 from llmbatch._runtime.config import ClientConfig
 from llmbatch._runtime.engine import Engine
 from llmbatch._runtime.fleet import Fleet
@@ -112,19 +113,34 @@ class Runtime:
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:
-            fleet = Fleet(config.server_config(), self.observers)
-            stack.push_async_callback(fleet.aclose)
-            self.model, self.max_model_len = await fleet.open(config.replicas, self.model)
             now = loop_clock()
             stats = StatsRecorder(now(), frozenset(config.tenants))
+            outcomes = Outcomes(stats, self.observers)
             scheduler = Scheduler(
                 policies=config.policies,
                 limits=config.limits,
                 rate_limit=config.rate_limit,
                 tenants=config.tenants,
             )
-            outcomes = Outcomes(stats, self.observers)
-            engine = fleet.start(scheduler, stats, outcomes, now)
+            fleet = Fleet(
+                config.server_config(),
+                scheduler=scheduler,
+                recorder=stats,
+                outcomes=outcomes,
+                observers=self.observers,
+                clock=now,
+            )
+            stack.push_async_callback(fleet.aclose)
+            self.model, self.max_model_len = await fleet.open(config.replicas, self.model)
+            engine = Engine(
+                scheduler,
+                stats,
+                outcomes,
+                fleet.health,
+                clock=now,
+                shared_stats=self._shared.stats if self._shared else None,
+            )
+            engine.servers_changed()
             self.fleet = fleet
             loop = (
                 asyncio.get_running_loop() if sniffio.current_async_library() == "asyncio" else None
@@ -148,7 +164,6 @@ class Runtime:
             self.task_group = tg
             if self._shared:
                 self._shared.start(tg, scheduler, engine.wake, now)
-                engine.shared_stats = self._shared.stats
                 stack.push_async_callback(self._shared.aclose)
             self.map = MapRunner(self._submitter, tg)
             self.engine = engine
@@ -324,6 +339,29 @@ class Runtime:
             self._loop_ended = True
 
     # -- while open ------------------------------------------------------------------
+
+    def replicas(self) -> list[Replica]:
+        """The servers it sends to now (none until it opens)."""
+        fleet = self.fleet
+        return [] if fleet is None else fleet.replicas
+
+    async def add_replica(self, replica: Replica) -> None:
+        """Send to ``replica`` too (``client.endpoints.add``)."""
+        fleet, engine = self._while_open("add replicas")
+        server = await fleet.add(replica)
+        engine.servers_changed(added=server)
+
+    def remove_replica(self, replica: Replica) -> None:
+        """Send nothing more to ``replica`` (``client.endpoints.remove``)."""
+        fleet, engine = self._while_open("remove replicas")
+        fleet.remove(replica)
+        engine.servers_changed()
+
+    def _while_open(self, what: str) -> tuple[Fleet, Engine]:
+        fleet, engine = self.fleet, self.engine
+        if self.state is not State.OPEN or fleet is None or engine is None or engine.closed:
+            raise ClientClosedError(f"{what} while the client is open")
+        return fleet, engine
 
     def submitter(self) -> Submitter:
         """The way calls go in; raises :class:`ClientClosedError` unless open."""

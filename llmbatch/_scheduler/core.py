@@ -361,12 +361,19 @@ class Scheduler:
         """Pace normal and batch prompt tokens to ``replica`` (None: unpaced)."""
         self.seats[replica].set_pace(tokens_per_second, slice_tokens)
 
-    def add_replica(self, models: frozenset[str] | None = None) -> Seats:
-        """A new server's seats (it takes batches at once)."""
+    def add_replica(self, models: frozenset[str] | None = None, *, active: bool = True) -> Seats:
+        """A new server's seats: it takes batches at once, or (``active=False``) once
+        :meth:`activate` says (a server still being read while the client runs)."""
         seats = Seats(len(self.seats), self.limits)
+        seats.active = active
         self.seats.append(seats)
         self.set_models(seats.index, models)
         return seats
+
+    def activate(self, replica: int) -> None:
+        """``replica`` takes batches from now on."""
+        self.seats[replica].active = True
+        self._router.models_changed()
 
     def set_models(self, replica: int, models: frozenset[str] | None) -> None:
         """The models ``replica`` serves (None: unknown, any)."""

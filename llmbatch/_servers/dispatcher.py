@@ -59,7 +59,6 @@ from llmbatch._models import (
 from llmbatch._observers import ObservedBatch, Observers
 from llmbatch._recorder import StatsRecorder
 from llmbatch._scheduler.budgets import RateBudget
-from llmbatch._servers.kinds import PriorityField
 from llmbatch._servers.model_list import read_models
 from llmbatch._servers.server import Server
 from llmbatch._servers.wire import (
@@ -88,8 +87,6 @@ T = TypeVar("T")
 
 #: Parameters the chat batch route does not take (vLLM: no tools, no streaming, n=1).
 _CHAT_BATCH_UNSUPPORTED = frozenset({"tools", "tool_choice", "functions", "function_call"})
-#: vLLM's convention, used when ``priority_scheduling=True`` meets an unknown server.
-VLLM_PRIORITY = PriorityField(lower_first=True)
 #: How long a 404's answer may wait for the model list that explains it.
 MODELS_REREAD_TIMEOUT = 5.0
 #: A list read this recently explains later 404s too (a map naming a wrong model
@@ -142,7 +139,8 @@ class Dispatcher:
         outcomes: Outcomes,
         observers: Observers,
         rate: RateBudget | None = None,
-        priority_scheduling: bool | None = None,
+        fail_over: Callable[[], bool] | None = None,
+        patient: Callable[[], bool] | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
         self._now = clock
@@ -154,12 +152,14 @@ class Dispatcher:
         self._rate = rate
         """The rate limits: resends are charged to them, and answers tell the token
         budget what they really used."""
-        self._priority_scheduling = priority_scheduling
         self.chat_batch: bool | None = None
         """Whether the server has /chat/completions/batch: None until the first try."""
         self._observers = observers
-        self.fail_over: Callable[[], bool] | None = None
+        self._fail_over = fail_over
         """Whether another replica takes batches now (several servers only)."""
+        self._patient = patient
+        """Whether the server is worth waiting for before it first answers (one of
+        several replicas whose peers answered)."""
         self._models_read: tuple[float, list[str]] | None = None
         """When ``/v1/models`` was last read to explain a 404, and what it listed."""
 
@@ -209,7 +209,7 @@ class Dispatcher:
                 for start in range(0, len(live), cap):
                     tg.start_soon(again, live[start : start + cap])
             return
-        body = route.body(live, self._rank(live))
+        body = route.body(live, self.server.rank(live[0].priority))
         try:
             content = await self._with_retries(
                 route.path, live, lambda: self._post(route.path, live, body)
@@ -244,16 +244,12 @@ class Dispatcher:
         self._deliver(live, answers)
 
     def _priority_refused(self, error: BadRequestError, requests: Sequence[Request]) -> bool:
-        """The server refused the ``priority`` field (vLLM on ``fcfs``): stop sending it
-        there and resend."""
-        if self._rank(requests) is None or not priority_refused(error.message):
+        """The server refused the ``priority`` field (vLLM on ``fcfs``): it is told, so
+        that none is sent from now on, and the batch is resent."""
+        server = self.server
+        if server.rank(requests[0].priority) is None or not priority_refused(error.message):
             return False
-        logger.warning(
-            "%s refuses the priority field (%s); sending tiers without it from now on",
-            self.server.base_url,
-            error.message,
-        )
-        self._priority_scheduling = False
+        server.on_priority_refused(error.message)
         return True
 
     def _list_refused(
@@ -265,13 +261,7 @@ class Dispatcher:
         cap = prompt_cap(error.message)
         if route is not COMPLETIONS or cap is None or len(requests) <= cap:
             return False
-        logger.warning(
-            "%s takes at most %d prompts a request; sending lists of %d from now on",
-            self.server.base_url,
-            cap,
-            cap,
-        )
-        self.server.prompt_cap = cap
+        self.server.on_list_refused(cap)
         return True
 
     async def _split(
@@ -286,7 +276,7 @@ class Dispatcher:
         and the rest together; otherwise the batch is halved, longest prompts first."""
         refused = too_long(error.message)
         if refused is not None:
-            self.server.length_risk = True
+            self.server.on_too_long()
         if len(requests) == 1:
             self._fail_all(requests, error)
             return
@@ -364,7 +354,7 @@ class Dispatcher:
         retried only until the caller has been sent something."""
         chat = request.spec.kind == "chat"
         path = "/chat/completions" if chat else "/completions"
-        rank = self._rank([request])
+        rank = self.server.rank(request.priority)
         body = chat_body(request, rank) if chat else completion_body([request], rank)
         # A caller of stream() is sent the text of each event that has some; one of
         # stream_chunks() every event's chunk (a chunk is never falsy).
@@ -420,28 +410,6 @@ class Dispatcher:
         self._deliver([request], answers, first_token_at=first_token_at)
 
     # -- HTTP and retries ------------------------------------------------------------
-
-    @property
-    def ranks_tiers(self) -> bool:
-        """Each tier is sent with its priority (the server's kind takes one, or the
-        client was told to send it) and the server has not refused it: its queue
-        puts realtime first."""
-        send = self._priority_scheduling
-        return send is not False and (bool(send) or self.server.priority_field is not None)
-
-    def _rank(self, requests: Sequence[Request]) -> int | None:
-        """The ``priority`` field for the batch's tier, in the server's own convention
-        (None: not sent). ``priority_scheduling=True`` sends it in vLLM's (an int,
-        lower first) to a server whose convention is not known."""
-        send = self._priority_scheduling
-        if send is False:
-            return None
-        field = self.server.priority_field
-        if field is None:
-            if not send:
-                return None
-            field = VLLM_PRIORITY
-        return field.value(requests[0].priority.rank)
 
     async def _open(self, path: str, requests: Sequence[Request], body: bytes) -> HTTPResponse:
         self._stats.batch_sent(len(requests))
@@ -584,7 +552,9 @@ class Dispatcher:
                 _is_unavailable(error)
                 and _can(retry_if)
                 and (
-                    self.server.on_unavailable(self._now(), error)
+                    self.server.on_unavailable(
+                        self._now(), error, patient=self._patient is not None and self._patient()
+                    )
                     or self._may_fail_over(requests, attempts)
                 )
             ):
@@ -646,7 +616,7 @@ class Dispatcher:
         """Send the batch to another replica rather than retry this one: one is up,
         and the requests have not yet used their attempts (so a batch cannot bounce
         between failing replicas forever)."""
-        fail_over = self.fail_over
+        fail_over = self._fail_over
         return (
             fail_over is not None and all(r.attempts < attempts for r in requests) and fail_over()
         )

@@ -37,7 +37,7 @@ class Load:
 
     waiting: int | None = None
     running: int | None = None
-    kv_usage: float | None = None
+    kv_cache_usage: float | None = None
     """KV-cache use, 0 to 1."""
 
 
@@ -68,7 +68,7 @@ def _load_from(values: Mapping[str, object]) -> Load | None:
     return Load(
         waiting=None if waiting is None else int(waiting),
         running=None if running is None else int(running),
-        kv_usage=kv,
+        kv_cache_usage=kv,
     )
 
 
@@ -131,7 +131,7 @@ def parse_metrics(text: str) -> MetricsSample | None:
         load=Load(
             waiting=None if waiting is None else int(waiting),
             running=None if running is None else int(running),
-            kv_usage=found.get("kv"),
+            kv_cache_usage=found.get("kv"),
         ),
         tpot_sum=found.get("tpot_sum"),
         tpot_count=found.get("tpot_count"),

@@ -1,23 +1,27 @@
 """One server, all the client knows and does about it: its URL, headers and
 connection pool; what it is and serves (detected at open, again after an outage);
 its signals; the controller and breaker that decide how much may be sent to it and
-when; its seats in the scheduler and the dispatcher that talks to it.
+when; its seats in the scheduler (given when it is made); what it has refused
+(the priority field, long lists, a too-long prompt); and its own snapshot
+(``stats``).
 
 This object is the one door to its controller: the dispatcher reports every
-exchange here (what it sent, answers, failures, load headers, latencies), the
-fleet's health policy (``_health``) asks it to update its limit (``control``), and
-its own probes feed it what ``/metrics`` and the server's own report say; nothing
-else calls the controller, so a new signal is one change here. Everything that
-reads the network about the server is here (``/health`` probes, ``/metrics``
-reads, what it is); the controller, breaker and signals it feeds are pure.
+exchange here (what it sent, answers, failures, load headers, latencies, what was
+refused), the health policy (``_runtime.health``) asks it to update its limit
+(``control``), and its own probes feed it what ``/metrics`` and the server's own
+report say; nothing else calls the controller, so a new signal is one change here.
+Everything that reads the network about the server is here (``/health`` probes,
+``/metrics`` reads, what it is); the controller, breaker and signals it feeds are
+pure. It knows nothing of what sends to it: the dispatcher holds it, not the
+other way round.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -43,18 +47,20 @@ from llmbatch._servers.load import (
     parse_metrics,
 )
 from llmbatch._servers.model_list import fetch
-from llmbatch._stats import SignalSource
+from llmbatch._stats import ServerStats, SignalSource
 from llmbatch._transports.base import HTTPRequest, Transport
 
 if TYPE_CHECKING:
-    from llmbatch._calls.request import Flight, Request
     from llmbatch._replicas import Replica
     from llmbatch._scheduler import Seats
     from llmbatch._servers.model_list import ModelList
 
-__all__ = ["Sender", "Server"]
+__all__ = ["VLLM_PRIORITY", "Server"]
 
 logger = logging.getLogger("llmbatch")
+
+#: vLLM's convention, used when ``priority_scheduling=True`` meets an unknown server.
+VLLM_PRIORITY = PriorityField(lower_first=True)
 
 #: Seconds between two reads of /metrics while the client has work on the server.
 METRICS_INTERVAL = 0.5
@@ -62,18 +68,6 @@ METRICS_INTERVAL = 0.5
 DETECT_TIMEOUT = 2.0
 #: A generation shorter than this says little about the server's step time.
 MIN_TOKENS_FOR_STEP_SAMPLE = 4
-
-
-class Sender(Protocol):
-    """What talks to a server (``_dispatcher.Dispatcher``; named here so that the
-    server does not depend on the dispatcher, which depends on it)."""
-
-    @property
-    def ranks_tiers(self) -> bool:
-        """Each tier is sent with its priority, which the server takes."""
-        ...
-
-    async def send(self, requests: Sequence[Request], flight: Flight) -> list[Request]: ...
 
 
 class Server:
@@ -85,10 +79,12 @@ class Server:
         *,
         headers: Mapping[str, str],
         transport: Transport,
+        seats: Seats,
         limits: Limits,
         retry: RetryPolicy,
         slo: SLO | None,
         refill: int = 0,
+        priority_scheduling: bool | None = None,
     ) -> None:
         self.replica = replica
         """How the user named it (the public value ``client.endpoints`` lists)."""
@@ -98,15 +94,13 @@ class Server:
         """Its model list as last read (None: not read yet, or it did not answer)."""
         self.unread: Exception | None = None
         """Why its model list could not be read, last time."""
-        self.seats: Seats | None = None
-        """Its seats in the scheduler (None until the client starts sending)."""
-        self.dispatcher: Sender | None = None
-        """What talks to it (None until the client starts sending)."""
+        self.seats = seats
+        """Its seats in the scheduler."""
         self.probing = False
         """A health probe of it is under way."""
-        self.on_back: Callable[[], Awaitable[None]] | None = None
-        """What to do once a probe finds it up, before it takes work again (read
-        afresh what it is and serves)."""
+        self._priority_scheduling = priority_scheduling
+        """``Client(priority_scheduling=...)``: send tiers as ``priority`` (None: where
+        the server's convention is known); False once the server has refused it."""
         # Every request asks vLLM for a load report on its response (other servers
         # ignore the header).
         self.headers = {**headers, LOAD_FORMAT_HEADER[0]: LOAD_FORMAT_HEADER[1]}
@@ -149,9 +143,6 @@ class Server:
         self._last_metrics: MetricsSample | None = None
         self.ejected = False
         """Out of rotation for being far slower than its peers (until re-admitted)."""
-        self.patient = False
-        """Worth waiting for even before it first answers: one of several replicas
-        whose peers answered (so it is starting or restarting, not misconfigured)."""
 
     def __repr__(self) -> str:
         return f"<Server {self.base_url} breaker={self.breaker.state.value}>"
@@ -159,13 +150,12 @@ class Server:
     @property
     def index(self) -> int:
         """Its place in the scheduler (``Batch.replica``)."""
-        assert self.seats is not None
         return self.seats.index
 
     @property
     def removed(self) -> bool:
         """Removed from the client: it takes nothing new (in-flight work drains)."""
-        return self.seats is not None and not self.seats.active
+        return not self.seats.active
 
     @property
     def model_names(self) -> frozenset[str] | None:
@@ -173,6 +163,39 @@ class Server:
         if not self.models:
             return None
         return frozenset(str(m["id"]) for m in self.models)
+
+    def stats(self, now: float) -> ServerStats:
+        """What the client knows and decides about it now, for ``client.stats()``."""
+        best = self.signals.best(now, STEP_TIME_SOURCES)
+        control = self.controller.state()
+        breaker = self.breaker
+        seats = self.seats
+        pace = control.pace
+        return ServerStats(
+            base_url=self.base_url,
+            kind=self.kind.value,
+            in_flight=seats.in_flight,
+            bulk_limit=seats.bulk_cap,
+            ceiling=control.ceiling,
+            realtime_reserve=control.realtime_reserve,
+            step_time=control.step_time,
+            ttft=control.ttft,
+            waiting=control.waiting,
+            kv_cache_usage=control.kv_cache_usage,
+            slo_met=control.slo_met,
+            slo_missed=control.slo_missed,
+            slo_aim=control.slo_aim,
+            slo_unreachable=control.slo_unreachable,
+            signals=self.signals.live(now),
+            step_time_source=None if best is None else best.value,
+            breaker=breaker.state.value,
+            outages=breaker.opened,
+            ejected=self.ejected,
+            inferences=control.inferences,
+            bulk_pace=None if pace is None else pace.tokens_per_second,
+            bulk_slice=None if pace is None else pace.slice_tokens,
+            bulk_refill=control.refill,
+        )
 
     # -- what exchanges report ---------------------------------------------------------
 
@@ -236,8 +259,7 @@ class Server:
         if blocked:
             controller.on_blocked()
         controller.on_realtime_in_flight(now, realtime_in_flight)
-        sender = self.dispatcher
-        controller.refill = self.refill if sender is not None and sender.ranks_tiers else 0
+        controller.refill = self.refill if self.ranks_tiers else 0
         unreachable = controller.slo_unreachable
         changed = controller.update(now, bulk_in_flight)
         if controller.slo_unreachable and not unreachable:
@@ -269,6 +291,55 @@ class Server:
         takes them), less the decodes running there."""
         step = self.replica.max_num_batched_tokens or self.dialect.step_tokens
         return self.controller.batch_prefill_cap(step)
+
+    # -- what it takes, and what it has refused ---------------------------------------
+
+    @property
+    def ranks_tiers(self) -> bool:
+        """Each tier is sent with its priority (its kind takes one, or the client was
+        told to send it) and it has not refused the field: its queue puts realtime
+        first."""
+        send = self._priority_scheduling
+        return send is not False and (bool(send) or self.priority_field is not None)
+
+    def rank(self, priority: Priority) -> int | None:
+        """The ``priority`` field for a tier, in its own convention (None: not sent).
+        ``priority_scheduling=True`` sends it in vLLM's (an int, lower first) to a
+        server whose convention is not known."""
+        send = self._priority_scheduling
+        if send is False:
+            return None
+        field = self.priority_field
+        if field is None:
+            if not send:
+                return None
+            field = VLLM_PRIORITY
+        return field.value(priority.rank)
+
+    def on_priority_refused(self, message: str) -> None:
+        """It refused the ``priority`` field (vLLM on ``fcfs``): none is sent from now."""
+        logger.warning(
+            "%s refuses the priority field (%s); sending tiers without it from now on",
+            self.base_url,
+            message,
+        )
+        self._priority_scheduling = False
+
+    def on_list_refused(self, cap: int) -> None:
+        """It refused a list of prompts longer than ``cap`` (vLLM's
+        ``VLLM_MAX_COMPLETION_PROMPTS``): lists are kept within it from now on."""
+        logger.warning(
+            "%s takes at most %d prompts a request; sending lists of %d from now on",
+            self.base_url,
+            cap,
+            cap,
+        )
+        self.prompt_cap = cap
+
+    def on_too_long(self) -> None:
+        """It refused a prompt as longer than its context: prompts that might be are
+        sent alone from now on (``length_risk``)."""
+        self.length_risk = True
 
     def on_prompt_usage(self, estimated: int, counted: int) -> None:
         """A batch's prompt tokens: the client's estimate, and the server's count."""
@@ -310,14 +381,16 @@ class Server:
         if load is not None:
             self.signals.saw(SignalSource.LOAD_HEADER, now)
             self.controller.on_load(
-                now, waiting=load.waiting, running=load.running, kv_usage=load.kv_usage
+                now, waiting=load.waiting, running=load.running, kv_cache_usage=load.kv_cache_usage
             )
 
-    def on_unavailable(self, now: float, error: RequestError) -> bool:
+    def on_unavailable(self, now: float, error: RequestError, *, patient: bool = False) -> bool:
         """A connection failure, a dropped connection or a 503. Returns True when
         requests should wait for the server rather than retry on their own: the
-        breaker is open (or just opened) and the server has answered before."""
-        if not (self.breaker.ever_answered or self.patient) or self.breaker.outage_tolerance <= 0:
+        breaker is open (or just opened) and the server has answered before, or is
+        ``patient``ly waited for (one of several replicas whose peers answered: it is
+        starting or restarting, not misconfigured)."""
+        if not (self.breaker.ever_answered or patient) or self.breaker.outage_tolerance <= 0:
             # Never answered: a configuration problem, reported at once. (Or the
             # patience was turned off.)
             return False
@@ -436,9 +509,11 @@ class Server:
             return
         controller = self.controller
         load = sample.load
-        if load.waiting is not None or load.running is not None or load.kv_usage is not None:
+        if load.waiting is not None or load.running is not None or load.kv_cache_usage is not None:
             self.signals.saw(SignalSource.METRICS_GAUGES, now)
-        controller.on_load(now, waiting=load.waiting, running=load.running, kv_usage=load.kv_usage)
+        controller.on_load(
+            now, waiting=load.waiting, running=load.running, kv_cache_usage=load.kv_cache_usage
+        )
         if sample.tpot_count is not None:
             # The histogram is there (even when no token was generated since the last
             # read): the server measures the step time better than answers can.

@@ -77,11 +77,9 @@ async def test_an_unknown_model_on_the_batch_route_is_not_taken_for_a_missing_ro
     fake.intercept = lambda body: missing_model
     async with client(fake) as c:
         out = await ask_all(c, ["a", "b"])
-        engine = c._runtime.engine
-        assert engine is not None
-        dispatcher = engine.servers[0].dispatcher
-        assert dispatcher is not None
-        assert dispatcher.chat_batch is None  # still worth trying later
+        fleet = c._runtime.fleet
+        assert fleet is not None
+        assert fleet.health.sender(0).chat_batch is None  # still worth trying later
     assert all(isinstance(e, NotFoundError) for e in out.values())
 
 

@@ -186,5 +186,5 @@ async def test_a_transport_failing_in_background_reads_does_not_take_the_client_
     async with llmbatch.Client("http://127.0.0.1:1/v1", transport=MockTransport(handler)) as c:
         results = await c.map([f"p{i}" for i in range(300)], max_tokens=2)
         assert all(r.ok for r in results)
-        assert c._runtime.engine is not None
-        assert c._runtime.engine.servers[0].has_metrics is False
+        assert c._runtime.fleet is not None
+        assert c._runtime.fleet.health.server(0).has_metrics is False

@@ -144,7 +144,7 @@ async def test_cancellation_storm_on_a_real_server() -> None:
             seats = limits.max_in_flight
             assert live_tasks() <= baseline + seats, "the storm left tasks behind"
             # Connections are back in the pool: none is held by a response...
-            connector = client._runtime.engine.servers[0].transport._session.connector  # type: ignore[union-attr,attr-defined]
+            connector = client._runtime.fleet.health.server(0).transport._session.connector  # type: ignore[union-attr,attr-defined]
             assert len(connector._acquired) == 0
             # ...and the whole pool serves a burst wider than it.
             with anyio.fail_after(30):

@@ -34,7 +34,9 @@ def drive(
         in_flight = controller.limit
         running = min(in_flight, capacity)
         controller.on_step_time(step_time(running))
-        controller.on_load(now, waiting=max(0, in_flight - capacity), running=running, kv_usage=0.5)
+        controller.on_load(
+            now, waiting=max(0, in_flight - capacity), running=running, kv_cache_usage=0.5
+        )
         controller.on_blocked()
         controller.update(now)
         limits.append(controller.limit)
@@ -124,7 +126,7 @@ def test_an_slo_the_server_cannot_meet_even_alone_is_said_not_sat_on() -> None:
     # enough. The limit falls to its floor and the state says the SLO is out of reach.
     controller = AdmissionController(ceiling=64, max_reserve=1, slo=SLO(tpot=0.05))
     for t in range(40):
-        controller.on_load(t * 0.5, waiting=0, running=1, kv_usage=0.1)
+        controller.on_load(t * 0.5, waiting=0, running=1, kv_cache_usage=0.1)
         controller.on_step_time(0.08)
         controller.update(t * 0.5)
     state = controller.state()
@@ -162,7 +164,9 @@ def test_the_limit_always_stays_within_one_and_the_ceiling(
         elif kind == "ttft":
             controller.on_ttft(value)
         elif kind == "load":
-            controller.on_load(now, waiting=count, running=count, kv_usage=min(1.0, value / 5))
+            controller.on_load(
+                now, waiting=count, running=count, kv_cache_usage=min(1.0, value / 5)
+            )
         elif kind == "overload":
             controller.on_overload()
         elif kind == "blocked":
@@ -228,16 +232,16 @@ def test_one_sample_of_a_steps_arrivals_learns_no_seats_and_cuts_nothing() -> No
     now = 0.0
     for _ in range(20):  # the limit has grown from its slow start
         controller.on_step_time(0.0031)
-        controller.on_load(now, waiting=0, running=controller.limit, kv_usage=0.1)
+        controller.on_load(now, waiting=0, running=controller.limit, kv_cache_usage=0.1)
         controller.on_blocked()
         controller.update(now)
         now += 0.5
     before = controller.limit
-    controller.on_load(now, waiting=8, running=4, kv_usage=0.1)
-    controller.on_load(now, waiting=64, running=4, kv_usage=0.1)  # a batch's arrivals
+    controller.on_load(now, waiting=8, running=4, kv_cache_usage=0.1)
+    controller.on_load(now, waiting=64, running=4, kv_cache_usage=0.1)  # a batch's arrivals
     for _ in range(4):
         controller.on_step_time(0.0031)
-        controller.on_load(now, waiting=0, running=controller.limit, kv_usage=0.1)
+        controller.on_load(now, waiting=0, running=controller.limit, kv_cache_usage=0.1)
         controller.on_blocked()
         controller.update(now)
         now += 0.5
@@ -287,7 +291,7 @@ def _flood(
             now,
             waiting=in_flight - running,
             running=running if says_running else None,
-            kv_usage=0.2,
+            kv_cache_usage=0.2,
         )
         controller.update(now, in_flight if pass_in_flight else None)
         series.append((in_flight, controller.limit))
@@ -364,7 +368,9 @@ def _feed(
         controller.on_sent(now, sent)
         waiting += sent
         for _ in range(reads):
-            controller.on_load(now, waiting=waiting if with_queue else 0, running=40, kv_usage=0.2)
+            controller.on_load(
+                now, waiting=waiting if with_queue else 0, running=40, kv_cache_usage=0.2
+            )
         controller.on_step_time(step)
         controller.on_blocked()
         controller.update(now)
@@ -400,7 +406,7 @@ def test_a_queue_that_persists_lowers_the_limit_within_three_seconds(
     now = 0.0
     while now < 5.0:  # the limit is up and the server runs it, queueing nothing
         controller.on_step_time(step)
-        controller.on_load(now, waiting=0, running=controller.limit, kv_usage=0.2)
+        controller.on_load(now, waiting=0, running=controller.limit, kv_cache_usage=0.2)
         controller.on_blocked()
         controller.update(now)
         now += gap
@@ -408,7 +414,7 @@ def test_a_queue_that_persists_lowers_the_limit_within_three_seconds(
     while controller.limit >= before:
         assert now - started <= 3.0, "a lasting queue did not lower the limit in 3 s"
         controller.on_step_time(step)
-        controller.on_load(now, waiting=queue, running=before, kv_usage=0.2)
+        controller.on_load(now, waiting=queue, running=before, kv_cache_usage=0.2)
         controller.update(now)
         now += gap
 
@@ -421,9 +427,9 @@ def test_a_learnt_capacity_contradicted_by_a_larger_running_count_is_dropped(
     controller = AdmissionController(ceiling=1024, max_reserve=1)
     for i in range(12):  # a queue lasting 5.5 s beside `seats` running: learnt
         controller.on_step_time(0.02)
-        controller.on_load(i * 0.5, waiting=500, running=seats, kv_usage=0.5)
+        controller.on_load(i * 0.5, waiting=500, running=seats, kv_cache_usage=0.5)
     assert controller.capacity.seats == seats
-    controller.on_load(6.0, waiting=0, running=seats + more, kv_usage=0.5)  # one sample
+    controller.on_load(6.0, waiting=0, running=seats + more, kv_cache_usage=0.5)  # one sample
     assert controller.capacity.seats is None
 
 
@@ -431,7 +437,7 @@ def test_a_reading_of_what_was_just_sent_is_seen_and_dismissed() -> None:
     controller = AdmissionController(ceiling=256, max_reserve=2)
     controller.on_step_time(0.02)
     controller.on_sent(10.0, 64)  # a batch of 64 prompts, waiting for the next step
-    controller.on_load(10.01, waiting=64, running=100, kv_usage=0.3)
+    controller.on_load(10.01, waiting=64, running=100, kv_cache_usage=0.3)
     queue = controller.state().inferences[0]
     assert (queue.value, queue.dismissed) == (None, 1)
     assert "1 readings were a step's arrivals" in queue.evidence
@@ -535,7 +541,7 @@ def _learnt(seats: int, *, stated: bool = False) -> AdmissionController:
     controller = AdmissionController(ceiling=256, max_reserve=1)
     for i in range(12):  # a queue lasting 5.5 s beside `seats` running: learnt
         controller.on_step_time(0.02)
-        controller.on_load(i * 0.5, waiting=500, running=seats, kv_usage=0.5)
+        controller.on_load(i * 0.5, waiting=500, running=seats, kv_cache_usage=0.5)
     assert controller.capacity.seats == seats
     return controller
 
@@ -550,7 +556,7 @@ def _blocked_for(
         sent = controller.limit + controller.reserve
         running = sent if seats is None else min(sent, seats)
         controller.on_step_time(0.02)
-        controller.on_load(now, waiting=sent - running, running=running, kv_usage=0.3)
+        controller.on_load(now, waiting=sent - running, running=running, kv_cache_usage=0.3)
         controller.on_blocked()
         controller.update(now)
         limits.append(controller.limit)
@@ -594,7 +600,7 @@ def test_the_queue_a_try_asks_for_is_not_taken_for_a_real_one() -> None:
         now += 0.05
     before = controller.state().inferences[0]
     for _ in range(10):  # the try's extra requests wait: the seats are real
-        controller.on_load(now, waiting=4, running=16, kv_usage=0.3)
+        controller.on_load(now, waiting=4, running=16, kv_cache_usage=0.3)
         now += 0.05
     assert controller.state().inferences[0] == before  # no evidence either way
     assert controller.capacity.seats == 16
@@ -617,9 +623,9 @@ def test_batches_are_sized_by_the_servers_count_of_prompt_tokens() -> None:
 
 def test_a_batch_leaves_the_running_decodes_their_tokens_of_the_step() -> None:
     controller = AdmissionController(ceiling=256, max_reserve=1)
-    controller.on_load(1.0, waiting=0, running=100, kv_usage=0.1)
+    controller.on_load(1.0, waiting=0, running=100, kv_cache_usage=0.1)
     assert controller.batch_prefill_cap(2048) == 2048 - 100
-    controller.on_load(2.0, waiting=0, running=2000, kv_usage=0.1)
+    controller.on_load(2.0, waiting=0, running=2000, kv_cache_usage=0.1)
     assert controller.batch_prefill_cap(2048) == 1024  # never below half a step
 
 

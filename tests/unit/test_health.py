@@ -16,8 +16,13 @@ from llmbatch.transports import MockResponse, MockTransport
 LIMITS = Limits(max_in_flight=16, reserved_realtime=2)
 
 
+async def _back(server: Server) -> None:
+    pass
+
+
 def fleet(n: int, now: list[float]) -> tuple[Health, list[Server]]:
     scheduler = Scheduler(limits=LIMITS)
+    health = Health(scheduler, lambda: now[0], on_back=_back)
     servers: list[Server] = []
     transport = MockTransport(lambda request: MockResponse(status=200))
     for i in range(n):
@@ -25,26 +30,27 @@ def fleet(n: int, now: list[float]) -> tuple[Health, list[Server]]:
             Replica(f"http://s{i}:8000/v1"),
             headers={},
             transport=transport,
+            seats=scheduler.seats[0] if i == 0 else scheduler.add_replica(),
             limits=LIMITS,
             retry=RetryPolicy(outage_tolerance=10.0),
             slo=None,
         )
-        server.seats = scheduler.seats[0] if i == 0 else scheduler.add_replica()
-        server.patient = True  # one of several: worth waiting for
+        # The health policy's own questions need no dispatcher to send with.
+        health.join(server, None)  # type: ignore[arg-type]
         servers.append(server)
-    return Health(servers, scheduler, lambda: now[0]), servers
+    return health, servers
 
 
 def fail(server: Server, now: float, times: int = 5) -> None:
     for k in range(times):
-        server.on_unavailable(now + k * 0.01, ConnectError("refused"))
+        # One of several: worth waiting for.
+        server.on_unavailable(now + k * 0.01, ConnectError("refused"), patient=True)
 
 
 def test_a_server_takes_work_as_its_breaker_allows() -> None:
     now = [0.0]
     health, (a, b) = fleet(2, now)
     health.sync(0.0, health.live(), tg=None, wake=lambda: None)  # type: ignore[arg-type]
-    assert a.seats is not None
     assert a.seats.sendable is None  # closed: freely
     fail(a, 0.0)
     assert a.breaker.state.value == "open"

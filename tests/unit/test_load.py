@@ -13,10 +13,10 @@ from llmbatch._servers.load import Load, parse_load_header, parse_metrics
         # vLLM's ORCA report in its JSON form (what it sends with the format header).
         (
             'JSON {"named_metrics": {"num_requests_waiting": 3.0, "kv_cache_usage_perc": 0.42}}',
-            Load(waiting=3, kv_usage=0.42),
+            Load(waiting=3, kv_cache_usage=0.42),
         ),
         ('{"num_requests_waiting": 0, "num_requests_running": 7}', Load(waiting=0, running=7)),
-        ('json {"named_metrics": {"gpu_cache_usage_perc": 0.9}}', Load(kv_usage=0.9)),
+        ('json {"named_metrics": {"gpu_cache_usage_perc": 0.9}}', Load(kv_cache_usage=0.9)),
         (None, None),
         ("", None),
         ("TEXT named_metrics.kv_cache_usage_perc=0.5", None),  # the text form: not asked for
@@ -51,7 +51,7 @@ process_cpu_seconds_total 3.5
 def test_metrics_gauges_are_summed_over_engines_and_latency_totals_kept() -> None:
     sample = parse_metrics(METRICS)
     assert sample is not None
-    assert sample.load == Load(waiting=2, running=16, kv_usage=0.25)
+    assert sample.load == Load(waiting=2, running=16, kv_cache_usage=0.25)
     # Both names of the inter-token histogram are exported; one is read, not both.
     assert (sample.tpot_sum, sample.tpot_count) == (12.5, 250.0)
     assert (sample.ttft_sum, sample.ttft_count) == (3.0, 30.0)  # (a timestamp followed)

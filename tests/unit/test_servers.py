@@ -11,10 +11,7 @@ import pytest
 from fake_server import FakeServer
 
 import llmbatch
-from llmbatch._calls.outcome import Outcomes
-from llmbatch._observers import Observers
-from llmbatch._recorder import StatsRecorder
-from llmbatch._servers.dispatcher import Dispatcher
+from llmbatch._scheduler import Scheduler
 from llmbatch._servers.kinds import (
     GENERIC,
     Dialect,
@@ -230,25 +227,18 @@ def test_a_refill_queue_only_where_the_server_puts_realtime_first(
         llmbatch.Replica("http://127.0.0.1:1/v1"),
         headers={},
         transport=MockTransport(FakeServer()),
+        seats=Scheduler(limits=limits).seats[0],
         limits=limits,
         retry=llmbatch.RetryPolicy(),
         slo=None,
         refill=64,
-    )
-    server.priority_field = dialect.priority_field({"version": "0.32.0"})
-    dispatcher = Dispatcher(
-        server=server,
-        retry=llmbatch.RetryPolicy(),
-        stats=(recorder := StatsRecorder(started_at=0.0)),
-        outcomes=Outcomes(recorder, observers := Observers()),
-        observers=observers,
         priority_scheduling=priority_scheduling,
     )
-    server.dispatcher = dispatcher
+    server.priority_field = dialect.priority_field({"version": "0.32.0"})
     server.control(0.0, blocked=True, realtime_in_flight=0, bulk_in_flight=0)
     assert server.controller.refill == refill
     if refill:  # the server refuses the field: no refill from then on
-        dispatcher._priority_scheduling = False
+        server.on_priority_refused("Priority scheduling is not enabled.")
         server.control(1.0, blocked=True, realtime_in_flight=0, bulk_in_flight=0)
         assert server.controller.refill == 0
 
@@ -282,6 +272,7 @@ def test_a_server_reads_each_load_report_it_has_not_read_already(
         llmbatch.Replica("http://127.0.0.1:8000/v1"),
         headers={},
         transport=MockTransport(lambda request: MockResponse(status=200)),
+        seats=Scheduler(limits=llmbatch.Limits()).seats[0],
         limits=llmbatch.Limits(),
         retry=llmbatch.RetryPolicy(),
         slo=None,
