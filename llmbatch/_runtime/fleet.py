@@ -21,6 +21,7 @@ import anyio
 
 from llmbatch._clock import loop_clock
 from llmbatch._config import SLO, Limits, RetryPolicy
+from llmbatch._control.retry import Retries
 from llmbatch._exceptions import (
     AuthenticationError,
     ConfigError,
@@ -87,6 +88,7 @@ class Fleet:
         self._outcomes = outcomes
         self._observers = observers
         self._now = clock
+        self._retries = Retries(config.retry)
         self.health = Health(scheduler, clock, on_back=self._learn)
         """The servers that take work, with their dispatchers and health policy."""
         self._transports: list[Transport] = []
@@ -174,7 +176,7 @@ class Fleet:
         scheduler.set_bulk_limit(server.bulk_limit, index)
         dispatcher = Dispatcher(
             server=server,
-            retry=self._config.retry,
+            retries=self._retries,
             stats=self._recorder,
             outcomes=self._outcomes,
             observers=self._observers,

@@ -21,7 +21,6 @@ limits.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,19 +32,13 @@ from llmbatch._calls.outcome import Outcomes
 from llmbatch._calls.request import Flight, Request
 from llmbatch._calls.validate import TOKEN_OVERHEAD, input_bytes
 from llmbatch._clock import Clock
-from llmbatch._config import Priority, RetryPolicy
+from llmbatch._config import Priority
+from llmbatch._control.retry import Retries, is_backpressure, is_unavailable
 from llmbatch._exceptions import (
-    APIStatusError,
     BadRequestError,
-    ConnectError,
     NotFoundError,
-    RateLimitError,
-    RemoteProtocolError,
     RequestError,
-    ServerError,
     ServiceUnavailableError,
-    TimeoutException,
-    TransportError,
 )
 from llmbatch._logs import BISECTION, Bisection, Throttle, logger
 from llmbatch._models import (
@@ -134,7 +127,7 @@ class Dispatcher:
         self,
         *,
         server: Server,
-        retry: RetryPolicy,
+        retries: Retries,
         stats: StatsRecorder,
         outcomes: Outcomes,
         observers: Observers,
@@ -146,7 +139,7 @@ class Dispatcher:
         self._now = clock
         self._retry_log = Throttle(clock)
         self.server = server
-        self._retry = retry
+        self._retries = retries
         self._stats = stats
         self._outcomes = outcomes
         self._rate = rate
@@ -475,14 +468,12 @@ class Dispatcher:
         or the server's Retry-After, each resend charged to the rate limits; stops
         after ``RetryPolicy.attempts``; a log line before each sleep). tenacity stays
         private: what a caller sees is the last attempt's own error."""
-        attempts = requests[0].spec.attempts or self._retry.attempts
+        attempts = self._retries.attempts(requests[0].spec.attempts)
         try:
             return await self._attempt(requests, call, retry_if, attempts)
         except _Unavailable:
             raise
         except RequestError as error:
-            if isinstance(error, NotFoundError):
-                raise
             if attempts <= 1 or not self._retryable(error, requests, _can(retry_if)):
                 raise
             first = error
@@ -503,9 +494,7 @@ class Dispatcher:
             wait=lambda state: self._wait(requests, state.attempt_number, _failure(state)),
             retry=tenacity.retry_if_exception(
                 lambda exc: (
-                    isinstance(exc, RequestError)
-                    and not isinstance(exc, NotFoundError)
-                    and self._retryable(exc, requests, _can(retry_if))
+                    isinstance(exc, RequestError) and self._retryable(exc, requests, _can(retry_if))
                 )
             ),
             before_sleep=lambda state: self._before_sleep(path, requests, state, attempts),
@@ -546,10 +535,10 @@ class Dispatcher:
                 # still apply and its retries start afresh: not a failure, not an outage.
                 for request in requests:
                     request.retried = True  # it will be sent again
-                await anyio.sleep(self._backoff(1, error))
+                await anyio.sleep(self._retries.backoff(1, error))
                 raise _Unavailable from error
             if (
-                _is_unavailable(error)
+                is_unavailable(error)
                 and _can(retry_if)
                 and (
                     self.server.on_unavailable(
@@ -564,7 +553,7 @@ class Dispatcher:
     def _wait(self, requests: Sequence[Request], attempt: int, error: RequestError) -> float:
         """Before retry ``attempt + 1``: the backoff, or longer if the rate limits ask
         (the resend is charged to them now)."""
-        delay = self._backoff(attempt, error)
+        delay = self._retries.backoff(attempt, error)
         if self._rate is not None:
             tokens = sum(r.est_tokens for r in requests)
             delay = max(delay, self._rate.reserve(self._now(), tokens))
@@ -652,22 +641,11 @@ class Dispatcher:
         )
 
     def _retryable(self, exc: RequestError, requests: Sequence[Request], can_retry: bool) -> bool:
+        """Worth another attempt: the rules say so, the exchange may still be retried
+        (a stream: not once it sent text), and someone still waits for an answer."""
         if not can_retry or all(r.abandoned for r in requests):
             return False
-        if isinstance(exc, TimeoutException) and not isinstance(exc, ConnectError):
-            # The server may be working on it: RetryPolicy.retry_on_timeout decides.
-            # (A connect timeout reached no server, like any connection failure.)
-            return self._retry.retry_on_timeout
-        return isinstance(exc, RateLimitError | ServerError | TransportError)
-
-    def _backoff(self, attempt: int, error: RequestError) -> float:
-        """Full jitter, or the server's Retry-After if that asks for longer."""
-        policy = self._retry
-        ceiling = min(policy.max_backoff, policy.initial_backoff * 2 ** (attempt - 1))
-        delay = random.uniform(0, ceiling)
-        if isinstance(error, APIStatusError) and error.retry_after is not None:
-            delay = max(delay, min(error.retry_after, policy.max_backoff))
-        return delay
+        return self._retries.retryable(exc)
 
     # -- outcomes --------------------------------------------------------------------
 
@@ -748,28 +726,6 @@ def _failure(state: Any) -> RequestError:
     error = state.outcome.exception()
     assert isinstance(error, RequestError)
     return error
-
-
-def _is_unavailable(error: RequestError) -> bool:
-    """A failure that says the server is down or restarting, not that the request is
-    wrong: no connection, a connection dropped mid-answer, or a 503 that is not
-    backpressure."""
-    if isinstance(error, ServiceUnavailableError):
-        return not is_backpressure(error)
-    return isinstance(error, ConnectError | RemoteProtocolError)
-
-
-#: Words of a 503 that says the server's queue is full (vLLM's ``--max-num-queued-reqs``,
-#: its QueueOverflowError; the simulator's queue cap), rather than that it is down or
-#: overloaded in general, which the breaker and the retries handle.
-_BACKPRESSURE_WORDS = ("queue",)
-
-
-def is_backpressure(error: ServiceUnavailableError) -> bool:
-    """A 503 that says the server's queue is full: retried with backoff like a 429 (the
-    controller halves the limit when they are many), never held as an outage."""
-    message = str(error.message).lower()
-    return any(word in message for word in _BACKPRESSURE_WORDS)
 
 
 def _suspect_parts(requests: list[Request], tokens: int) -> list[list[Request]] | None:
