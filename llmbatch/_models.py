@@ -1,8 +1,8 @@
 """Results handed to callers: immutable, cheap to build, and built lazily where it pays.
 
-A bulk map makes one result per prompt, tens of thousands a second. A frozen
-dataclass costs about 0.9 µs per object to build, and the garbage collector walks
-every object a map keeps (it was ~40 % of the client's CPU in 0.1). So a
+A bulk map makes one result per prompt, tens of thousands a second. Building a
+frozen dataclass is costly at that rate, and the garbage collector walks every
+object a map keeps (docs/benchmarks.md, "Overhead"). So a
 :class:`Completion` is one slotted object holding what the server sent (only the
 text and finish reason, when its choice dict says nothing else: see
 :class:`BareChoices`), and its ``choices``, ``usage`` and ``timings`` become

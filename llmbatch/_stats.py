@@ -71,8 +71,8 @@ class SignalSource(enum.StrEnum):
 class _Snapshot:
     """What every part of a :class:`Stats` snapshot offers besides its fields: plain
     data for logs and exporters. ``model_dump()`` and ``model_dump_json()`` keep
-    0.1's names (its snapshots were pydantic models; pydantic cost ~40 ms of
-    ``import llmbatch`` and validated nothing here)."""
+    0.1's names (its snapshots were pydantic models, which slowed ``import llmbatch``
+    and validated nothing here)."""
 
     __slots__ = ()
 

@@ -1,4 +1,4 @@
-"""Budgets shared through Redis, measured with real processes (issue #14's targets).
+"""Budgets shared through Redis, measured with real processes.
 
     python -m llmbatch_bench.shared --json docs/benchmarks/shared.json
     python -m llmbatch_bench.shared --smoke          # ~40 s, for CI
@@ -11,7 +11,7 @@ each open one llmbatch Client and map far more prompts than they may send:
 - ``tpm``: the same with ``tokens_per_minute=T``; the simulator's prompt and
   generation token counters over the window, per minute, against T.
 - ``tenant``: N processes map for one tenant whose ``TenantLimits(tokens_per_minute=
-  T)`` they share (issue #23), measured as ``tpm`` is;
+  T)`` they share, measured as ``tpm`` is;
 - ``inflight``: N processes share ``SharedInFlight(max_in_flight=M)`` in front of
   a slow simulator; its high-water mark of sequences held against M, then one
   process is killed with SIGKILL and Redis is watched until the survivors hold

@@ -1,4 +1,4 @@
-"""The closed-loop targets (issue #11), judged from one bench run's runs in their
+"""The closed-loop targets, judged from one bench run's runs in their
 JSON form, so the report computes its columns with the same functions.
 
 - ``slo_realtime_tpot_p99``: with ``SLO(tpot=...)``, realtime p99 time per output

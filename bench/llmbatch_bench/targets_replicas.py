@@ -1,4 +1,4 @@
-"""The replicas targets (issue #13), judged from one bench run's runs in their JSON
+"""The replicas targets, judged from one bench run's runs in their JSON
 form, so the report computes its columns with the same functions.
 
 - ``replicas_throughput``: the same bulk ``map`` through one client over every

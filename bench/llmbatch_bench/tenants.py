@@ -1,4 +1,4 @@
-"""Tenants: one caller's backlog beside another's work, measured (issue #23's targets).
+"""Tenants: one caller's backlog beside another's work, measured.
 
     python -m llmbatch_bench.tenants --json docs/benchmarks/tenants.json
     python -m llmbatch_bench.tenants --smoke         # ~1 min, for CI (A 4,000, B 200)

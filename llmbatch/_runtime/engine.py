@@ -86,9 +86,9 @@ class Engine:
         self._turning = False
         """A turn is under way (one caller's inline turn must not nest in another)."""
         self._progress: anyio.Event | None = None
-        # Idle sender tasks, most recently used last. Spawning a task per batch cost
-        # ~30 µs in anyio, handing a batch to an idle one a few: there is never more
-        # than one sender per batch in flight, and idle ones wait for the next.
+        # Idle sender tasks, most recently used last. Spawning a task per batch costs
+        # several times handing a batch to an idle one: there is never more than one
+        # sender per batch in flight, and idle ones wait for the next.
         self._idle: list[_Sender] = []
         self._inline: set[Flight] = set()
         """Exchanges their callers send from their own tasks (``send_inline``)."""

@@ -197,10 +197,6 @@ class TenantBook:
         hold them)."""
         return {name: t for name, t in self.tenants.items() if name is not None and t.pinned}
 
-    @property
-    def has_limits(self) -> bool:
-        return bool(self._limits) or self._any is not None
-
     def limits_of(self, name: str | None) -> TenantLimits | None:
         """A tenant's limits: its own, else ``"*"``'s; none for the default tenant."""
         if name is None:

@@ -13,9 +13,9 @@ breaker). When the server is down and worth waiting for, the batch is handed bac
 for the queue instead of spending its retries on the outage.
 
 The first attempt is a plain call: it must cost nothing extra (setting up tenacity
-took ~33 µs per call, a fifth of the single-request latency budget). Only after it
-fails does the retry policy run, on tenacity, with each resend charged to the rate
-limits.
+is a measurable part of a lone call's work: docs/benchmarks.md, "Single"). Only
+after it fails do the retry rules (``_control.retry``) run, on tenacity, with each
+resend charged to the rate limits.
 """
 
 from __future__ import annotations

@@ -201,8 +201,8 @@ class _Response:
         return {k.lower(): v for k, v in self._response.headers.items()}
 
     # read() and iter_lines() each keep their wait inline, not through a shared
-    # coroutine: one more coroutine a read cost a lone call about 2 % of what
-    # llmbatch adds to it (docs/benchmarks.md, "Instructions").
+    # coroutine: one more coroutine a read is a measurable part of what llmbatch
+    # adds to a lone call (docs/benchmarks.md, "Instructions").
 
     async def read(self) -> bytes:
         watch, wait = self._watch, self._wait
