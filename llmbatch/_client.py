@@ -24,7 +24,7 @@ import anyio
 from sniffio import current_async_library
 
 from llmbatch._arguments import checked_arguments
-from llmbatch._calls.defaults import NOT_GIVEN, CallDefaults, NotGiven
+from llmbatch._calls.defaults import CallDefaults, ViewOptions
 from llmbatch._calls.spec import (
     CallSpec,
     ChatParams,
@@ -225,8 +225,8 @@ class Client:
     def model(self) -> str | None:
         """The model every request names; read from ``/v1/models`` on entry if None."""
         defaults = self._defaults
-        if defaults is not None and defaults.model is not None:
-            return defaults.model
+        if defaults is not None and defaults.get("model") is not None:
+            return str(defaults.get("model"))
         return self._runtime.model
 
     @property
@@ -236,16 +236,7 @@ class Client:
         When known, a prompt plus ``max_tokens`` that cannot fit fails at the call."""
         return self._runtime.max_model_len
 
-    def with_options(
-        self,
-        *,
-        priority: PriorityLike | NotGiven | None = NOT_GIVEN,
-        model: str | NotGiven | None = NOT_GIVEN,
-        timeout: float | NotGiven | None = NOT_GIVEN,
-        max_retries: int | NotGiven | None = NOT_GIVEN,
-        default_headers: Mapping[str, str] | NotGiven = NOT_GIVEN,
-        tenant: str | NotGiven | None = NOT_GIVEN,
-    ) -> Client:
+    def with_options(self, **options: Unpack[ViewOptions]) -> Client:
         """A view of this client whose calls default to other options.
 
         The view shares this client's engine, queues, limits and lifetime (use it
@@ -255,26 +246,15 @@ class Client:
             urgent = client.with_options(priority="realtime", timeout=5, max_retries=1)
             answer = await urgent.complete("Hi")
 
-        ``priority`` is the tier of every method (where each otherwise has its own
-        default); ``model`` the model; ``timeout`` each call's deadline in seconds
-        (None: none); ``max_retries`` retries after the first attempt;
-        ``default_headers`` HTTP headers added to every request (a call's
-        ``extra_headers`` override them); ``tenant`` who its calls are for (see
-        :meth:`complete`). A view of a view keeps the first's options that the second
-        does not set. Bad values raise here.
+        The options (:class:`~llmbatch._calls.defaults.ViewOptions`): ``priority``, the
+        tier of every method (where each otherwise has its own default); ``model``
+        the model; ``timeout`` each call's deadline in seconds (None: none);
+        ``max_retries`` retries after the first attempt; ``default_headers`` HTTP
+        headers added to every request (a call's ``extra_headers`` override them);
+        ``tenant`` who its calls are for (see :meth:`complete`). A view of a view
+        keeps the first's options that the second does not set. Bad values raise
+        here; an unknown keyword is a ``TypeError``.
         """
-        options = {
-            name: value
-            for name, value in (
-                ("priority", priority),
-                ("model", model),
-                ("timeout", timeout),
-                ("max_retries", max_retries),
-                ("default_headers", default_headers),
-                ("tenant", tenant),
-            )
-            if value is not NOT_GIVEN
-        }
         view = Client.__new__(Client)
         defaults = CallDefaults.checked(self._defaults, options, config=False)
         view._setup(self._config, self._runtime, defaults, view=True)

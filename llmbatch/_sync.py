@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar, Unpack, overload
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from llmbatch._arguments import checked_arguments
-from llmbatch._calls.defaults import NOT_GIVEN, NotGiven
+from llmbatch._calls.defaults import ViewOptions
 from llmbatch._calls.spec import (
     ChatParams,
     CompletionParams,
@@ -134,27 +134,11 @@ class SyncClient:
         client is open (blocking; see :class:`llmbatch.Endpoints`)."""
         return SyncEndpoints(self)
 
-    def with_options(
-        self,
-        *,
-        priority: PriorityLike | NotGiven | None = NOT_GIVEN,
-        model: str | NotGiven | None = NOT_GIVEN,
-        timeout: float | NotGiven | None = NOT_GIVEN,
-        max_retries: int | NotGiven | None = NOT_GIVEN,
-        default_headers: Mapping[str, str] | NotGiven = NOT_GIVEN,
-        tenant: str | NotGiven | None = NOT_GIVEN,
-    ) -> SyncClient:
+    def with_options(self, **options: Unpack[ViewOptions]) -> SyncClient:
         """A view with other call defaults, sharing this client's loop and engine:
         see :meth:`Client.with_options`."""
         view = copy.copy(self)
-        view._client = self._client.with_options(
-            priority=priority,
-            model=model,
-            timeout=timeout,
-            max_retries=max_retries,
-            default_headers=default_headers,
-            tenant=tenant,
-        )
+        view._client = self._client.with_options(**options)
         return view
 
     # -- lifetime --------------------------------------------------------------------

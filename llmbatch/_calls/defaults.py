@@ -8,12 +8,13 @@ so a view's call is validated (and its options cached) like any other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import difflib
+from collections.abc import Callable, Mapping
+from typing import Any, TypedDict
 
 from llmbatch._calls.params import check_extra
 from llmbatch._calls.validate import check_max_retries, check_tenant, check_timeout
-from llmbatch._config import Priority, parse_priority
+from llmbatch._config import PriorityLike, parse_priority
 from llmbatch._exceptions import (
     ConfigError,
     ConfigTypeError,
@@ -21,49 +22,61 @@ from llmbatch._exceptions import (
     LLMBatchError,
 )
 
-__all__ = ["NOT_GIVEN", "CallDefaults", "NotGiven", "check_default_headers"]
+__all__ = ["CallDefaults", "ViewOptions", "check_default_headers"]
 
 
-class NotGiven:
-    """The type of :data:`NOT_GIVEN`: an option left out, where None means "none"."""
+class ViewOptions(TypedDict, total=False):
+    """What ``client.with_options(...)`` (and ``SyncClient.with_options``) may set for
+    every call of the view: each is the call keyword of the same name, checked the
+    same way, and a call's own keyword still wins. A new option that a view can
+    default is one key here and one check in :data:`_CHECKS`."""
 
-    __slots__ = ()
+    priority: PriorityLike | None
+    """The tier of every method (where each otherwise has its own default)."""
+    model: str | None
+    timeout: float | None
+    """Each call's deadline in seconds (None: none)."""
+    max_retries: int | None
+    """Retries after the first attempt."""
+    default_headers: Mapping[str, str]
+    """HTTP headers added to every request (a call's ``extra_headers`` override them;
+    a view of a view keeps both)."""
+    tenant: str | None
+    """Who its calls are for (see :meth:`Client.complete`)."""
 
-    def __repr__(self) -> str:
-        return "NOT_GIVEN"
 
-    def __bool__(self) -> bool:
-        return False
-
-
-NOT_GIVEN = NotGiven()
+def _model(value: object) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise InvalidTypeError("model must be a non-empty str or None", field="model")
+    return value
 
 
-#: The call options a default may stand in for, besides the headers.
-_DEFAULTED = ("priority", "model", "timeout", "max_retries", "tenant")
+#: How each option a default may stand in for is checked (the headers apart: they
+#: merge rather than replace).
+_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "priority": lambda value: None if value is None else parse_priority(value),
+    "model": _model,
+    "timeout": check_timeout,
+    "max_retries": check_max_retries,
+    "tenant": check_tenant,
+}
 
 
 class CallDefaults:
-    """The options a call gets when it leaves them out (None: not set)."""
+    """The options a call gets when it leaves them out: ``values`` by keyword (only
+    those set), and the default headers."""
 
-    __slots__ = ("headers", "max_retries", "model", "priority", "tenant", "timeout")
+    __slots__ = ("headers", "values")
 
     def __init__(
-        self,
-        *,
-        priority: Priority | None = None,
-        model: str | None = None,
-        timeout: float | None = None,
-        max_retries: int | None = None,
-        headers: Mapping[str, str] | None = None,
-        tenant: str | None = None,
+        self, values: Mapping[str, Any] | None = None, headers: Mapping[str, str] | None = None
     ) -> None:
-        self.priority = priority
-        self.tenant = tenant
-        self.model = model
-        self.timeout = timeout
-        self.max_retries = max_retries
+        self.values = {name: value for name, value in (values or {}).items() if value is not None}
         self.headers = dict(headers) if headers else None
+
+    def get(self, name: str) -> Any:
+        """The default for keyword ``name`` (None: not set)."""
+        return self.values.get(name)
 
     @classmethod
     def checked(
@@ -88,48 +101,32 @@ class CallDefaults:
 
     @classmethod
     def _checked(cls, base: CallDefaults | None, options: Mapping[str, Any]) -> CallDefaults | None:
-        values: dict[str, Any] = (
-            {}
-            if base is None
-            else {
-                "priority": base.priority,
-                "model": base.model,
-                "timeout": base.timeout,
-                "max_retries": base.max_retries,
-                "headers": base.headers,
-                "tenant": base.tenant,
-            }
-        )
+        values = {} if base is None else dict(base.values)
+        headers = None if base is None else base.headers
         for name, value in options.items():
-            if name == "priority":
-                values[name] = None if value is None else parse_priority(value)
-            elif name == "model":
-                if value is not None and (not isinstance(value, str) or not value):
-                    raise InvalidTypeError("model must be a non-empty str or None", field="model")
-                values[name] = value
-            elif name == "timeout":
-                values[name] = check_timeout(value)
-            elif name == "max_retries":
-                values[name] = check_max_retries(value)
-            elif name == "tenant":
-                values[name] = check_tenant(value)
-            elif name == "default_headers":
+            if name == "default_headers":
                 # Headers add to the base's (a view of a view keeps both).
-                merged = {**(values.get("headers") or {}), **check_default_headers(value)}
-                values["headers"] = merged or None
-            else:  # pragma: no cover - the public signatures name every option
-                raise AssertionError(name)
-        if all(v is None for v in values.values()):
-            return None
-        return cls(**values)
+                headers = {**(headers or {}), **check_default_headers(value)} or None
+                continue
+            check = _CHECKS.get(name)
+            if check is None:
+                close = difflib.get_close_matches(name, [*_CHECKS, "default_headers"], n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise InvalidTypeError(
+                    f"with_options() got an unexpected keyword argument {name!r}{hint}",
+                    field=name,
+                )
+            values[name] = check(value)
+        defaults = cls(values, headers)
+        return defaults if defaults.values or defaults.headers else None
 
     def fill(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A call's keywords with these defaults filled in where it left them out
         (a map's items may still override them one by one)."""
         filled = dict(params)
-        for name in _DEFAULTED:
-            if filled.get(name) is None and getattr(self, name) is not None:
-                filled[name] = getattr(self, name)
+        for name, value in self.values.items():
+            if filled.get(name) is None:
+                filled[name] = value
         if self.headers is not None:
             filled["extra_headers"] = self.merge_headers(filled.get("extra_headers"))
         return filled
@@ -146,11 +143,7 @@ class CallDefaults:
 
     def __repr__(self) -> str:
         # Header values may hold credentials: show only their names.
-        shown = [
-            f"{name}={getattr(self, name)!r}"
-            for name in ("priority", "model", "timeout", "max_retries", "tenant")
-            if getattr(self, name) is not None
-        ]
+        shown = [f"{name}={value!r}" for name, value in self.values.items()]
         if self.headers:
             shown.append(f"headers={sorted(self.headers)!r}")
         return f"CallDefaults({', '.join(shown)})"

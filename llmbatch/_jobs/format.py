@@ -28,7 +28,7 @@ from typing import Any
 
 from llmbatch._calls.params import ALLOWED, nearest_parameter
 from llmbatch._calls.request import Kind
-from llmbatch._calls.spec import check_call
+from llmbatch._calls.spec import OWN_OPTIONS, check_call
 from llmbatch._calls.validate import check_messages, check_prompt
 from llmbatch._exceptions import (
     APIStatusError,
@@ -64,8 +64,9 @@ ENDPOINTS: Mapping[str, Kind] = {
 LINE_KEYS = ("custom_id", "method", "url", "body")
 #: The body field that holds a line's input, by kind.
 INPUT_FIELD: Mapping[Kind, str] = {"completion": "prompt", "chat": "messages", "embedding": "input"}
-# Keys a map item dict would read as llmbatch options, not request parameters.
-_UNSUPPORTED_KEYS = ("priority", "timeout", "metadata", "tenant", "max_retries")
+# Keys a map item dict would read as llmbatch options, not request parameters (the
+# runner sets the model itself, and sends extra_body as the server's own fields).
+_UNSUPPORTED_KEYS = (OWN_OPTIONS - {"model", "extra_body"}) | {"metadata"}
 # Body fields the runner sets or drops itself.
 _RUNNER_FIELDS = frozenset({"model", "stream", "stream_options"})
 

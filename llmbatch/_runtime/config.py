@@ -129,8 +129,8 @@ class ClientConfig:
             },
             config=True,
         )
-        if given is not None and given.max_retries is not None:
-            retry = dataclasses.replace(retry, attempts=given.max_retries + 1)
+        if given is not None and given.get("max_retries") is not None:
+            retry = dataclasses.replace(retry, attempts=given.get("max_retries") + 1)
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
             raise ConfigTypeError("rate_limit must be a RateLimit or None", field="rate_limit")
         if shared_in_flight is not None and not isinstance(shared_in_flight, SharedInFlight):
@@ -178,7 +178,9 @@ class ClientConfig:
             shared_in_flight=shared_in_flight,
             timeout=timeout,
             call_defaults=(
-                CallDefaults(timeout=given.timeout) if given and given.timeout else None
+                CallDefaults({"timeout": given.get("timeout")})
+                if given and given.get("timeout")
+                else None
             ),
             default_headers=(given.headers if given else None) or {},
             slo=slo,

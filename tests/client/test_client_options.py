@@ -146,8 +146,8 @@ async def test_a_view_of_a_view_keeps_what_the_second_does_not_set() -> None:
     view2 = view.with_options(max_retries=2, default_headers={"B": "2"})
     defaults = view2._defaults
     assert defaults is not None
-    assert defaults.priority is Priority.REALTIME
-    assert defaults.max_retries == 2
+    assert defaults.get("priority") is Priority.REALTIME
+    assert defaults.get("max_retries") == 2
     assert defaults.headers == {"A": "1", "B": "2"}
     assert client._defaults is None  # the client itself is untouched
 

@@ -678,8 +678,8 @@ SECTIONS: dict[str, list[Case]] = {
             "with-options-unknown-option",
             "an option `with_options` does not have",
             "client.with_options(temperature=0.2)",
-            TypeError,
-            "Client.with_options() got an unexpected keyword argument 'temperature'",
+            InvalidTypeError,
+            "with_options() got an unexpected keyword argument 'temperature'",
         ),
         Case(
             "complete-zero-timeout",
