@@ -10,9 +10,9 @@ milliseconds (``llmbatch --version``, a web app's import) and the client's modul
 anyio and asyncio load with the first ``llmbatch.Client`` (or other name).
 """
 
-import importlib
 import typing
 
+from llmbatch._lazy import lazy_exports as _lazy_exports
 from llmbatch._version import __version__
 
 if typing.TYPE_CHECKING:
@@ -192,18 +192,7 @@ _EXPORTS = {
 
 
 if not typing.TYPE_CHECKING:  # type checkers read the imports above, and flag typos
-
-    def __getattr__(name: str) -> object:
-        module = _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module 'llmbatch' has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value  # later lookups are plain attribute reads
-        return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    __getattr__, __dir__ = _lazy_exports("llmbatch", _EXPORTS, globals())
 
 
 __all__ = [

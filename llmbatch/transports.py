@@ -20,9 +20,9 @@ Every name but the seam's own is loaded on first use: aiohttp and httpx are
 imported only by a program that asks for them.
 """
 
-import importlib
 import typing
 
+from llmbatch._lazy import lazy_exports as _lazy_exports
 from llmbatch._transports import HTTPRequest, HTTPResponse, MockResponse, MockTransport, Transport
 
 if typing.TYPE_CHECKING:
@@ -41,19 +41,8 @@ _EXPORTS = {
     "SyncBatchingTransport": "llmbatch._dropin.sync_transport",
 }
 
-if not typing.TYPE_CHECKING:  # type checkers read the imports above
-
-    def __getattr__(name: str) -> object:
-        module = _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module 'llmbatch.transports' has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value  # later lookups are plain attribute reads
-        return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+if not typing.TYPE_CHECKING:  # type checkers read the imports above, and flag typos
+    __getattr__, __dir__ = _lazy_exports("llmbatch.transports", _EXPORTS, globals())
 
 
 __all__ = [

@@ -3,10 +3,11 @@ while it runs.
 
 Each server (``_servers.server.Server``) gets its own transport (connection pool),
 its seats in the scheduler, its controller, breaker and signals, and a dispatcher;
-both join the health policy (``health``), which the engine asks where a batch goes. Opening reads every server's ``/v1/models`` at once. It succeeds when at least
-one answers; the others start out of rotation, are probed like a server in an
-outage, and join when they come up. What no retry can fix (a wrong API key, a URL
-missing its ``/v1``) fails the open whichever server says it.
+both join the health policy (``health``), which the engine asks where a batch goes.
+Opening reads every server's ``/v1/models`` at once. It succeeds when at least one
+answers; the others start out of rotation, are probed like a server in an outage,
+and join when they come up. What no retry can fix (a wrong API key, a URL missing
+its ``/v1``) fails the open whichever server says it.
 """
 
 from __future__ import annotations
