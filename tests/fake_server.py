@@ -246,3 +246,20 @@ def _chat_stream(answer: dict[str, Any]) -> MockResponse:
     lines += _event({**head, "choices": [], "usage": answer["usage"]})
     lines += [b"data: [DONE]", b""]
     return MockResponse(lines=lines)
+
+
+class FailsFirstPost:
+    """A :class:`FakeServer` whose first POST gets ``status`` (a retryable failure);
+    every request after it is answered."""
+
+    def __init__(self, status: int = 500, message: str = "boom") -> None:
+        self.fake = FakeServer()
+        self.status = status
+        self.message = message
+        self.failed = False
+
+    def __call__(self, request: HTTPRequest) -> MockResponse:
+        if request.method == "POST" and not self.failed:
+            self.failed = True
+            return MockResponse(status=self.status, json={"error": {"message": self.message}})
+        return self.fake(request)

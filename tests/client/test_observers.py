@@ -17,11 +17,11 @@ from typing import Any
 
 import anyio
 import pytest
-from fake_server import POISON, FakeServer
+from fake_server import POISON, FailsFirstPost, FakeServer
 
 import llmbatch
 from llmbatch import ObservedBatch, ObservedRequest, Observer
-from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
+from llmbatch.transports import HTTPRequest, MockTransport
 
 pytestmark = pytest.mark.anyio
 
@@ -135,23 +135,9 @@ async def test_what_a_request_says_to_an_observer() -> None:
     )
 
 
-class FailsFirst:
-    """A 500 on the first POST, then answers."""
-
-    def __init__(self) -> None:
-        self.fake = FakeServer()
-        self.failed = False
-
-    def __call__(self, request: HTTPRequest) -> Any:
-        if request.method == "POST" and not self.failed:
-            self.failed = True
-            return MockResponse(status=500, json={"error": {"message": "boom"}})
-        return self.fake(request)
-
-
 async def test_a_retry_is_reported_before_the_batch_is_sent_again() -> None:
     seen = Recorder()
-    async with client(FailsFirst(), observers=[seen]) as c:
+    async with client(FailsFirstPost(), observers=[seen]) as c:
         assert (await c.complete("hi", max_tokens=2)).text
     [(batch, error, wait)] = seen.retries
     assert (batch.attempt, batch.path, error) == (1, "/completions", "ServerError")

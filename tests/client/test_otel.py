@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fake_server import POISON, FakeServer
+from fake_server import POISON, FailsFirstPost, FakeServer
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import llmbatch
 import llmbatch.otel
 from llmbatch import BatchPolicy, Client, RetryPolicy
-from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
+from llmbatch.transports import MockTransport
 
 pytestmark = pytest.mark.anyio
 
@@ -105,23 +105,11 @@ async def test_a_lone_call_nests_its_http_span_and_failures_are_marked(
     assert http[1].status.status_code is StatusCode.ERROR
 
 
-class Flaky:
-    def __init__(self) -> None:
-        self.fake = FakeServer()
-        self.failed = False
-
-    def __call__(self, request: HTTPRequest) -> Any:
-        if request.method == "POST" and not self.failed:
-            self.failed = True
-            return MockResponse(status=503, json={"error": {"message": "busy"}})
-        return self.fake(request)
-
-
 async def test_each_attempt_and_bisection_part_is_an_http_span(
     traced: tuple[TracerProvider, InMemorySpanExporter],
 ) -> None:
     provider, exporter = traced
-    client = make(Flaky())
+    client = make(FailsFirstPost(503, "busy"))
     llmbatch.otel.instrument(client, provider)
     async with client:
         prompts = [f"p{i}" for i in range(8)]

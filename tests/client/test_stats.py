@@ -7,11 +7,10 @@ through MockTransport."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 from factories import make_request
-from fake_server import FakeServer
+from fake_server import FailsFirstPost, FakeServer
 
 import llmbatch
 from llmbatch import (
@@ -26,7 +25,7 @@ from llmbatch import (
 from llmbatch._calls.outcome import Outcomes
 from llmbatch._observers import Observers
 from llmbatch._recorder import LATENCY_BOUNDS, RATE_WINDOW, StatsRecorder
-from llmbatch.transports import HTTPRequest, MockResponse, MockTransport
+from llmbatch.transports import MockTransport
 
 QUIET = {p: 0 for p in Priority}
 
@@ -125,24 +124,10 @@ def test_histogram_is_public_and_immutable() -> None:
         h.count = 4  # type: ignore[misc]
 
 
-class FlakyOnce:
-    """A 500 on the first POST, then answers."""
-
-    def __init__(self) -> None:
-        self.fake = FakeServer()
-        self.failed = False
-
-    def __call__(self, request: HTTPRequest) -> Any:
-        if request.method == "POST" and not self.failed:
-            self.failed = True
-            return MockResponse(status=500, json={"error": {"message": "boom"}})
-        return self.fake(request)
-
-
 @pytest.mark.anyio
 async def test_client_stats_print_as_a_table_and_count_retries() -> None:
     retry = RetryPolicy(initial_backoff=0.0, max_backoff=0.0, outage_tolerance=0)
-    client = Client("http://127.0.0.1:1/v1", transport=MockTransport(FlakyOnce()), retry=retry)
+    client = Client("http://127.0.0.1:1/v1", transport=MockTransport(FailsFirstPost()), retry=retry)
     async with client:
         await client.map([f"p{i}" for i in range(10)], max_tokens=2)
         await client.complete("hi", priority="realtime")
