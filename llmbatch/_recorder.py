@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from llmbatch._config import Priority
 from llmbatch._stats import (
@@ -219,10 +219,9 @@ class StatsRecorder:
         if size > self.max_batch_size:
             self.max_batch_size = size
 
-    def dispatched(self, priority: Priority, waits: Iterable[float]) -> None:
+    def dispatched(self, priority: Priority, waits: Sequence[float]) -> None:
         """A batch of ``priority`` left the queue; ``waits``: its requests' queue waits."""
         tier = self._tiers[priority]
-        waits = list(waits)
         tier.queue_wait.extend(waits)
         observe = tier.queue_wait_buckets.observe
         for wait in waits:

@@ -220,7 +220,7 @@ class Fleet:
 
     @property
     def replicas(self) -> list[Replica]:
-        return [s.replica for s in self.health.servers if not s.removed]
+        return [s.replica for s in self.health.live()]
 
     async def add(self, replica: Replica) -> Server:
         """Start sending to ``replica``: at once if it answers, else once it is up.
@@ -244,7 +244,7 @@ class Fleet:
 
     def remove(self, replica: Replica) -> None:
         """Send nothing more to ``replica``; what it has in flight finishes there."""
-        live = [s for s in self.health.servers if not s.removed]
+        live = self.health.live()
         server = next((s for s in live if s.replica == replica), None)
         if server is None:
             raise ConfigError(f"{replica.base_url!r} is not one of the client's replicas")
