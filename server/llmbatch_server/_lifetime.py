@@ -12,14 +12,17 @@ simulator all take as "stop"; elsewhere nothing changes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
-__all__ = ["stop_with_parent"]
+__all__ = ["in_background", "stop_with_parent"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -51,3 +54,16 @@ def stop_with_parent(sig: signal.Signals = signal.SIGTERM) -> Callable[[], None]
             os.kill(os.getpid(), signum)
 
     return preexec
+
+
+@contextlib.asynccontextmanager
+async def in_background(work: Coroutine[Any, Any, object]) -> AsyncIterator[None]:
+    """Run ``work`` as a task for the ``async with`` block; cancelled and awaited
+    when the block ends, so it never outlives its owner either."""
+    task = asyncio.ensure_future(work)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    # Only a subcommand that passes arguments on (``vllm ... -- ARGS``) takes extras.
+    if extra and not args.passes_extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     handler = args.handler
     return int(handler(args, extra, parser) or 0)
 

@@ -8,18 +8,13 @@ answers, stopped (or killed and restarted on the same port) by its owner.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import tempfile
+import contextlib
 import time
 from pathlib import Path
-from types import TracebackType
 
 import httpx
 
-from llmbatch_server._lifetime import stop_with_parent
+from llmbatch_server._process import ManagedProcess, free_port
 
 __all__ = ["LlamaServerProcess"]
 
@@ -29,8 +24,13 @@ STARTUP_TIMEOUT = 60.0
 START_TRIES = 5
 
 
-class LlamaServerProcess:
+class LlamaServerProcess(ManagedProcess):
     """One ``llama-server`` with ``--parallel`` slots and ``--metrics`` on."""
+
+    name = "llama-server"
+    own_group = True
+    poll_interval = 0.1
+    startup_timeout = STARTUP_TIMEOUT
 
     def __init__(
         self,
@@ -42,23 +42,18 @@ class LlamaServerProcess:
         threads: int | None = None,
         extra: tuple[str, ...] = (),
     ) -> None:
+        super().__init__(tag="llama-server")
         self.binary = str(binary)
         self.model = str(model)
         self.parallel = parallel
         self.context = context
         self.threads = threads
         self.extra = extra
-        self.port = _free_port()
-        self._log = Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
-        self._process: subprocess.Popen[bytes] | None = None
+        self.port = free_port()
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._process is None else self._process.pid
 
     def argv(self) -> list[str]:
         argv = [self.binary, "-m", self.model, "--host", "127.0.0.1", "--port", str(self.port)]
@@ -68,80 +63,17 @@ class LlamaServerProcess:
             argv += ["--threads", str(self.threads)]
         return [*argv, *self.extra]
 
-    def start(self, timeout: float = STARTUP_TIMEOUT) -> LlamaServerProcess:
+    def ready(self) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200
+        return False
+
+    def start(self, timeout: float | None = None) -> None:
         """Start it and wait until ``/health`` answers 200. Restarted on its port
         right after a kill, it may find the port not yet free: it tries again."""
-        deadline = time.monotonic() + timeout
-        self._spawn()
-        exits = 0
-        while True:
-            assert self._process is not None
-            if self._process.poll() is not None:
-                exits += 1
-                if exits >= START_TRIES or time.monotonic() > deadline:
-                    raise RuntimeError(f"llama-server exited:\n{self.log_tail()}")
-                time.sleep(0.5)
-                self._spawn()
-                continue
-            try:
-                if (
-                    httpx.get(self.base_url[: -len("/v1")] + "/health", timeout=2).status_code
-                    == 200
-                ):
-                    return self
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"llama-server not ready after {timeout}s:\n{self.log_tail()}")
-            time.sleep(0.1)
-
-    def _spawn(self) -> None:
-        with self._log.open("ab") as log:
-            self._process = subprocess.Popen(
-                self.argv(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=stop_with_parent(),
-            )
-
-    def kill(self) -> None:
-        """SIGKILL it (an engine crash): in-flight requests lose their connection."""
-        if self._process is not None and self._process.poll() is None:
-            os.killpg(self._process.pid, signal.SIGKILL)
-            self._process.wait(timeout=10)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it does not exit within 10 s."""
-        process = self._process
-        if process is None or process.poll() is not None:
-            return
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-
-    def log_tail(self, lines: int = 30) -> str:
-        return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
-
-    def __enter__(self) -> LlamaServerProcess:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-        self._log.unlink(missing_ok=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        for _ in range(START_TRIES - 1):
+            self.spawn()
+            if self.await_ready(timeout):
+                return
+            time.sleep(0.5)
+        super().start(timeout)

@@ -16,18 +16,13 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
 
-from llmbatch_server._lifetime import stop_with_parent
+from llmbatch_server._process import ManagedProcess
 
 DEFAULT_STARTUP_TIMEOUT = 30.0
 
@@ -48,19 +43,22 @@ class PrefixCacheStats(NamedTuple):
         return self.hits / self.queries if self.queries else 0.0
 
 
-class SimulatorProcess:
+class SimulatorProcess(ManagedProcess):
     """A running simulator subprocess."""
 
+    name = "simulator"
+    error = SimulatorError
+    startup_timeout = DEFAULT_STARTUP_TIMEOUT
+
     def __init__(self, args: tuple[str, ...], *, port: int = 0, api_key: str | None = None) -> None:
+        super().__init__(tag="sim")
         self.args = args
         self.api_key = api_key
         self.port = port
         self.url = ""
         #: Every replica's URL (more than one with ``--replicas``); ``url`` is the first.
         self.urls: list[str] = []
-        self._dir = Path(tempfile.mkdtemp(prefix="llmbatch-sim-"))
-        self._log = self._dir / "sim.log"
-        self._process: subprocess.Popen[bytes] | None = None
+        self._ready_file = self._dir / "ready"
 
     def __repr__(self) -> str:
         return f"SimulatorProcess(url={self.url!r}, pid={self.pid})"
@@ -70,29 +68,8 @@ class SimulatorProcess:
         """The OpenAI-style base URL, ``http://127.0.0.1:PORT/v1``."""
         return self.url + "/v1"
 
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process else None
-
-    @property
-    def running(self) -> bool:
-        """Whether the process has been started and has not exited."""
-        return self._process is not None and self._process.poll() is None
-
-    def start(self, timeout: float = DEFAULT_STARTUP_TIMEOUT) -> None:
-        """Start and wait until ``/health`` answers."""
-        self.spawn()
-        self.wait_ready(timeout)
-
-    @property
-    def _ready(self) -> Path:
-        return self._dir / "ready"
-
-    def spawn(self) -> None:
-        """Start the process without waiting for it (see :meth:`wait_ready`)."""
-        ready = self._ready
-        ready.unlink(missing_ok=True)
-        argv = [
+    def argv(self) -> list[str]:
+        return [
             sys.executable,
             "-m",
             "llmbatch_server",
@@ -100,69 +77,32 @@ class SimulatorProcess:
             "--port",
             str(self.port),
             "--ready-file",
-            str(ready),
+            str(self._ready_file),
             *self.args,
         ]
+
+    def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         if self.api_key:
             env["VLLM_API_KEY"] = self.api_key  # not on the command line, where ps shows it
-        with self._log.open("ab") as log:
-            self._process = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                preexec_fn=stop_with_parent(),
-            )
+        return env
 
-    def wait_ready(self, timeout: float = DEFAULT_STARTUP_TIMEOUT) -> None:
+    def spawn(self) -> None:
+        self._ready_file.unlink(missing_ok=True)
+        super().spawn()
+
+    def ready(self) -> bool:
+        # The simulator writes its URLs once every replica listens.
+        return self._ready_file.exists()
+
+    def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until the spawned server listens and ``/health`` answers."""
-        assert self._process is not None, "spawn() first"
-        ready = self._ready
-        deadline = time.monotonic() + timeout
-        while not ready.exists():
-            if self._process.poll() is not None:
-                raise SimulatorError(
-                    f"simulator exited with {self._process.returncode}:\n{self.log_tail()}"
-                )
-            if time.monotonic() > deadline:
-                self.stop()
-                raise SimulatorError(f"simulator not ready after {timeout}s:\n{self.log_tail()}")
-            time.sleep(0.02)
-        self.urls = [line.removesuffix("/v1") for line in ready.read_text().split()]
+        super().wait_ready(timeout)
+        self.urls = [line.removesuffix("/v1") for line in self._ready_file.read_text().split()]
         self.url = self.urls[0]
         self.port = int(self.url.rsplit(":", 1)[1])
         for url in self.urls:
-            httpx.get(url + "/health", timeout=timeout).raise_for_status()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL if it does not exit within ``timeout``."""
-        process = self._process
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-    def kill(self) -> None:
-        """SIGKILL at once (a crashed server)."""
-        if self._process is not None and self._process.poll() is None:
-            self._process.kill()
-            self._process.wait()
-
-    def restart(self, timeout: float = DEFAULT_STARTUP_TIMEOUT) -> None:
-        """Stop if running, then start again on the same port."""
-        self.stop()
-        self.start(timeout)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return ""
+            httpx.get(url + "/health", timeout=timeout or self.startup_timeout).raise_for_status()
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -273,7 +213,7 @@ def run_simulators(
         yield sims
     finally:
         for sim in sims:
-            sim.stop()
+            sim.close()
 
 
 @contextlib.contextmanager
@@ -289,4 +229,4 @@ def run_simulator(
         sim.start(startup_timeout)
         yield sim
     finally:
-        sim.stop()
+        sim.close()

@@ -57,14 +57,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--seed", type=int, default=0, help="seeds the random weights (default: %(default)s)"
     )
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, passes_extra=False)
     return p
 
 
 def run(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
     """Entry point for ``llmbatch-server tiny-model``."""
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         path = make_tiny_model(args.dir, seed=args.seed)
     except ImportError as exc:

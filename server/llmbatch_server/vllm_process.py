@@ -15,18 +15,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from llmbatch_server._lifetime import stop_with_parent
+from llmbatch_server._process import ManagedProcess, free_port, signal_group
 
 #: vLLM loads, compiles and warms up before it answers: minutes on a small CPU.
 DEFAULT_STARTUP_TIMEOUT = 300.0
@@ -36,15 +31,17 @@ class VLLMProcessError(RuntimeError):
     """vLLM did not start; the message carries the launcher's log tail."""
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+__all__ = ["VLLMProcess", "VLLMProcessError", "free_port", "run_vllm"]
 
 
-class VLLMProcess:
+class VLLMProcess(ManagedProcess):
     """One ``llmbatch-server vllm`` launcher and the vLLM it runs."""
+
+    name = "vLLM"
+    error = VLLMProcessError
+    own_group = True
+    poll_interval = 0.5
+    startup_timeout = DEFAULT_STARTUP_TIMEOUT
 
     def __init__(
         self,
@@ -57,6 +54,7 @@ class VLLMProcess:
         cpus: str | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
+        super().__init__(tag="vllm")
         self.model = model
         self.vllm_args = tuple(vllm_args)
         self.profile = profile
@@ -64,9 +62,6 @@ class VLLMProcess:
         self.vllm_bin = vllm_bin
         self.cpus = cpus
         self.env = env or {}
-        self._dir = Path(tempfile.mkdtemp(prefix="llmbatch-vllm-"))
-        self._log = self._dir / "vllm.log"
-        self._process: subprocess.Popen[bytes] | None = None
 
     def __repr__(self) -> str:
         return f"VLLMProcess(model={self.model!r}, port={self.port}, pid={self.pid})"
@@ -79,11 +74,6 @@ class VLLMProcess:
     def base_url(self) -> str:
         return self.url + "/v1"
 
-    @property
-    def pid(self) -> int | None:
-        """The launcher's pid (vLLM's API server is its child)."""
-        return self._process.pid if self._process else None
-
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "llmbatch_server", "vllm", "--model", self.model]
         argv += ["--profile", self.profile, "--port", str(self.port)]
@@ -94,31 +84,13 @@ class VLLMProcess:
             argv += ["--cpus", self.cpus]
         return [*argv, "--", *self.vllm_args]
 
-    def start(self, timeout: float = DEFAULT_STARTUP_TIMEOUT) -> None:
-        """Start and wait until ``/health`` answers 200."""
-        with self._log.open("ab") as log:
-            self._process = subprocess.Popen(
-                self.argv(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env},
-                start_new_session=True,
-                # The launcher stops vLLM in order when this process dies uncleanly.
-                preexec_fn=stop_with_parent(),
-            )
-        deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=2.0, trust_env=False) as http:
-            while time.monotonic() < deadline:
-                if self._process.poll() is not None:
-                    raise VLLMProcessError(
-                        f"vLLM exited with {self._process.returncode}:\n{self.log_tail()}"
-                    )
-                with contextlib.suppress(httpx.HTTPError):
-                    if http.get(self.url + "/health").status_code == 200:
-                        return
-                time.sleep(0.5)
-        self.stop()
-        raise VLLMProcessError(f"vLLM not ready after {timeout:g} s:\n{self.log_tail()}")
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
+
+    def ready(self) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(self.url + "/health", timeout=2.0, trust_env=False).status_code == 200
+        return False
 
     def processes(self) -> tuple[int | None, list[int]]:
         """(the API server's pid, the engine's pids: engine core and workers)."""
@@ -137,40 +109,24 @@ class VLLMProcess:
         return int(api.pid), engine
 
     def kill(self) -> None:
-        """Crash: SIGKILL vLLM's process group, then the launcher."""
+        """Crash: SIGKILL vLLM's process group (the API server's), then the launcher."""
         api, _ = self.processes()
         if api is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(os.getpgid(api), signal.SIGKILL)
-        if self._process is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self._process.kill()
-            self._process.wait(timeout=30)
+                signal_group(os.getpgid(api), signal.SIGKILL)
+        super().kill()
 
-    def restart(self, timeout: float = DEFAULT_STARTUP_TIMEOUT) -> None:
+    def restart(self, timeout: float | None = None) -> None:
         """Start again on the same port (after :meth:`kill`)."""
         self.start(timeout)
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM the launcher (it stops vLLM's group), SIGKILL what is left."""
-        process = self._process
-        if process is None or process.poll() is not None:
-            return
         api, _ = self.processes()
-        process.terminate()
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        super().stop(timeout)
         if api is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(os.getpgid(api), signal.SIGKILL)
-
-    def log_tail(self, lines: int = 40) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
-        return ""
+                signal_group(os.getpgid(api), signal.SIGKILL)
 
 
 def _psutil() -> Any:

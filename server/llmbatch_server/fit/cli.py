@@ -67,14 +67,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--repeat", type=int, default=_DEFAULT.repeat, help="prefill probes per length (default: 3)"
     )
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, passes_extra=False)
     return p
 
 
 def run(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
     """Entry point for ``llmbatch-server fit``."""
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.tokens < 3 or args.repeat < 1:
         parser.error("--tokens must be >= 3 and --repeat >= 1")
     probe = Probe(

@@ -28,13 +28,14 @@ import itertools
 import random
 import statistics
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
+from llmbatch_server._lifetime import in_background
 from llmbatch_server.fit.model import BurstPoint, DecodePoint, FittedLimits, PrefillPoint, line
 
 _TEXT = (
@@ -275,15 +276,9 @@ async def discover_model(http: httpx.AsyncClient, model: str | None) -> tuple[st
     return str(card["id"]), int(length) if length else None
 
 
-@contextlib.asynccontextmanager
-async def polling(gauges: Gauges) -> AsyncIterator[None]:
-    task = asyncio.create_task(gauges.poll())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+def polling(gauges: Gauges) -> contextlib.AbstractAsyncContextManager[None]:
+    """The gauges polled for the ``async with`` block."""
+    return in_background(gauges.poll())
 
 
 async def measure(

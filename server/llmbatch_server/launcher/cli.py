@@ -79,7 +79,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="print the vllm command and the client settings, start nothing (default: off)",
     )
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, passes_extra=True)
     return p
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from llmbatch_server._lifetime import stop_with_parent
+from llmbatch_server._process import signal_group
 from llmbatch_server.launcher.profiles import build_argv, flag_value, suggested_client_settings
 
 INSTALL_HINT = (
@@ -183,14 +184,14 @@ class VLLMServer:
         if proc is None:
             return
         if proc.returncode is None:
-            _signal_group(proc.pid, signal.SIGTERM)
+            signal_group(proc.pid, signal.SIGTERM)
             try:
                 await asyncio.wait_for(proc.wait(), self.stop_timeout)
             except TimeoutError:
-                _signal_group(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
                 await proc.wait()
         # Workers may outlive the leader; make sure none of the group survive.
-        _signal_group(proc.pid, signal.SIGKILL)
+        signal_group(proc.pid, signal.SIGKILL)
         if self._reader is not None:
             await asyncio.wait({self._reader}, timeout=5)
             self._reader.cancel()
@@ -234,11 +235,6 @@ class VLLMServer:
                 line = line.replace(self._api_key, "***")
             self._tail.append(line)
             self._log(self._prefix + line)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, sig)
 
 
 def base_url_for(host: str, port: int) -> str:

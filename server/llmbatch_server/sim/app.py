@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,6 +15,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from llmbatch_server._lifetime import in_background
 from llmbatch_server.sim import metrics
 from llmbatch_server.sim.admin import admin_faults
 from llmbatch_server.sim.config import SimConfig
@@ -41,14 +41,9 @@ def build_app(config: SimConfig) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        task = asyncio.ensure_future(sim.engine.run())
         sim.outage.schedule(config.outage)
-        try:
+        async with in_background(sim.engine.run()):
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     def guarded(
         handler: Callable[[Request], Awaitable[Response]],

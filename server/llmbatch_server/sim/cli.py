@@ -17,14 +17,12 @@ from llmbatch_server.sim.serve import Replica, serve
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``sim`` subcommand."""
     p = options.add_parser(subparsers)
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, passes_extra=False)
     return p
 
 
 def run(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
     """Serve until interrupted."""
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         check_host(args.host, args.api_key)
         if args.replicas < 1:
