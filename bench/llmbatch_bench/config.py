@@ -128,7 +128,7 @@ class BenchConfig:
     replicas_prefixes: int = 32
     replicas_prefix_chars: int = 4_000
     #: Each replica's ``--kv-cache-tokens`` in the prefix jobs (None: sized from the
-    #: prompts, :func:`llmbatch_bench.replicaplan.prefix_kv_tokens`).
+    #: prompts, :func:`.replicas.plan.prefix_kv_tokens`).
     replicas_kv_tokens: int | None = None
     #: Streamed requests a second beside the prefix jobs' map (the TTFT sample).
     replicas_stream_rate: float = 4.0

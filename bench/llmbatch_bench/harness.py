@@ -2,10 +2,10 @@
 
 Order matters: the capacity sweep runs first (the bulk ratio needs it and the mixed
 scenario sizes its bulk work from it), then bulk and mixed (with its idle twin) on
-the main server; then the closed-loop scenarios (:mod:`.closedplan`) on a slower
+the main server; then the closed-loop scenarios (:mod:`.closedloop.plan`) on a slower
 simulator (``outage`` and ``control`` start their own); then the replicas scenario
-(:mod:`.replicaplan`: each job starts a fleet of its own); then the hot-path scenarios
-(:mod:`.hotplan`) on a zero-latency server of their own. After every job the
+(:mod:`.replicas.plan`: each job starts a fleet of its own); then the hot-path scenarios
+(:mod:`.hotpath.plan`) on a zero-latency server of their own. After every job the
 harness waits until the server reports nothing running, so no job inherits
 another's leftovers.
 """
@@ -24,7 +24,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from llmbatch import __version__
-from llmbatch_bench import ceiling, closedplan, hotplan, replicaplan
+from llmbatch_bench import ceiling
+from llmbatch_bench.closedloop import plan as closedplan
+from llmbatch_bench.closedloop.targets import evaluate_closed
 from llmbatch_bench.config import (
     CLOSED_SCENARIOS,
     HOT_SCENARIOS,
@@ -33,13 +35,14 @@ from llmbatch_bench.config import (
     BenchConfig,
 )
 from llmbatch_bench.contenders import available
+from llmbatch_bench.hotpath import plan as hotplan
 from llmbatch_bench.jobs import HARD_STOP_GRACE, Job, use_prompts
 from llmbatch_bench.metrics import RunMetrics
+from llmbatch_bench.replicas import plan as replicaplan
+from llmbatch_bench.replicas.targets import evaluate_replicas
 from llmbatch_bench.server import MetricsSampler, ServerInfo, discover, simulator, vllm, wait_idle
 from llmbatch_bench.summary import summarize
 from llmbatch_bench.targets import capacity, evaluate
-from llmbatch_bench.targets_closed import evaluate_closed
-from llmbatch_bench.targets_replicas import evaluate_replicas
 from llmbatch_bench.worker import WorkerError, run_in_process, run_in_worker
 
 __all__ = ["SCHEMA", "run_bench"]

@@ -8,27 +8,27 @@ Job kinds (the runner of each is named in parentheses):
   a Poisson process, measured over a window after a warm-up (:mod:`.scenarios`);
 - ``idle``: the same realtime arrivals on an otherwise idle server (:mod:`.scenarios`);
 - ``llmbatch``: one of llmbatch's public calls, named by ``api``, measured in steady
-  state after a warm-up (:mod:`.hotpath`);
+  state after a warm-up (:mod:`.hotpath.steady`);
 - ``probe``: the lean client: raw aiohttp, ``batch`` prompts per
-  ``/v1/completions`` request, ``concurrency`` prompts in flight (:mod:`.references`);
+  ``/v1/completions`` request, ``concurrency`` prompts in flight (:mod:`.hotpath.references`);
 - ``per_prompt``: a baseline (``AsyncOpenAI`` in the overhead scenario), one request
   per prompt under ``asyncio.gather`` and a semaphore, in steady state
-  (:mod:`.references`);
+  (:mod:`.hotpath.references`);
 - ``raw``: one raw aiohttp request at a time, the reference for ``single``
-  (:mod:`.references`);
+  (:mod:`.hotpath.references`);
 - ``bare``: ``asyncio.gather`` of ``n`` coroutines that only wait, the memory
-  baseline of the burst (:mod:`.references`);
+  baseline of the burst (:mod:`.hotpath.references`);
 - ``program``: an unmodified openai-python program, ``asyncio.gather`` over ``n``
   ``completions.create`` (or ``embeddings.create``) calls, with ``AsyncOpenAI``
   imported from ``sdk``: ``openai`` or llmbatch's drop-in ``llmbatch.openai``
-  (:mod:`.program`);
+  (:mod:`.hotpath.program`);
 - ``outage``: a ``map`` through a recording transport while the job's own simulator
-  answers 503 or is killed and restarted (:mod:`.closedloop`);
+  answers 503 or is killed and restarted (:mod:`.closedloop.jobs`);
 - ``control``: bulk work, then realtime arrivals, an outage and recovery on the job's
-  own simulator, with the controller's time series (:mod:`.closedloop`);
+  own simulator, with the controller's time series (:mod:`.closedloop.jobs`);
 - ``replicas``: ``replicas`` simulators of the job's own, sent a ``workload`` through
   one llmbatch client over all of them or one client per replica in turn
-  (``routing``), each replica's ``/metrics`` sampled throughout (:mod:`.replicajobs`).
+  (``routing``), each replica's ``/metrics`` sampled throughout (:mod:`.replicas.jobs`).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class Job:
     slo_pace: bool = False
     #: ``Replica(prefill_seconds_per_token=)`` for llmbatch (None: not stated).
     prefill_cost: float | None = None
-    #: Record the controller's time series (:mod:`.trace`) while the job runs.
+    #: Record the controller's time series (:mod:`.closedloop.trace`) while the job runs.
     trace: bool = False
     #: Prompts per request for ``probe``; ``BatchPolicy.max_batch_size`` for ``llmbatch``.
     batch: int = 16

@@ -7,9 +7,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from llmbatch_bench import plots_closed
+from llmbatch_bench.closedloop import plots as plots_closed
+from llmbatch_bench.hotpath.report import summaries_of
 from llmbatch_bench.report import capacity_run, runs_of
-from llmbatch_bench.report_hot import summaries_of
 from llmbatch_bench.targets import BURST_RSS_MB, CPU_US
 
 __all__ = ["write_plots"]

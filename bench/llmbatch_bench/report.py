@@ -1,9 +1,9 @@
 """Turns a bench report (the JSON dict) into tables and a JSON file.
 
 Sections for the server scenarios (sweep, bulk, mixed) and the targets are here;
-the closed-loop scenarios' sections are in :mod:`.report_closed`, the replicas
-scenario's in :mod:`.report_replicas`, the hot-path
-scenarios' in :mod:`.report_hot`, plots in :mod:`.plots`.
+the closed-loop scenarios' sections are in :mod:`.closedloop.report`, the replicas
+scenario's in :mod:`.replicas.report`, the hot-path
+scenarios' in :mod:`.hotpath.report`, plots in :mod:`.plots`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from llmbatch_bench import report_closed, report_hot, report_replicas
+from llmbatch_bench.closedloop import report as report_closed
+from llmbatch_bench.hotpath import report as report_hot
+from llmbatch_bench.replicas import report as report_replicas
 from llmbatch_bench.tables import num, section, server_cpu_per_prompt, table
 
 __all__ = ["capacity_run", "render", "runs_of", "write_json"]

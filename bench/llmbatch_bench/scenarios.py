@@ -1,15 +1,19 @@
 """Any :class:`~llmbatch_bench.jobs.Job` in the process that runs it: the contender
 workloads of :mod:`.workloads` (``bulk``, ``mixed``, ``idle``), the steady-state kinds
-of :mod:`.hotpath`, :mod:`.references` and :mod:`.program`, the closed-loop kinds of
-:mod:`.closedloop` and the replicas jobs of :mod:`.replicajobs`.
+of :mod:`.hotpath.steady`, :mod:`.hotpath.references` and :mod:`.hotpath.program`,
+the closed-loop kinds of :mod:`.closedloop.jobs` and the replicas jobs of
+:mod:`.replicas.jobs`.
 """
 
 from __future__ import annotations
 
-from llmbatch_bench import closedloop, hotpath, program, references, replicajobs
+from llmbatch_bench.closedloop import jobs as closedloop
 from llmbatch_bench.contenders import Contender, make_contender
+from llmbatch_bench.hotpath import program, references
+from llmbatch_bench.hotpath import steady as hotpath
 from llmbatch_bench.jobs import Job
 from llmbatch_bench.metrics import RunMetrics
+from llmbatch_bench.replicas import jobs as replicajobs
 from llmbatch_bench.workloads import run_workload
 
 __all__ = ["run_job"]

@@ -1,7 +1,7 @@
 """Repeated runs folded into one row each: medians over rounds, and ratios.
 
 A hot-path label runs several times, interleaved with the others
-(:mod:`.hotplan`); one :class:`Summary` per (scenario, label) holds the median of
+(:mod:`.hotpath.plan`); one :class:`Summary` per (scenario, label) holds the median of
 its rounds and their spread. The median, not the mean, because one round caught by
 another process's burst of work should not move the number.
 """

@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from llmbatch_bench import hotplan
+from llmbatch_bench.hotpath import plan as hotplan
 from llmbatch_bench.metrics import RunMetrics
 from llmbatch_bench.summary import Summary, find_summary, ratio, summarize
 

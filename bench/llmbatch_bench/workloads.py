@@ -15,8 +15,10 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from llmbatch_bench import closedloop, hotpath
+from llmbatch_bench.closedloop import jobs as closedloop
+from llmbatch_bench.closedloop.trace import Trace, window_summary
 from llmbatch_bench.contenders import Contender
+from llmbatch_bench.hotpath import steady as hotpath
 from llmbatch_bench.jobs import (
     Job,
     chat_inputs,
@@ -27,7 +29,6 @@ from llmbatch_bench.jobs import (
     within_limit,
 )
 from llmbatch_bench.metrics import STREAM_FIELDS, Recorder, RunMetrics, measure
-from llmbatch_bench.trace import Trace, window_summary
 
 __all__ = ["WORKLOADS", "run_workload"]
 

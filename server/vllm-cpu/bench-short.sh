@@ -56,7 +56,7 @@ timeout --kill-after=30 600 "$PYTHON" -m llmbatch_bench --url "http://127.0.0.1:
 # The gauge series under a saturating map (issue #31), on vLLM, then on the fitted
 # simulator: the short form of fit-compare.sh's comparison, printed.
 echo "gauges, vLLM:"
-"$PYTHON" -m llmbatch_bench.gauges --url "http://127.0.0.1:$port/v1" --seconds 5 --warmup 2
+"$PYTHON" -m llmbatch_bench.experiments.gauges --url "http://127.0.0.1:$port/v1" --seconds 5 --warmup 2
 "$PYTHON" - "$work/fit.json" <<'PY'
 import subprocess, sys, httpx
 from llmbatch_server.testing import run_simulator
@@ -69,6 +69,6 @@ with run_simulator("--fitted", sys.argv[1], "--max-num-seqs", "16") as sim:
     answer.raise_for_status()
     print("sim --fitted answered:", answer.json()["usage"])
     print("gauges, the fitted simulator:", flush=True)
-    gauges = [sys.executable, "-m", "llmbatch_bench.gauges", "--url", sim.base_url]
+    gauges = [sys.executable, "-m", "llmbatch_bench.experiments.gauges", "--url", sim.base_url]
     subprocess.run([*gauges, "--seconds", "5", "--warmup", "2"], check=True, timeout=60)
 PY

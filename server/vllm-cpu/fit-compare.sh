@@ -41,7 +41,7 @@ measure() {  # NAME PORT: the same runs against whichever server listens on PORT
             --slo-warmup 8 --json "$OUT/fit-compare-$1-slo.json" >"$OUT/fit-compare-$1-slo.txt" 2>&1
     fi
     if step gauges; then
-        "$PYTHON" -m llmbatch_bench.gauges --url "http://127.0.0.1:$2/v1" --seconds 30 \
+        "$PYTHON" -m llmbatch_bench.experiments.gauges --url "http://127.0.0.1:$2/v1" --seconds 30 \
             --rounds "${GAUGE_ROUNDS:-3}" \
             --json "$OUT/fit-compare-$1-gauges.json" >"$OUT/fit-compare-$1-gauges.txt" 2>&1
     fi

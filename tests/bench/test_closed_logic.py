@@ -13,17 +13,17 @@ from typing import Any
 
 import pytest
 
-from llmbatch_bench import closedplan
 from llmbatch_bench.cli import build_parser, config_from_args
+from llmbatch_bench.closedloop import plan as closedplan
+from llmbatch_bench.closedloop.report import phase_rows, step_timing
+from llmbatch_bench.closedloop.stepmodel import SimModel, best_under_slo, sim_model
+from llmbatch_bench.closedloop.targets import evaluate_closed
+from llmbatch_bench.closedloop.trace import FIELDS, Trace, column, window_summary
+from llmbatch_bench.closedloop.wirelog import Exchange, per_second, rate, resume
 from llmbatch_bench.config import SMOKE, BenchConfig
 from llmbatch_bench.jobs import prompt
 from llmbatch_bench.plots import write_plots
 from llmbatch_bench.report import render
-from llmbatch_bench.report_closed import phase_rows, step_timing
-from llmbatch_bench.stepmodel import SimModel, best_under_slo, sim_model
-from llmbatch_bench.targets_closed import evaluate_closed
-from llmbatch_bench.trace import FIELDS, Trace, column, window_summary
-from llmbatch_bench.wirelog import Exchange, per_second, rate, resume
 
 # -- the bound ---------------------------------------------------------------------------
 

@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from llmbatch_bench import closedplan
+from llmbatch_bench.closedloop import plan as closedplan
+from llmbatch_bench.closedloop.stepmodel import sim_model
+from llmbatch_bench.closedloop.targets import lost
+from llmbatch_bench.closedloop.trace import column
 from llmbatch_bench.config import BenchConfig
 from llmbatch_bench.harness import run_bench
 from llmbatch_bench.jobs import Job
 from llmbatch_bench.plots import write_plots
 from llmbatch_bench.scenarios import run_job
-from llmbatch_bench.stepmodel import sim_model
-from llmbatch_bench.targets_closed import lost
-from llmbatch_bench.trace import column
 
 pytest.importorskip("llmbatch_server.testing")
 

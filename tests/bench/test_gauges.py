@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from llmbatch_bench.gauges import gauge_values, main, pool, summarize
+from llmbatch_bench.experiments.gauges import gauge_values, main, pool, summarize
 from llmbatch_server.testing import run_simulator
 
 

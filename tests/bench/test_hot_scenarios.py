@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from llmbatch_bench import hotplan
+from llmbatch_bench.hotpath import plan as hotplan
 
 pytest.importorskip("llmbatch_server.testing")
 

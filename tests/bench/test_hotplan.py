@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from llmbatch_bench import hotplan
 from llmbatch_bench.cli import build_parser, config_from_args
 from llmbatch_bench.config import BenchConfig
+from llmbatch_bench.hotpath import plan as hotplan
 from llmbatch_bench.jobs import Job
 
 

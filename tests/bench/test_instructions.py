@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import llmbatch
-from llmbatch_bench.instructions import (
+from llmbatch_bench.hotpath.instructions import (
     Count,
     client_timeout,
     instructions_of,

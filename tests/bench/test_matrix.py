@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from llmbatch_bench.cli import build_parser, config_from_args
-from llmbatch_bench.matrix import (
+from llmbatch_bench.closedloop.stepmodel import sim_model
+from llmbatch_bench.experiments.matrix import (
     ROWS,
     _bench_args,
     _parser,
@@ -15,7 +16,6 @@ from llmbatch_bench.matrix import (
     row_prefill_cost,
     summarize_row,
 )
-from llmbatch_bench.stepmodel import sim_model
 
 
 def _run(label: str, tokens_per_s: float, p99: float | None = None) -> dict[str, Any]:

@@ -10,19 +10,19 @@ from typing import Any
 
 import pytest
 
-from llmbatch_bench import replicaplan
 from llmbatch_bench.cli import build_parser, config_from_args
+from llmbatch_bench.closedloop.stepmodel import sim_model
 from llmbatch_bench.config import EXTRA_SCENARIOS, SMOKE, BenchConfig
-from llmbatch_bench.fleetmetrics import (
+from llmbatch_bench.jobs import prefix_prompts, system_prompt
+from llmbatch_bench.replicas import plan as replicaplan
+from llmbatch_bench.replicas.fleetmetrics import (
     absorbed,
     histogram_quantile,
     parse_buckets,
     replica_summary,
 )
-from llmbatch_bench.jobs import prefix_prompts, system_prompt
+from llmbatch_bench.replicas.targets import evaluate_replicas
 from llmbatch_bench.report import render
-from llmbatch_bench.stepmodel import sim_model
-from llmbatch_bench.targets_replicas import evaluate_replicas
 
 # -- the prefix workload -----------------------------------------------------------------
 

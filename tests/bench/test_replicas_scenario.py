@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from llmbatch_bench import replicaplan
+from llmbatch_bench.closedloop.targets import lost
 from llmbatch_bench.config import BenchConfig
 from llmbatch_bench.harness import run_bench
+from llmbatch_bench.replicas import plan as replicaplan
 from llmbatch_bench.report import render
-from llmbatch_bench.targets_closed import lost
 
 pytest.importorskip("llmbatch_server.testing")
 

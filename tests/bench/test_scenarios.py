@@ -17,7 +17,7 @@ from fake_server import FakeServer
 from llmbatch.transports import MockTransport
 from llmbatch_bench import jobs
 from llmbatch_bench.contenders import LlmbatchContender, available
-from llmbatch_bench.hotpath import PROFILE_ENV
+from llmbatch_bench.hotpath.steady import PROFILE_ENV
 from llmbatch_bench.jobs import Job, poisson_arrivals
 from llmbatch_bench.scenarios import run_job
 from llmbatch_bench.worker import run_in_worker

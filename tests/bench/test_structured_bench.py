@@ -1,4 +1,4 @@
-"""``python -m llmbatch_bench.structured``: plain and structured maps side by side
+"""``python -m llmbatch_bench.experiments.structured``: plain and structured maps side by side
 against a simulator it starts itself, every item accounted for."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmbatch_bench import structured
+from llmbatch_bench.experiments import structured
 
 
 def test_the_structured_bench_accounts_for_every_item(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from llmbatch_bench import hotplan
+from llmbatch_bench.hotpath import plan as hotplan
 from llmbatch_bench.metrics import Meter, Recorder, RunMetrics
 from llmbatch_bench.plots import write_plots
 from llmbatch_bench.report import render, write_json

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmbatch_bench.tenants import _rate, _table, _verdicts
+from llmbatch_bench.experiments.tenants import _rate, _table, _verdicts
 
 
 def results(**changes: Any) -> dict[str, Any]:

@@ -7,9 +7,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llmbatch_bench import closedplan
-from llmbatch_bench.targets_closed import tpot_p99
-from llmbatch_bench.trace import column
+from llmbatch_bench.closedloop import plan as closedplan
+from llmbatch_bench.closedloop.targets import tpot_p99
+from llmbatch_bench.closedloop.trace import column
 
 __all__ = ["plot_control", "plot_slo"]
 

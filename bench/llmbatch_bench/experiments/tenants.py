@@ -1,7 +1,7 @@
 """Tenants: one caller's backlog beside another's work, measured.
 
-    python -m llmbatch_bench.tenants --json docs/benchmarks/tenants.json
-    python -m llmbatch_bench.tenants --smoke         # ~1 min, for CI (A 4,000, B 200)
+    python -m llmbatch_bench.experiments.tenants --json docs/benchmarks/tenants.json
+    python -m llmbatch_bench.experiments.tenants --smoke         # ~1 min, for CI (A 4,000, B 200)
 
 Against ``llmbatch-server sim --speed 10 --max-num-seqs 64`` on 127.0.0.1, one client
 with default settings, as a new user would have it:
@@ -21,7 +21,7 @@ with default settings, as a new user would have it:
   turns (noise only ever adds CPU time), the medians beside them.
 
 The fourth target (a tenant's ``tokens_per_minute`` shared by four processes through
-Redis) is ``python -m llmbatch_bench.shared --parts tenant``.
+Redis) is ``python -m llmbatch_bench.experiments.shared --parts tenant``.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ async def _cpu_once(base_url: str, n: int, tenant: str | None) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m llmbatch_bench.tenants", description=__doc__.split("\n\n")[0]
+        prog="python -m llmbatch_bench.experiments.tenants", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--a-n", type=int, default=20_000, help="A's prompts (default 20,000)")
     parser.add_argument("--b-n", type=int, default=200, help="B's prompts (default 200)")
@@ -179,7 +179,9 @@ def main(argv: list[str] | None = None) -> None:
     from llmbatch_server.testing import run_simulator
 
     results: dict[str, Any] = {
-        "command": " ".join(["python -m llmbatch_bench.tenants", *(argv or sys.argv[1:])]),
+        "command": " ".join(
+            ["python -m llmbatch_bench.experiments.tenants", *(argv or sys.argv[1:])]
+        ),
         "simulator": " ".join(SIM_ARGS),
     }
     with run_simulator(*SIM_ARGS) as sim:

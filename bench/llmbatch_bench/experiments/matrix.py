@@ -1,11 +1,11 @@
 """The conformance matrix: the ``slo`` measurement on servers that behave
 differently, so the admission controller is judged where it was not tuned.
 
-    python -m llmbatch_bench.matrix --json docs/benchmarks/matrix.json
-    python -m llmbatch_bench.matrix --smoke          # each row in its short form (CI)
-    python -m llmbatch_bench.matrix --llama-server BIN --llama-model GGUF   # + llama.cpp
-    python -m llmbatch_bench.matrix --pace           # SLO(pace=True): bulk paced
-    python -m llmbatch_bench.matrix --pace --prefill-cost   # ... within each step's room
+    python -m llmbatch_bench.experiments.matrix --json docs/benchmarks/matrix.json
+    python -m llmbatch_bench.experiments.matrix --smoke          # each row in its short form (CI)
+    python -m llmbatch_bench.experiments.matrix --llama-server BIN --llama-model GGUF  # llama.cpp
+    python -m llmbatch_bench.experiments.matrix --pace           # SLO(pace=True): bulk paced
+    python -m llmbatch_bench.experiments.matrix --pace --prefill-cost  # paced in steps
 
 Each row is the bench's own ``slo`` scenario (realtime 16-token streams at 2/s beside
 saturating bulk; SLO = ``factor`` x the idle per-token time) on one simulator mode:
@@ -129,7 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m llmbatch_bench.matrix", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m llmbatch_bench.experiments.matrix", description=__doc__
+    )
     p.add_argument("--smoke", action="store_true", help="each row's slo run in its short form")
     p.add_argument("--rows", type=lambda s: s.split(","), help="comma list of rows (default: all)")
     p.add_argument("--json", help="write the rows here")

@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
+from llmbatch_bench.closedloop.stepmodel import SimModel, sim_model
 from llmbatch_bench.config import BenchConfig
 from llmbatch_bench.jobs import Job, prompt
 from llmbatch_bench.metrics import RunMetrics
 from llmbatch_bench.server import ServerInfo
-from llmbatch_bench.stepmodel import SimModel, sim_model
 
 __all__ = [
     "CONTROL",

@@ -1,7 +1,7 @@
 """The server's own gauges over time under a saturating map: how its queue and its
 running batch behave, sampled the way a scraper sees them.
 
-    python -m llmbatch_bench.gauges --url http://127.0.0.1:8000/v1 --json gauges.json
+    python -m llmbatch_bench.experiments.gauges --url http://127.0.0.1:8000/v1 --json gauges.json
 
 Runs an llmbatch ``map`` of the bench's prompts with no SLO (the client keeps the
 server full), and reads ``/metrics`` every ``--interval`` (50 ms) for ``--seconds``
@@ -140,7 +140,9 @@ def pool(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m llmbatch_bench.gauges", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m llmbatch_bench.experiments.gauges", description=__doc__
+    )
     p.add_argument("--url", required=True, help="the server's OpenAI base URL (…/v1)")
     p.add_argument("--seconds", type=float, default=30.0, help="sampling time (default: 30)")
     p.add_argument("--interval", type=float, default=0.05, help="seconds between reads")

@@ -1,6 +1,6 @@
 """llmbatch's public calls, measured in steady state.
 
-:func:`steady` serves every steady-state job kind, here and in :mod:`.references`:
+:func:`steady` serves every steady-state job kind, here and in :mod:`.hotpath.references`:
 the client (or session) is opened and warmed up through the same path first, and
 closed after the measurement stops. So CPU per prompt is the per-prompt cost, not
 connection setup or first-call imports, and the repeated rounds of a scenario

@@ -21,8 +21,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from llmbatch_bench.closedloop.stepmodel import SimModel
 from llmbatch_bench.server import parse_metrics
-from llmbatch_bench.stepmodel import SimModel
 
 __all__ = [
     "FleetSampler",

@@ -21,7 +21,7 @@ import math
 import os
 from typing import Any
 
-from llmbatch_bench.closedplan import Runner, model_of
+from llmbatch_bench.closedloop.plan import Runner, model_of
 from llmbatch_bench.jobs import prefix_prompts, system_prompt
 
 __all__ = [

@@ -14,11 +14,11 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llmbatch_bench import closedplan
-from llmbatch_bench.stepmodel import SimModel
+from llmbatch_bench.closedloop import plan as closedplan
+from llmbatch_bench.closedloop.stepmodel import SimModel
+from llmbatch_bench.closedloop.targets import bulk_vs_bound, lost, saturate_medians
+from llmbatch_bench.closedloop.trace import column, window_summary
 from llmbatch_bench.tables import num, section, server_cpu_per_prompt, table
-from llmbatch_bench.targets_closed import bulk_vs_bound, lost, saturate_medians
-from llmbatch_bench.trace import column, window_summary
 
 __all__ = ["phase_rows", "sections", "step_timing"]
 

@@ -8,7 +8,7 @@ under a semaphore of ``job.concurrency``. Nothing else is sent: no ``extra_body`
 no headers, the SDK's own defaults. ``job.sdk`` says where ``AsyncOpenAI`` comes
 from, ``openai`` or ``llmbatch.openai``: that import is the only difference between
 the drop-in scenario's two runs. The client is opened and warmed up through the same
-program first (:func:`.hotpath.steady`), so the run measures the calls, not imports
+program first (:func:`.hotpath.steady.steady`), so the run measures the calls, not imports
 or the first connections.
 """
 
@@ -20,7 +20,7 @@ import importlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from llmbatch_bench.hotpath import Workload, steady
+from llmbatch_bench.hotpath.steady import Workload, steady
 from llmbatch_bench.jobs import Job
 from llmbatch_bench.metrics import Recorder, RunMetrics
 

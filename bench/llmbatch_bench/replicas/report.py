@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from llmbatch_bench import replicaplan
+from llmbatch_bench.closedloop.targets import lost, tpot_p99
+from llmbatch_bench.replicas import plan as replicaplan
+from llmbatch_bench.replicas.targets import balance, find, hit_rate, running_means
 from llmbatch_bench.tables import num, section, table
-from llmbatch_bench.targets_closed import lost, tpot_p99
-from llmbatch_bench.targets_replicas import balance, find, hit_rate, running_means
 
 __all__ = ["sections"]
 

@@ -20,6 +20,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import llmbatch
+from llmbatch_bench.closedloop.trace import Trace, column
+from llmbatch_bench.closedloop.wirelog import (
+    RecordingTransport,
+    aiohttp_transport,
+    per_second,
+    rate,
+    resume,
+)
 from llmbatch_bench.contenders import LlmbatchContender
 from llmbatch_bench.jobs import (
     Job,
@@ -30,14 +38,6 @@ from llmbatch_bench.jobs import (
 )
 from llmbatch_bench.metrics import Recorder, RunMetrics, measure, record_stream
 from llmbatch_bench.server import discover
-from llmbatch_bench.trace import Trace, column
-from llmbatch_bench.wirelog import (
-    RecordingTransport,
-    aiohttp_transport,
-    per_second,
-    rate,
-    resume,
-)
 
 __all__ = ["metrics_url", "own_simulator", "record_result", "run_control", "run_outage"]
 

@@ -1,7 +1,7 @@
 """Structured outputs at bulk scale: a ``map`` into a 5-field ``response_model``
 against a simulator that answers a share of them with invalid JSON.
 
-    python -m llmbatch_bench.structured --prompts 10000 --invalid 0.1 --json out.json
+    python -m llmbatch_bench.experiments.structured --prompts 10000 --invalid 0.1 --json out.json
 
 Starts a zero-latency simulator (``--invalid-json SHARE``) unless ``--url`` names
 a server, then runs, side by side, the same prompts as a plain ``map`` and as a
@@ -100,7 +100,9 @@ def _server(url: str | None, invalid: float) -> Iterator[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m llmbatch_bench.structured", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m llmbatch_bench.experiments.structured", description=__doc__
+    )
     p.add_argument("--url", help="a running server (default: start a simulator)")
     p.add_argument("--prompts", type=int, default=10_000, help="prompts a map (default: 10000)")
     p.add_argument(

@@ -4,7 +4,7 @@ JSON form, so the report computes its columns with the same functions.
 - ``slo_realtime_tpot_p99``: with ``SLO(tpot=...)``, realtime p99 time per output
   token within the SLO while bulk saturates the rest;
 - ``slo_bulk_vs_bound``: bulk tokens/s under the SLO ≥ 85 % of the best any client
-  can get under it (the step model's bound, :mod:`.stepmodel`);
+  can get under it (the step model's bound, :mod:`.closedloop.stepmodel`);
 - ``saturate_vs_probe``: bulk with the library's defaults ≥ 97 % of the best the lean
   probe reaches in the same run (medians over rounds);
 - per outage (``503`` for 15 s, kill and restart 20 s later): every input exactly
@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from llmbatch_bench import closedplan
+from llmbatch_bench.closedloop import plan as closedplan
 from llmbatch_bench.targets import Target, judge
 
 __all__ = [

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llmbatch_bench import hotplan
+from llmbatch_bench.hotpath import plan as hotplan
 from llmbatch_bench.metrics import RunMetrics
 from llmbatch_bench.summary import Summary, find_summary, ratio, summarize
 from llmbatch_bench.tables import num, section, table

@@ -1,4 +1,4 @@
-"""What llmbatch is measured against, each in steady state (:func:`.hotpath.steady`).
+"""What llmbatch is measured against, each in steady state (:func:`.hotpath.steady.steady`).
 
 - :func:`run_probe`: the leanest client that can load a server: raw aiohttp,
   ``batch`` prompts per ``/v1/completions`` request, ``concurrency`` prompts in
@@ -28,7 +28,7 @@ import aiohttp
 
 from llmbatch_bench.baselines import GatherBaseline
 from llmbatch_bench.contenders import make_contender
-from llmbatch_bench.hotpath import make_client, steady, workload
+from llmbatch_bench.hotpath.steady import make_client, steady, workload
 from llmbatch_bench.jobs import Job
 from llmbatch_bench.metrics import Recorder, RunMetrics
 

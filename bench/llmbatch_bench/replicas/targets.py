@@ -22,9 +22,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llmbatch_bench import replicaplan
+from llmbatch_bench.closedloop.targets import lost, tpot_p99
+from llmbatch_bench.replicas import plan as replicaplan
 from llmbatch_bench.targets import Target, judge
-from llmbatch_bench.targets_closed import lost, tpot_p99
 
 __all__ = [
     "BALANCE_RATIO",

@@ -1,7 +1,7 @@
 """Client instructions a call or a prompt, counted by valgrind: a measure that a
 noisy machine does not move.
 
-``python -m llmbatch_bench.instructions`` runs each client program twice under
+``python -m llmbatch_bench.hotpath.instructions`` runs each client program twice under
 ``valgrind --tool=cachegrind --cache-sim=no``, once with ``--n1`` and once with
 ``--n2`` calls (or prompts), against a zero-latency simulator, and divides the
 difference of the two instruction counts by the difference of the two sizes: what
@@ -139,7 +139,7 @@ def _count(valgrind: str, program: str, url: str, model: str, n: int, read_timeo
         "--cachegrind-out-file=/dev/null",
         sys.executable,
         "-m",
-        "llmbatch_bench.instructions",
+        "llmbatch_bench.hotpath.instructions",
         "--run",
         program,
         "--url",
@@ -224,7 +224,7 @@ def render(counts: Sequence[Count]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m llmbatch_bench.instructions", description=__doc__.split("\n\n")[0]
+        prog="python -m llmbatch_bench.hotpath.instructions", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
         "--programs",

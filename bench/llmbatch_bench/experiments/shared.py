@@ -1,7 +1,7 @@
 """Budgets shared through Redis, measured with real processes.
 
-    python -m llmbatch_bench.shared --json docs/benchmarks/shared.json
-    python -m llmbatch_bench.shared --smoke          # ~40 s, for CI
+    python -m llmbatch_bench.experiments.shared --json docs/benchmarks/shared.json
+    python -m llmbatch_bench.experiments.shared --smoke          # ~40 s, for CI
 
 Starts a real redis-server and simulators on 127.0.0.1, then worker processes that
 each open one llmbatch Client and map far more prompts than they may send:
@@ -102,7 +102,7 @@ def _worker(args: argparse.Namespace) -> None:
 def _spawn(kind: str, base_url: str, redis_url: str, key: str, budget: float, seconds: float,
            max_tokens: int, lease: float = 10.0) -> subprocess.Popen[str]:  # fmt: skip
     argv = [
-        sys.executable, "-m", "llmbatch_bench.shared", "--worker", kind,
+        sys.executable, "-m", "llmbatch_bench.experiments.shared", "--worker", kind,
         "--base-url", base_url, "--redis-url", redis_url, "--key", key,
         "--budget", str(budget), "--seconds", str(seconds),
         "--max-tokens", str(max_tokens), "--lease", str(lease),
@@ -261,7 +261,7 @@ def _inflight_part(budget: int, n: int, seconds: float, lease: float,
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m llmbatch_bench.shared", description=__doc__.split("\n\n")[0]
+        prog="python -m llmbatch_bench.experiments.shared", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window (default: 60)")
@@ -298,7 +298,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.smoke:
         args.seconds, args.warmup, args.lease = 8.0, 3.0, 3.0
     results: dict[str, Any] = {
-        "command": " ".join(["python -m llmbatch_bench.shared", *(argv or sys.argv[1:])])
+        "command": " ".join(
+            ["python -m llmbatch_bench.experiments.shared", *(argv or sys.argv[1:])]
+        )
     }
     with run_redis() as server:
         parts = set(args.parts.split(","))

@@ -30,14 +30,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from typing import Any
 
 import llmbatch
-from llmbatch_bench.closedloop import metrics_url, record_result
+from llmbatch_bench.closedloop.jobs import metrics_url, record_result
+from llmbatch_bench.closedloop.stepmodel import SimModel, sim_model
 from llmbatch_bench.contenders import LlmbatchContender
-from llmbatch_bench.fleetmetrics import FleetSampler, absorbed, histogram_quantile
 from llmbatch_bench.jobs import Job, prefix_prompts, prompts, within_limit
 from llmbatch_bench.metrics import Recorder, RunMetrics, measure, record_stream
-from llmbatch_bench.replicaplan import KILLED
+from llmbatch_bench.replicas.fleetmetrics import FleetSampler, absorbed, histogram_quantile
+from llmbatch_bench.replicas.plan import KILLED
 from llmbatch_bench.server import discover, machine_busy, process_cpu
-from llmbatch_bench.stepmodel import SimModel, sim_model
 from llmbatch_bench.workloads import run_workload
 
 __all__ = ["own_fleet", "run_replicas"]
