@@ -4,68 +4,23 @@ refuses, and what one turn of the engine's loop does with what is queued."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
 import anyio
 import pytest
+from assembled import Parts
 from factories import make_request
 from fake_server import FakeServer
 
 from llmbatch import (
     DeadlineExceeded,
-    Limits,
     Priority,
     Replica,
-    RetryPolicy,
     ServerInfoError,
     UnknownModelError,
 )
-from llmbatch._calls.outcome import Outcomes
 from llmbatch._calls.request import Request
-from llmbatch._observers import Observers
-from llmbatch._recorder import StatsRecorder
-from llmbatch._runtime.engine import Engine
-from llmbatch._runtime.fleet import Fleet, ServerConfig
-from llmbatch._scheduler import Scheduler
-from llmbatch.transports import MockResponse, MockTransport
+from llmbatch.transports import MockResponse
 
 pytestmark = pytest.mark.anyio
-
-LIMITS = Limits(max_in_flight=16, reserved_realtime=2)
-
-
-@dataclass
-class Parts:
-    handler: Callable[..., MockResponse]
-    now: list[float] = field(default_factory=lambda: [100.0])
-
-    def __post_init__(self) -> None:
-        clock = lambda: self.now[0]  # noqa: E731
-        self.transport = MockTransport(self.handler)
-        self.scheduler = Scheduler(limits=LIMITS)
-        self.recorder = StatsRecorder(clock())
-        observers = Observers()
-        self.outcomes = Outcomes(self.recorder, observers)
-        config = ServerConfig(
-            limits=LIMITS,
-            retry=RetryPolicy(attempts=1),
-            slo=None,
-            priority_scheduling=None,
-            headers=lambda key: {},
-            make_transport=lambda: self.transport,
-        )
-        self.fleet = Fleet(
-            config,
-            scheduler=self.scheduler,
-            recorder=self.recorder,
-            outcomes=self.outcomes,
-            observers=observers,
-            clock=clock,
-        )
-        self.engine = Engine(
-            self.scheduler, self.recorder, self.outcomes, self.fleet.health, clock=clock
-        )
 
 
 def _urls(n: int) -> list[Replica]:
