@@ -308,12 +308,7 @@ class RateLimit:
             )
 
     def __repr__(self) -> str:
-        return (
-            f"RateLimit(requests_per_minute={self.requests_per_minute!r}, "
-            f"tokens_per_minute={self.tokens_per_minute!r}"
-            + _shared_repr(self.redis_url, self.key, self.on_redis_error)
-            + ")"
-        )
+        return _shared_repr(self, "requests_per_minute", "tokens_per_minute")
 
 
 @config_class
@@ -354,12 +349,7 @@ class SharedInFlight:
         _check_number("SharedInFlight", "lease", self.lease, minimum=0.5, strict=False)
 
     def __repr__(self) -> str:
-        return (
-            f"SharedInFlight(max_in_flight={self.max_in_flight!r}, "
-            f"max_in_flight_tokens={self.max_in_flight_tokens!r}, lease={self.lease!r}"
-            + _shared_repr(self.redis_url, self.key, self.on_redis_error)
-            + ")"
-        )
+        return _shared_repr(self, "max_in_flight", "max_in_flight_tokens", "lease")
 
 
 @config_class
@@ -509,10 +499,14 @@ def redact_url(url: str) -> str:
     return f"{scheme}://{hidden}@{host}{slash}{path}"
 
 
-def _shared_repr(url: str | None, key: str | None, on_error: str) -> str:
-    if url is None:
-        return ""
-    return f", redis_url={redact_url(url)!r}, key={key!r}, on_redis_error={on_error!r}"
+def _shared_repr(config: RateLimit | SharedInFlight, *fields: str) -> str:
+    """``Name(field=value, ...)``, and where shared through Redis its URL without
+    the password, its key and its error policy."""
+    shown = [f"{name}={getattr(config, name)!r}" for name in fields]
+    if config.redis_url is not None:
+        shown.append(f"redis_url={redact_url(config.redis_url)!r}")
+        shown.append(f"key={config.key!r}, on_redis_error={config.on_redis_error!r}")
+    return f"{type(config).__name__}({', '.join(shown)})"
 
 
 @config_class

@@ -17,6 +17,7 @@ __all__ = [
     "Histogram",
     "Inference",
     "Percentiles",
+    "ProviderLimits",
     "ServerStats",
     "SharedStats",
     "SignalSource",
@@ -188,6 +189,41 @@ class TenantStats(_Snapshot):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ProviderLimits(_Snapshot):
+    """What a server's last answer said of its rate limits, in its headers: OpenAI's
+    ``x-ratelimit-*`` family (which Groq and LiteLLM's proxy send too) on any server,
+    and a kind's own where it has one. None where the answer did not say."""
+
+    requests_limit: int | None = None
+    """Requests allowed in the provider's window."""
+    requests_remaining: int | None = None
+    """Requests left in it."""
+    requests_reset: float | None = None
+    """Seconds until the request budget is whole again, as of this snapshot."""
+    tokens_limit: int | None = None
+    """Tokens allowed in the provider's window."""
+    tokens_remaining: int | None = None
+    """Tokens left in it."""
+    tokens_reset: float | None = None
+    """Seconds until the token budget is whole again, as of this snapshot."""
+
+    def aged(self, seconds: float) -> ProviderLimits:
+        """The same reading ``seconds`` later: the resets that much nearer."""
+
+        def nearer(reset: float | None) -> float | None:
+            return None if reset is None else max(0.0, reset - seconds)
+
+        return ProviderLimits(
+            requests_limit=self.requests_limit,
+            requests_remaining=self.requests_remaining,
+            requests_reset=nearer(self.requests_reset),
+            tokens_limit=self.tokens_limit,
+            tokens_remaining=self.tokens_remaining,
+            tokens_reset=nearer(self.tokens_reset),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ServerStats(_Snapshot):
     """What the client knows and decides about one server (closed-loop admission)."""
 
@@ -256,6 +292,8 @@ class ServerStats(_Snapshot):
     ``bulk_limit``): one bulk batch, without an SLO, on a server that is sent each
     tier's priority, until the client's first realtime request runs there
     (docs/concepts.md, "Refill"); else 0."""
+    provider_limits: ProviderLimits | None = None
+    """What its last answer's headers said of its rate limits (None: nothing)."""
 
     def inference(self, name: str) -> Inference | None:
         """The belief called ``name`` (``"queue"``, ``"seats"``, ...), if held."""
@@ -433,7 +471,25 @@ def _server(server: ServerStats) -> str:
         parts.append(f"outages {server.outages}")
     if server.ejected:
         parts.append("ejected (slow)")
+    if server.provider_limits is not None:
+        parts.append(_provider_limits(server.provider_limits))
     return f"server {server.base_url}: " + "; ".join(parts)
+
+
+def _provider_limits(limits: ProviderLimits) -> str:
+    """``provider limits: requests 98 of 100 left (whole in 0.6 s), tokens ...``."""
+    said = []
+    for name, limit, left, reset in (
+        ("requests", limits.requests_limit, limits.requests_remaining, limits.requests_reset),
+        ("tokens", limits.tokens_limit, limits.tokens_remaining, limits.tokens_reset),
+    ):
+        if left is None:
+            continue
+        text = f"{name} {left:,}" + ("" if limit is None else f" of {limit:,}") + " left"
+        if reset is not None:
+            text += f" (whole in {_duration(reset)})"
+        said.append(text)
+    return "provider limits: " + (", ".join(said) or "-")
 
 
 def _percentiles(p: Percentiles) -> str:

@@ -49,10 +49,34 @@ _OWN_HTTP_CLIENT = (
 )
 
 
-class _LLMBatchStats:
-    """``stats()`` for both drop-ins: the llmbatch client behind their transport."""
+class _ThroughLLMBatch:
+    """What both drop-ins add to openai's client: an HTTP client whose transport is
+    llmbatch's (unless one is passed), and ``stats()`` of the llmbatch client behind
+    it. Each names its transport and httpx client class."""
 
+    _transport: type[BatchingTransport] | type[SyncBatchingTransport]
+    _http: type[httpx.AsyncClient] | type[httpx.Client]
     _llmbatch: BatchingTransport | SyncBatchingTransport | None
+
+    def __init__(
+        self,
+        *,
+        default_priority: str = "normal",
+        llmbatch_options: Mapping[str, Any] | None = None,
+        max_retries: int = 0,
+        http_client: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        transport = None
+        if http_client is None:
+            transport = self._transport(
+                default_priority=default_priority, **dict(llmbatch_options or {})
+            )
+            # llmbatch bounds each request itself (Client timeouts and deadlines).
+            http_client = self._http(transport=transport, timeout=None)  # type: ignore[arg-type]
+        self._llmbatch = transport
+        openai_init: Any = super().__init__  # openai's client, next in the MRO
+        openai_init(max_retries=max_retries, http_client=http_client, **kwargs)
 
     def stats(self) -> Stats:
         """The llmbatch client's :class:`llmbatch.Stats`: queues, batches, latencies,
@@ -63,7 +87,7 @@ class _LLMBatchStats:
         return self._llmbatch.stats()
 
 
-class AsyncOpenAI(_LLMBatchStats, openai.AsyncOpenAI):
+class AsyncOpenAI(_ThroughLLMBatch, openai.AsyncOpenAI):
     """openai's ``AsyncOpenAI``, batching through llmbatch.
 
     Takes openai's arguments, plus ``default_priority`` (the tier of calls without an
@@ -76,27 +100,11 @@ class AsyncOpenAI(_LLMBatchStats, openai.AsyncOpenAI):
     outages); a passed ``http_client`` is used as it is, without batching.
     """
 
-    def __init__(
-        self,
-        *,
-        default_priority: str = "normal",
-        llmbatch_options: Mapping[str, Any] | None = None,
-        max_retries: int = 0,
-        http_client: Any = None,
-        **kwargs: Any,
-    ) -> None:
-        transport: BatchingTransport | None = None
-        if http_client is None:
-            transport = BatchingTransport(
-                default_priority=default_priority, **dict(llmbatch_options or {})
-            )
-            # llmbatch bounds each request itself (Client timeouts and deadlines).
-            http_client = httpx.AsyncClient(transport=transport, timeout=None)
-        self._llmbatch = transport
-        super().__init__(max_retries=max_retries, http_client=http_client, **kwargs)
+    _transport = BatchingTransport
+    _http = httpx.AsyncClient
 
 
-class OpenAI(_LLMBatchStats, openai.OpenAI):
+class OpenAI(_ThroughLLMBatch, openai.OpenAI):
     """openai's sync ``OpenAI``, batching through llmbatch: calls made from any number
     of threads are batched together by one :class:`llmbatch.SyncClient`, which runs
     its event loop in a thread of its own.
@@ -106,20 +114,5 @@ class OpenAI(_LLMBatchStats, openai.OpenAI):
     ``max_retries=0``); ``client.close()`` (or ``with OpenAI(...)``) closes it.
     """
 
-    def __init__(
-        self,
-        *,
-        default_priority: str = "normal",
-        llmbatch_options: Mapping[str, Any] | None = None,
-        max_retries: int = 0,
-        http_client: Any = None,
-        **kwargs: Any,
-    ) -> None:
-        transport: SyncBatchingTransport | None = None
-        if http_client is None:
-            transport = SyncBatchingTransport(
-                default_priority=default_priority, **dict(llmbatch_options or {})
-            )
-            http_client = httpx.Client(transport=transport, timeout=None)
-        self._llmbatch = transport
-        super().__init__(max_retries=max_retries, http_client=http_client, **kwargs)
+    _transport = SyncBatchingTransport
+    _http = httpx.Client

@@ -17,9 +17,10 @@ from types import TracebackType
 from typing import Any, Literal, Protocol
 
 from llmbatch_bench.baselines import BASELINES
+from llmbatch_bench.jobs import Job
 from llmbatch_bench.metrics import Recorder, record_stream
 
-__all__ = ["CONTENDERS", "Contender", "LlmbatchContender", "available", "make_contender"]
+__all__ = ["CONTENDERS", "Contender", "LlmbatchContender", "available", "contender_for"]
 
 CONTENDERS = ("llmbatch", *BASELINES)
 
@@ -168,39 +169,24 @@ def available(name: str) -> bool:
     return importlib.util.find_spec(module[name]) is not None
 
 
-def make_contender(
-    name: str,
-    base_url: str,
-    *,
-    model: str,
-    api_key: str | None = None,
-    params: dict[str, Any] | None = None,
-    concurrency: int | None = 64,
-    mode: Literal["map", "gather"] = "map",
-    max_in_flight: int | None = None,
-    priority_scheduling: bool | None = False,
-    slo_tpot: float | None = None,
-    slo_ttft: float | None = None,
-    slo_pace: bool = False,
-    prefill_cost: float | None = None,
-) -> Contender:
-    """Build contender ``name`` (``llmbatch``, ``httpx``, ``aiohttp`` or ``openai``)."""
-    if name == "llmbatch":
+def contender_for(job: Job) -> Contender:
+    """The contender ``job.contender`` names (``llmbatch``, ``httpx``, ``aiohttp`` or
+    ``openai``), set up as the job says."""
+    common: dict[str, Any] = {"model": job.model, "api_key": job.api_key, "params": job.params}
+    if job.contender == "llmbatch":
         return LlmbatchContender(
-            base_url,
-            model=model,
-            api_key=api_key,
-            params=params,
-            mode=mode,
-            max_in_flight=max_in_flight,
-            priority_scheduling=priority_scheduling,
-            slo_tpot=slo_tpot,
-            slo_ttft=slo_ttft,
-            slo_pace=slo_pace,
-            prefill_cost=prefill_cost,
+            job.base_url,
+            mode=job.mode,
+            max_in_flight=job.max_in_flight,
+            priority_scheduling=job.priority_scheduling,
+            slo_tpot=job.slo_tpot,
+            slo_ttft=job.slo_ttft,
+            slo_pace=job.slo_pace,
+            prefill_cost=job.prefill_cost,
+            **common,
         )
     try:
-        baseline = BASELINES[name]
+        baseline = BASELINES[job.contender]
     except KeyError:
-        raise ValueError(f"unknown contender {name!r}; choose from {CONTENDERS}") from None
-    return baseline(base_url, model=model, api_key=api_key, concurrency=concurrency, params=params)
+        raise ValueError(f"unknown contender {job.contender!r}; choose from {CONTENDERS}") from None
+    return baseline(job.base_url, concurrency=job.concurrency, **common)

@@ -291,16 +291,8 @@ class _Runner:
         if job.sim_args is not None or job.vllm is not None:
             return self._run_own_server(job, context)
         with MetricsSampler(self.server, self.config.api_key) as sampler:
-            try:
-                metrics = (
-                    run_in_worker(job, timeout=_worker_timeout(job))
-                    if self.config.isolate
-                    else run_in_process(job)
-                )
-            except WorkerError as exc:
-                # One contender's crash must not cost the other results.
-                self.notes.append(str(exc))
-                self.progress(f"[{job.scenario}] {job.name}: FAILED: {exc}")
+            metrics = self._measure(job)
+            if metrics is None:
                 wait_idle(self.server, self.config.api_key)
                 return None
         extra = {**metrics.extra, **sampler.summary(), **(context or {})}
@@ -315,17 +307,22 @@ class _Runner:
         self.progress(_line(metrics))
         return metrics
 
-    def _run_own_server(self, job: Job, context: dict[str, Any] | None) -> RunMetrics | None:
-        """A job that starts (and takes down) its own simulator: nothing to sample."""
+    def _measure(self, job: Job) -> RunMetrics | None:
+        """``job``'s metrics from its worker (or this process); None, noted, if it
+        failed: one contender's crash must not cost the other results."""
         try:
-            metrics = (
-                run_in_worker(job, timeout=_worker_timeout(job))
-                if self.config.isolate
-                else run_in_process(job)
-            )
+            if self.config.isolate:
+                return run_in_worker(job, timeout=_worker_timeout(job))
+            return run_in_process(job)
         except WorkerError as exc:
             self.notes.append(str(exc))
             self.progress(f"[{job.scenario}] {job.name}: FAILED: {exc}")
+            return None
+
+    def _run_own_server(self, job: Job, context: dict[str, Any] | None) -> RunMetrics | None:
+        """A job that starts (and takes down) its own simulator: nothing to sample."""
+        metrics = self._measure(job)
+        if metrics is None:
             return None
         metrics = dataclasses.replace(metrics, extra={**metrics.extra, **(context or {})})
         self.runs.append(metrics)

@@ -176,6 +176,26 @@ class Job:
     prefixes: int = 32
     prefix_chars: int = 4_000
 
+    def finish(
+        self,
+        rec: Recorder,
+        meter: Meter,
+        *,
+        requested: int | None = None,
+        contender: str | None = None,
+        **rest: Any,
+    ) -> RunMetrics:
+        """``rec`` frozen into this job's :class:`RunMetrics` (``requested``: ``n``
+        unless said; ``rest``: :meth:`Recorder.finish`'s other keywords)."""
+        return rec.finish(
+            scenario=self.scenario,
+            contender=self.contender if contender is None else contender,
+            label=self.name,
+            requested=self.n if requested is None else requested,
+            meter=meter,
+            **rest,
+        )
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -338,11 +358,8 @@ def watchdog(job: Job, rec: Recorder, meter: Meter) -> Iterator[None]:
 
     def give_up() -> None:
         stop(
-            rec.finish(
-                scenario=job.scenario,
-                contender=job.contender,
-                label=job.name,
-                requested=job.n,
+            job.finish(
+                rec,
                 meter=meter.stop(),
                 extra={"timed_out": True, "hard_stopped": True, "repeat": job.repeat},
             )

@@ -8,7 +8,7 @@ the closed-loop kinds of :mod:`.closedloop.jobs` and the replicas jobs of
 from __future__ import annotations
 
 from llmbatch_bench.closedloop import jobs as closedloop
-from llmbatch_bench.contenders import Contender, make_contender
+from llmbatch_bench.contenders import Contender, contender_for
 from llmbatch_bench.hotpath import program, references
 from llmbatch_bench.hotpath import steady as hotpath
 from llmbatch_bench.jobs import Job
@@ -36,19 +36,5 @@ async def run_job(job: Job, contender: Contender | None = None) -> RunMetrics:
     if steady is not None:
         return await steady(job)
     if contender is None:
-        contender = make_contender(
-            job.contender,
-            job.base_url,
-            model=job.model,
-            api_key=job.api_key,
-            params=job.params,
-            concurrency=job.concurrency,
-            mode=job.mode,
-            max_in_flight=job.max_in_flight,
-            priority_scheduling=job.priority_scheduling,
-            slo_tpot=job.slo_tpot,
-            slo_ttft=job.slo_ttft,
-            slo_pace=job.slo_pace,
-            prefill_cost=job.prefill_cost,
-        )
+        contender = contender_for(job)
     return await run_workload(job, contender)

@@ -56,11 +56,8 @@ async def _bulk(job: Job, contender: Contender) -> RunMetrics:
             timed_out = await within_limit(work, job.time_limit)
             extra = _extra(contender)
     extra["timed_out"] = timed_out
-    return rec.finish(
-        scenario=job.scenario,
-        contender=job.contender,
-        label=job.name,
-        requested=job.n,
+    return job.finish(
+        rec,
         meter=meter,
         extra=extra,
     )
@@ -170,12 +167,10 @@ async def _mixed(job: Job, contender: Contender) -> RunMetrics:
         window_s=end - start,
         bulk_exhausted=window["exhausted"],
     )
-    return rec.finish(
-        scenario=job.scenario,
-        contender=job.contender,
-        label=job.name,
-        requested=arrivals,
+    return job.finish(
+        rec,
         meter=meter,
+        requested=arrivals,
         prompts=window["prompts"],
         tokens=window["tokens"],
         window=end - start,
@@ -189,12 +184,10 @@ async def _idle(job: Job, contender: Contender) -> RunMetrics:
         async with contender:
             start, end, arrivals = await _arrivals(job, _realtime(job, contender, rec))
             extra = _extra(contender)
-    return rec.finish(
-        scenario=job.scenario,
-        contender=job.contender,
-        label=job.name,
-        requested=arrivals,
+    return job.finish(
+        rec,
         meter=meter,
+        requested=arrivals,
         window=end - start,
         extra=extra,
     )

@@ -23,7 +23,10 @@ from llmbatch._redis.link import RedisLink, SharedBudgetUnreachable
 from llmbatch._redis.scripts import RATE_LEASE, rate_keys
 from llmbatch._scheduler.buckets import LeasedBucket, TokenBucket
 
-__all__ = ["RateLeaser"]
+__all__ = ["RateBuckets", "RateLeaser"]
+
+#: A rate limit's request bucket and token bucket (None: not limited that way).
+RateBuckets = tuple[TokenBucket | None, TokenBucket | None]
 
 logger = logging.getLogger("llmbatch")
 
@@ -56,7 +59,7 @@ class RateLeaser:
         self,
         link: RedisLink,
         limit: RateLimit,
-        buckets: tuple[TokenBucket | None, TokenBucket | None],
+        buckets: RateBuckets,
         *,
         member: str,
         wake: Callable[[], None],

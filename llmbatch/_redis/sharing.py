@@ -11,9 +11,9 @@ from anyio.abc import TaskGroup
 
 from llmbatch._clock import Clock
 from llmbatch._config import RateLimit, SharedInFlight, TenantLimits
-from llmbatch._redis.in_flight import SeatLeaser
+from llmbatch._redis.in_flight import SeatHolder, SeatLeaser
 from llmbatch._redis.link import RedisLink, require_redis
-from llmbatch._redis.rate import RateLeaser
+from llmbatch._redis.rate import RateBuckets, RateLeaser
 from llmbatch._scheduler import Scheduler
 from llmbatch._scheduler.tenants import TenantSeats
 from llmbatch._stats import SharedStats
@@ -59,63 +59,52 @@ class SharedBudgets:
         self, tg: TaskGroup, scheduler: Scheduler, wake: Callable[[], None], clock: Clock
     ) -> None:
         """Lease for ``scheduler`` in ``tg`` from now on."""
-        limit = self._rate_limit
-        if limit is not None:
-            assert limit.redis_url is not None
-            assert scheduler.rate is not None
-            self.rate = RateLeaser(
-                self._link(limit.redis_url),
-                limit,
-                scheduler.rate.buckets,
+
+        def rate(url: str, limit: RateLimit, buckets: RateBuckets) -> RateLeaser:
+            leaser = RateLeaser(
+                self._link(url), limit, buckets, member=self._member, wake=wake, clock=clock
+            )
+            tg.start_soon(leaser.run)
+            return leaser
+
+        def seats(config: SharedInFlight, holder: SeatHolder) -> SeatLeaser:
+            assert config.redis_url is not None
+            leaser = SeatLeaser(
+                self._link(config.redis_url),
+                config,
+                holder,
                 member=self._member,
                 wake=wake,
                 clock=clock,
             )
-            tg.start_soon(self.rate.run)
+            tg.start_soon(leaser.run)
+            return leaser
+
+        limit = self._rate_limit
+        if limit is not None:
+            assert limit.redis_url is not None
+            assert scheduler.rate is not None
+            self.rate = rate(limit.redis_url, limit, scheduler.rate.buckets)
         shared_tenants = scheduler.tenants.shared()
         for name, limits in self._tenants.items():
             tenant = shared_tenants[name]
             assert limits.redis_url is not None
             assert limits.key is not None
-            rate_limit = limits.rate_limit
-            if rate_limit is not None:
+            if limits.rate_limit is not None:
                 assert tenant.rate is not None
-                leaser = RateLeaser(
-                    self._link(limits.redis_url),
-                    rate_limit,
-                    tenant.rate.buckets,
-                    member=self._member,
-                    wake=wake,
-                    clock=clock,
+                self.tenant_rates[name] = rate(
+                    limits.redis_url, limits.rate_limit, tenant.rate.buckets
                 )
-                self.tenant_rates[name] = leaser
-                tg.start_soon(leaser.run)
             if limits.max_in_flight is not None:
-                seats = SeatLeaser(
-                    self._link(limits.redis_url),
-                    SharedInFlight(
-                        redis_url=limits.redis_url,
-                        key=limits.key,
-                        max_in_flight=limits.max_in_flight,
-                        max_in_flight_tokens=limits.max_in_flight_tokens,
-                    ),
-                    TenantSeats(tenant),
-                    member=self._member,
-                    wake=wake,
-                    clock=clock,
+                budget = SharedInFlight(
+                    redis_url=limits.redis_url,
+                    key=limits.key,
+                    max_in_flight=limits.max_in_flight,
+                    max_in_flight_tokens=limits.max_in_flight_tokens,
                 )
-                self.tenant_seats[name] = seats
-                tg.start_soon(seats.run)
+                self.tenant_seats[name] = seats(budget, TenantSeats(tenant))
         if self._in_flight is not None:
-            self.seats = SeatLeaser(
-                self._link(self._in_flight.redis_url),
-                self._in_flight,
-                scheduler,
-                member=self._member,
-                wake=wake,
-                clock=clock,
-            )
-            tg.start_soon(self.seats.run)
+            self.seats = seats(self._in_flight, scheduler)
 
     async def aclose(self) -> None:
         """Give back what is leased and unused, and close the connections."""

@@ -80,6 +80,10 @@ class Group:
         return items[0]
 
 
+#: Emptied groups whose service a tier remembers at most (the most recent).
+_LEFT_KEPT = 256
+
+
 class TierQueue:
     """One tier: its compatible groups, in turn order, and the callers waiting for
     room.
@@ -88,7 +92,10 @@ class TierQueue:
     scheduler sends from the ready group that has sent the fewest, and among equals
     the first in turn order. A group that has just sent a batch goes to the back of
     the line (``served``), and a new group joins just ahead of it, level with the
-    least-served group queued. In creation order, a group that never empties (a long map
+    least-served group queued. A group that empties and fills again while others
+    wait resumes from its own service if that is more (``left``): emptying forgives
+    no debt, so a caller that sends in bursts cannot overtake a backlogged one at
+    every burst. In creation order, a group that never empties (a long map
     refilling it) would hold every later group of its tier behind it for as long as
     it runs; by service, a later group gets half the tier at once (one batch of
     another group, at most, goes between two of its own)."""
@@ -97,6 +104,7 @@ class TierQueue:
         "families",
         "groups",
         "last_served",
+        "left",
         "policy",
         "size",
         "tenanted",
@@ -117,6 +125,9 @@ class TierQueue:
         other is queued."""
         self.last_served: str | None = None
         """The key of the group that sent the latest batch (the back of the line)."""
+        self.left: dict[str, float] = {}
+        """The service of groups that emptied while others stayed queued, by key: where
+        each resumes if it fills again first (forgotten once the tier empties)."""
         self.size = 0
         self.waiting = WaitingLine()
         self.waiting_live = 0
@@ -180,6 +191,8 @@ class TierQueue:
         # It starts level with the least-served group queued (or where the last one
         # served left off): no credit for having had nothing queued, no debt either.
         start = min((g.served for g in groups.values()), default=self.vtime)
+        if self.left:
+            start = max(start, self.left.pop(key, start))
         group = groups[key] = Group(family, tenant, start)
         members = self.families.get(family)
         if members is None:
@@ -195,7 +208,15 @@ class TierQueue:
 
     def _drop(self, key: str) -> None:
         """An emptied group leaves the line and its family."""
-        group = self.groups.pop(key)
+        groups = self.groups
+        group = groups.pop(key)
+        left = self.left
+        if not groups:
+            left.clear()  # nobody waits: every group starts afresh
+        else:
+            if len(left) >= _LEFT_KEPT:
+                del left[next(iter(left))]  # the longest gone
+            left[key] = group.served
         members = self.families[group.family]
         del members[key]
         if not members:
@@ -213,6 +234,8 @@ class TierQueue:
             self.last_served = key
         else:
             self.last_served = None
+            if key in self.left:  # it emptied with this batch: it resumes after it
+                self.left[key] = group.served
 
     def unqueue(self, request: Request) -> None:
         """Take a queued request out (lazily: its group skips it later)."""

@@ -47,7 +47,7 @@ from llmbatch._servers.load import (
     parse_metrics,
 )
 from llmbatch._servers.model_list import fetch
-from llmbatch._stats import ServerStats, SignalSource
+from llmbatch._stats import ProviderLimits, ServerStats, SignalSource
 from llmbatch._transports.base import HTTPRequest, Transport
 
 if TYPE_CHECKING:
@@ -98,6 +98,8 @@ class Server:
         """Its seats in the scheduler."""
         self.probing = False
         """A health probe of it is under way."""
+        self._provider_limits: tuple[ProviderLimits, float] | None = None
+        """What its last answer's headers said of its rate limits, and when."""
         self._priority_scheduling = priority_scheduling
         """``Client(priority_scheduling=...)``: send tiers as ``priority`` (None: where
         the server's convention is known); False once the server has refused it."""
@@ -195,7 +197,14 @@ class Server:
             bulk_pace=None if pace is None else pace.tokens_per_second,
             bulk_slice=None if pace is None else pace.slice_tokens,
             bulk_refill=control.refill,
+            provider_limits=self._provider_limits_now(now),
         )
+
+    def _provider_limits_now(self, now: float) -> ProviderLimits | None:
+        if self._provider_limits is None:
+            return None
+        limits, read_at = self._provider_limits
+        return limits.aged(now - read_at)
 
     # -- what exchanges report ---------------------------------------------------------
 
@@ -359,6 +368,9 @@ class Server:
     ) -> None:
         """An HTTP response arrived at ``now`` (any status) to a request sent at
         ``sent_at``: the server is reachable."""
+        limits = self.dialect.provider_limits(headers)
+        if limits is not None:
+            self._provider_limits = (limits, now)
         if status in (429, 503):
             if self.breaker.state is BreakerState.CLOSED:  # (not an outage's 503s)
                 self.controller.on_overload()

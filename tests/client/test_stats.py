@@ -170,3 +170,59 @@ async def test_a_stated_max_num_seqs_is_believed_and_caps_bulk_below_it() -> Non
 def test_a_bad_max_num_seqs_is_refused_naming_the_field(value: object, error: type) -> None:
     with pytest.raises(error, match="max_num_seqs"):
         llmbatch.Replica("http://127.0.0.1:1/v1", max_num_seqs=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_a_providers_rate_limit_headers_show_in_its_server_stats() -> None:
+    fake = FakeServer()
+    remaining = iter(range(99, 0, -1))
+
+    def answer(request: llmbatch.transports.HTTPRequest) -> llmbatch.transports.MockResponse:
+        response = fake(request)
+        if request.method == "POST":
+            response.headers = {
+                **response.headers,
+                "x-ratelimit-limit-requests": "100",
+                "x-ratelimit-remaining-requests": str(next(remaining)),
+                "x-ratelimit-reset-requests": "600ms",
+                "x-ratelimit-limit-tokens": "90000",
+                "x-ratelimit-remaining-tokens": "89950",
+                "x-ratelimit-reset-tokens": "1m0s",
+            }
+        return response
+
+    async with Client("http://127.0.0.1:1/v1", transport=MockTransport(answer)) as client:
+        assert client.stats().servers[0].provider_limits is None  # nothing answered yet
+        await client.complete("hi", max_tokens=1)
+        await client.complete("hi again", max_tokens=1)
+        limits = client.stats().servers[0].provider_limits
+    assert limits is not None
+    assert (limits.requests_limit, limits.requests_remaining) == (100, 98)  # the last answer's
+    assert (limits.tokens_limit, limits.tokens_remaining) == (90000, 89950)
+    assert limits.requests_reset is not None
+    assert 0.0 <= limits.requests_reset <= 0.6
+    assert limits.tokens_reset is not None
+    assert 59.0 < limits.tokens_reset <= 60.0
+    assert limits.model_dump()["tokens_limit"] == 90000
+
+
+def test_the_table_says_what_the_provider_said() -> None:
+    server = llmbatch.ServerStats(
+        base_url="http://h/v1",
+        bulk_limit=4,
+        ceiling=8,
+        realtime_reserve=1,
+        step_time=None,
+        ttft=None,
+        waiting=None,
+        kv_cache_usage=None,
+        slo_met=0,
+        slo_missed=0,
+        breaker="closed",
+        outages=0,
+        provider_limits=llmbatch.ProviderLimits(
+            requests_limit=100, requests_remaining=98, tokens_remaining=5000, tokens_reset=2.0
+        ),
+    )
+    line = llmbatch._stats._server(server)
+    assert "provider limits: requests 98 of 100 left, tokens 5,000 left (whole in 2.00 s)" in line

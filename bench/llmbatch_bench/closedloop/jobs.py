@@ -156,12 +156,10 @@ async def run_outage(job: Job) -> RunMetrics:
             resume=resume(wire.log, back).to_json(),
             refill_s=_refill(data, down - origin, back - origin),
         )
-    return rec.finish(
-        scenario=job.scenario,
-        contender="llmbatch",
-        label=job.name,
-        requested=job.n,
+    return job.finish(
+        rec,
         meter=meter,
+        contender="llmbatch",
         extra=extra,
     )
 
@@ -251,12 +249,11 @@ async def run_control(job: Job) -> RunMetrics:
         "down_at": None if outage.down is None else round(outage.down - origin, 3),
         "back_at": None if outage.back is None else round(outage.back - origin, 3),
     }
-    return rec.finish(
-        scenario=job.scenario,
-        contender="llmbatch",
-        label=job.name,
-        requested=len(offsets),
+    return job.finish(
+        rec,
         meter=meter,
+        requested=len(offsets),
+        contender="llmbatch",
         extra=extra,
     )
 

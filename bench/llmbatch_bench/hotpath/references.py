@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 
 from llmbatch_bench.baselines import GatherBaseline
-from llmbatch_bench.contenders import make_contender
+from llmbatch_bench.contenders import contender_for
 from llmbatch_bench.hotpath.steady import make_client, steady, workload
 from llmbatch_bench.jobs import Job
 from llmbatch_bench.metrics import Recorder, RunMetrics
@@ -88,14 +88,7 @@ async def run_probe(job: Job) -> RunMetrics:
 
 async def run_per_prompt(job: Job) -> RunMetrics:
     """The baseline ``job.contender`` names, through its own bulk path."""
-    baseline = make_contender(
-        job.contender,
-        job.base_url,
-        model=job.model,
-        api_key=job.api_key,
-        params=job.params,
-        concurrency=job.concurrency,
-    )
+    baseline = contender_for(job)
     assert isinstance(baseline, GatherBaseline), f"{job.contender} is not a baseline"
 
     async def run(target: GatherBaseline, inputs: Iterator[Any], rec: Recorder) -> None:

@@ -89,11 +89,8 @@ async def steady(
         gc_s=round(meter.gc_s, 6),
         gc_collections=meter.gc_collections,
     )
-    return rec.finish(
-        scenario=job.scenario,
-        contender=job.contender,
-        label=job.name,
-        requested=job.n,
+    return job.finish(
+        rec,
         meter=meter,
         extra=extra,
     )

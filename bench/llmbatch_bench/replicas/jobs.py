@@ -224,12 +224,10 @@ def _finish(
     """Rates count the map's prompts over the map's time; ``requested`` counts the
     streamed sample too (it is in the recorder's realtime tier)."""
     extra["bulk_ok"] = rec.count("batch")
-    return rec.finish(
-        scenario=job.scenario,
-        contender=job.contender,
-        label=job.name,
-        requested=job.n + streams,
+    return job.finish(
+        rec,
         meter=meter,
+        requested=job.n + streams,
         prompts=rec.count("batch"),
         tokens=rec.tokens["batch"],
         window=window,

@@ -19,6 +19,8 @@ from typing import Any
 
 from llmbatch._calls.spec import Version
 from llmbatch._exceptions import InvalidRequestError
+from llmbatch._servers.rate_headers import openai_rate_headers
+from llmbatch._stats import ProviderLimits
 
 __all__ = [
     "Dialect",
@@ -113,6 +115,12 @@ class Dialect:
 
     def __repr__(self) -> str:
         return f"<Dialect {self.kind}>"
+
+    def provider_limits(self, headers: Mapping[str, str]) -> ProviderLimits | None:
+        """What an answer's (lower-cased) headers say of the caller's rate limits
+        (None: nothing). Every kind reads OpenAI's ``x-ratelimit-*`` family; a kind
+        whose provider has its own family overrides this."""
+        return openai_rate_headers(headers)
 
     def priority_field(self, info: object) -> PriorityField | None:
         """How it takes ``priority`` (None: send none); ``info`` is what

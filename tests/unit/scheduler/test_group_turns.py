@@ -4,7 +4,7 @@ that never empties."""
 from __future__ import annotations
 
 from factories import make_request as make
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from llmbatch import BatchPolicy, Limits, Priority
@@ -40,6 +40,10 @@ def test_a_later_group_is_not_held_behind_one_that_keeps_refilling() -> None:
 
 
 @settings(max_examples=150, deadline=None)
+# Found by hypothesis (2026-11-27): group 2 emptied with each batch and, filling
+# again, started level with the least-served group, so group 0 waited while it sent
+# 35 tokens: emptying forgave its debt.
+@example(groups=3, seats=5, steps=[(1, 6), (0, 5), (1, 1), (2, 4), (2, 3), (0, 0)])
 @given(
     groups=st.integers(min_value=2, max_value=5),
     seats=st.integers(min_value=1, max_value=8),
