@@ -1,2 +1,2 @@
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 """The installed llmbatch version (PEP 440); the build reads it from here too."""

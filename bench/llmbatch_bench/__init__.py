@@ -14,5 +14,5 @@ the measured value and whether it was met: the thresholds live here, never in th
 library.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 """The installed llmbatch-bench version (PEP 440); the build reads it from here too."""

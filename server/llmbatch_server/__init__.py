@@ -3,4 +3,4 @@
 This package is never imported by the ``llmbatch`` client library.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
