@@ -1,5 +1,5 @@
 """The scheduler's side of shared budgets, on explicit time: leased buckets that only
-leases fill, and a shared in-flight count. No Redis here (tests/shared has it)."""
+leases fill, and a shared in-flight count. No Redis here (tests/redis has it)."""
 
 from __future__ import annotations
 
