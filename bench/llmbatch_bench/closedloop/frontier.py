@@ -1,0 +1,191 @@
+"""The frontier: the best trade between realtime's latency and bulk's throughput that
+an engine allows, found by sweeping static settings, and the controller judged
+against it rather than against a fixed line.
+
+A static setting holds bulk to ``cap`` sequences in batches of at most ``batch``
+prompts, with :data:`RESERVE` seats kept for realtime and the controller pinned (the
+sweep measures the engine, not the controller). Realtime's end-to-end p99 is held to
+the SLO's bound for a 16-token answer (:func:`slo_bound`); the *oracle* is the static
+setting with the most bulk among those that meet it, read from the measured points
+(no interpolation). Pure: points in, verdicts out; the runs that make the points are
+the scenario's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "BATCH_SIZES",
+    "CAPS",
+    "RESERVE",
+    "Point",
+    "Setting",
+    "Verdict",
+    "frontier",
+    "grid",
+    "judge",
+    "median_points",
+    "oracle",
+    "slo_bound",
+]
+
+#: Bulk sequences a static setting allows: wide enough to bracket an SLO on a small
+#: CPU engine (one or two sequences) and on a GPU (hundreds).
+CAPS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+#: Prompts a bulk batch holds at most.
+BATCH_SIZES = (8, 64)
+#: Seats kept for realtime in every static setting (``Limits.reserved_realtime``).
+RESERVE = 8
+#: Realtime's answer, in tokens: its first, then this many less one at the per-token time.
+REALTIME_TOKENS = 16
+#: How far over the bound the controller's p99 may be, and the least share of the
+#: oracle's bulk it must keep, to meet the target.
+P99_SLACK = 1.1
+BULK_SHARE = 0.9
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """A static setting of the sweep."""
+
+    cap: int
+    batch: int
+
+    @property
+    def label(self) -> str:
+        return f"cap {self.cap}, batch {self.batch}"
+
+    @property
+    def max_in_flight(self) -> int:
+        """``Limits(max_in_flight=...)``: the bulk cap and the realtime reserve."""
+        return self.cap + RESERVE
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One run (or the median of a setting's rounds) on the frontier's plane."""
+
+    label: str
+    realtime_p99: float
+    """Realtime's end-to-end p99, seconds."""
+    bulk: float
+    """Bulk prompts a second."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The controller's run against the frontier."""
+
+    met: bool
+    bound: float
+    p99_vs_bound: float
+    """The controller's realtime p99 over the bound."""
+    oracle: Point | None
+    """The static setting with the most bulk that met the bound (None: none did)."""
+    bulk_share: float | None
+    """The controller's bulk over the oracle's (None without an oracle)."""
+    reason: str
+
+
+def grid(caps: Iterable[int] = CAPS, batches: Iterable[int] = BATCH_SIZES) -> list[Setting]:
+    """Every static setting of the sweep, smallest cap first."""
+    sizes = tuple(batches)
+    return [Setting(cap, batch) for cap in caps for batch in sizes]
+
+
+def slo_bound(ttft: float, tpot: float, tokens: int = REALTIME_TOKENS) -> float:
+    """What a non-streamed realtime answer of ``tokens`` tokens may take end to end
+    under ``SLO(ttft, tpot)``: its first token, then the rest at the per-token time."""
+    if ttft < 0 or tpot < 0 or tokens < 1:
+        raise ValueError("ttft and tpot must be >= 0 and tokens >= 1")
+    return ttft + (tokens - 1) * tpot
+
+
+def median_points(rounds: Sequence[Sequence[Point]]) -> list[Point]:
+    """Each label's median over alternated rounds (p99 and bulk apart), in the order
+    the labels first appear."""
+    by_label: dict[str, list[Point]] = {}
+    for points in rounds:
+        for point in points:
+            by_label.setdefault(point.label, []).append(point)
+    return [
+        Point(
+            label,
+            statistics.median(p.realtime_p99 for p in points),
+            statistics.median(p.bulk for p in points),
+        )
+        for label, points in by_label.items()
+    ]
+
+
+def oracle(statics: Iterable[Point], bound: float) -> Point | None:
+    """The static point with the most bulk among those whose p99 is within ``bound``
+    (the lower p99 among equals); None when none is."""
+    best: Point | None = None
+    for point in statics:
+        if point.realtime_p99 > bound:
+            continue
+        if best is None or (point.bulk, -point.realtime_p99) > (best.bulk, -best.realtime_p99):
+            best = point
+    return best
+
+
+def frontier(points: Iterable[Point]) -> list[Point]:
+    """The points no other beats on both counts (lower p99 and more bulk), fastest
+    realtime first: the line a plot draws."""
+    ordered = sorted(points, key=lambda p: (p.realtime_p99, -p.bulk))
+    line: list[Point] = []
+    for point in ordered:
+        if not line or point.bulk > line[-1].bulk:
+            line.append(point)
+    return line
+
+
+def judge(
+    controller: Point,
+    statics: Sequence[Point],
+    bound: float,
+    *,
+    unreachable: bool,
+) -> Verdict:
+    """The controller's run at the SLO against the static points. Where some static
+    setting met the bound, the controller must too (p99 within :data:`P99_SLACK`
+    of it) with at least :data:`BULK_SHARE` of the oracle's bulk, and saying the SLO
+    is unreachable is a miss. Where none did, it must say the SLO is unreachable and
+    keep realtime's p99 within :data:`P99_SLACK` of the best static setting's."""
+    if bound <= 0:
+        raise ValueError("the bound must be > 0")
+    if not statics:
+        raise ValueError("no static points to judge against")
+    p99_vs_bound = controller.realtime_p99 / bound
+    best = oracle(statics, bound)
+    if best is None:
+        fastest = min(p.realtime_p99 for p in statics)
+        within = controller.realtime_p99 <= P99_SLACK * fastest
+        if not unreachable:
+            reason = "no static setting met the SLO, and the client did not say it is unreachable"
+        elif not within:
+            reason = (
+                f"no static setting met the SLO; realtime p99 {controller.realtime_p99:.3f} s "
+                f"is over {P99_SLACK}x the best static setting's {fastest:.3f} s"
+            )
+        else:
+            reason = "no static setting met the SLO; the client said so and kept realtime fast"
+        return Verdict(unreachable and within, bound, p99_vs_bound, None, None, reason)
+    share = controller.bulk / best.bulk if best.bulk > 0 else 0.0
+    if unreachable:
+        reason = f"the client said the SLO is unreachable, but {best.label} met it"
+        met = False
+    elif p99_vs_bound > P99_SLACK:
+        reason = f"realtime p99 is {p99_vs_bound:.2f}x the bound ({best.label} met it)"
+        met = False
+    elif share < BULK_SHARE:
+        reason = f"bulk is {share:.2f}x the oracle's ({best.label})"
+        met = False
+    else:
+        reason = f"met: p99 {p99_vs_bound:.2f}x the bound, bulk {share:.2f}x {best.label}'s"
+        met = True
+    return Verdict(met, bound, p99_vs_bound, best, share, reason)

@@ -1,0 +1,141 @@
+"""The frontier's arithmetic (``closedloop/frontier.py``): the bound, the oracle,
+the line a plot draws, medians of rounds, and the controller's verdict."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmbatch_bench.closedloop.frontier import (
+    BATCH_SIZES,
+    CAPS,
+    RESERVE,
+    Point,
+    frontier,
+    grid,
+    judge,
+    median_points,
+    oracle,
+    slo_bound,
+)
+
+points = st.lists(
+    st.builds(
+        Point,
+        label=st.sampled_from([f"s{i}" for i in range(12)]),
+        realtime_p99=st.floats(0.01, 10.0),
+        bulk=st.floats(0.0, 1000.0),
+    ),
+    min_size=1,
+    max_size=20,
+)
+
+
+def test_the_grid_brackets_cpu_and_gpu_engines() -> None:
+    settings = grid()
+    assert len(settings) == len(CAPS) * len(BATCH_SIZES)
+    assert (settings[0].cap, settings[-1].cap) == (1, 256)
+    assert settings[0].max_in_flight == 1 + RESERVE
+    assert settings[0].label == "cap 1, batch 8"
+
+
+def test_the_bound_is_the_first_token_then_fifteen_more() -> None:
+    assert slo_bound(0.1, 0.02) == pytest.approx(0.1 + 15 * 0.02)
+    with pytest.raises(ValueError, match="tokens"):
+        slo_bound(0.1, 0.02, tokens=0)
+
+
+def test_the_oracle_is_the_most_bulk_that_meets_the_bound() -> None:
+    statics = [Point("a", 0.5, 100.0), Point("b", 0.9, 300.0), Point("c", 1.5, 900.0)]
+    assert oracle(statics, 1.0) == statics[1]
+    assert oracle(statics, 0.4) is None
+
+
+@given(points, st.floats(0.01, 10.0))
+def test_no_point_within_the_bound_has_more_bulk_than_the_oracle(
+    statics: list[Point], bound: float
+) -> None:
+    best = oracle(statics, bound)
+    meeting = [p for p in statics if p.realtime_p99 <= bound]
+    if best is None:
+        assert not meeting
+    else:
+        assert best.realtime_p99 <= bound
+        assert all(p.bulk <= best.bulk for p in meeting)
+
+
+@given(points)
+def test_the_frontier_is_every_point_no_other_beats(statics: list[Point]) -> None:
+    line = frontier(statics)
+    # Along the line, realtime gets slower only as bulk grows.
+    for slower, faster in itertools.pairwise(reversed(line)):
+        assert faster.realtime_p99 <= slower.realtime_p99
+        assert faster.bulk < slower.bulk
+    for point in statics:
+        beaten = any(
+            q.realtime_p99 <= point.realtime_p99 and q.bulk >= point.bulk and q != point
+            for q in statics
+        )
+        assert point in line or beaten
+
+
+def test_medians_are_taken_per_setting_over_rounds() -> None:
+    rounds = [
+        [Point("a", 1.0, 10.0), Point("b", 2.0, 20.0)],
+        [Point("a", 3.0, 30.0), Point("b", 2.0, 40.0)],
+        [Point("a", 2.0, 20.0), Point("b", 9.0, 30.0)],
+    ]
+    assert median_points(rounds) == [Point("a", 2.0, 20.0), Point("b", 2.0, 30.0)]
+
+
+STATICS = [Point("cap 1", 0.8, 100.0), Point("cap 4", 0.95, 150.0), Point("cap 16", 2.0, 400.0)]
+
+
+@pytest.mark.parametrize(
+    ("controller", "unreachable", "met", "says"),
+    [
+        (Point("slo", 1.05, 140.0), False, True, "met"),
+        (Point("slo", 1.2, 150.0), False, False, "1.20x the bound"),
+        (Point("slo", 0.9, 100.0), False, False, "bulk is 0.67x the oracle's (cap 4)"),
+        (Point("slo", 0.9, 150.0), True, False, "said the SLO is unreachable, but cap 4 met it"),
+    ],
+)
+def test_where_a_static_setting_meets_the_slo_the_controller_must_too(
+    controller: Point, unreachable: bool, met: bool, says: str
+) -> None:
+    verdict = judge(controller, STATICS, 1.0, unreachable=unreachable)
+    assert verdict.met is met
+    assert says in verdict.reason
+    assert verdict.oracle == STATICS[1]
+
+
+@pytest.mark.parametrize(
+    ("controller", "unreachable", "met"),
+    [
+        (Point("slo", 0.85, 50.0), True, True),  # said so, and as fast as the best static
+        (Point("slo", 0.85, 50.0), False, False),  # did not say so
+        (Point("slo", 1.5, 50.0), True, False),  # said so, but slower than 1.1x the best
+    ],
+)
+def test_where_none_meets_it_the_client_must_say_so_and_stay_fast(
+    controller: Point, unreachable: bool, met: bool
+) -> None:
+    verdict = judge(controller, STATICS, 0.5, unreachable=unreachable)
+    assert verdict.oracle is None
+    assert verdict.bulk_share is None
+    assert verdict.met is met
+
+
+@given(points, st.floats(0.01, 10.0), st.floats(0.01, 10.0), st.floats(0.0, 1000.0))
+def test_a_met_verdict_keeps_its_promises(
+    statics: list[Point], bound: float, p99: float, bulk: float
+) -> None:
+    verdict = judge(Point("slo", p99, bulk), statics, bound, unreachable=False)
+    if verdict.met:
+        assert verdict.oracle is not None
+        assert verdict.bulk_share is not None
+        assert p99 <= 1.1 * bound
+        assert verdict.bulk_share >= 0.9
