@@ -280,7 +280,10 @@ class ServerOutageError(TransportError):
 
 
 class APIStatusError(RequestError):
-    """The server answered with an error status; ``status_code`` and ``body`` are kept."""
+    """The server answered with an error status; ``status_code`` and ``body`` are kept,
+    and what it said of retrying: ``retry_after`` (seconds, from ``retry-after-ms`` or
+    ``Retry-After``) and ``should_retry`` (its ``x-should-retry`` header: True, False,
+    or None when it did not say)."""
 
     status_code: int = 0
 
@@ -291,6 +294,7 @@ class APIStatusError(RequestError):
         status_code: int | None = None,
         body: object = None,
         retry_after: float | None = None,
+        should_retry: bool | None = None,
         request_id: str | None = None,
         attempts: int = 0,
     ) -> None:
@@ -299,6 +303,7 @@ class APIStatusError(RequestError):
             self.status_code = status_code
         self.body = body
         self.retry_after = retry_after
+        self.should_retry = should_retry
 
 
 class BadRequestError(APIStatusError):

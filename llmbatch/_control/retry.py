@@ -24,6 +24,7 @@ from collections.abc import Callable
 from llmbatch._config import RetryPolicy
 from llmbatch._exceptions import (
     APIStatusError,
+    BadRequestError,
     ConnectError,
     NotFoundError,
     RateLimitError,
@@ -64,7 +65,11 @@ class Retries:
         return asked or self.policy.attempts
 
     def retryable(self, error: RequestError) -> bool:
-        """Whether another attempt could succeed where this one failed."""
+        """Whether another attempt could succeed where this one failed. The server's
+        ``x-should-retry`` decides where it said (a refused batch is still bisected,
+        not resent whole)."""
+        if isinstance(error, APIStatusError) and error.should_retry is not None:
+            return error.should_retry and not isinstance(error, BadRequestError)
         if isinstance(error, NotFoundError):
             return False  # a wrong model or route stays wrong
         if isinstance(error, TimeoutException) and not isinstance(error, ConnectError):

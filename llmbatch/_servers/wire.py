@@ -289,6 +289,17 @@ def split_usage(
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds the server asks to wait: OpenAI's ``retry-after-ms`` where it is sent
+    (finer than a second), else ``Retry-After`` in seconds or as an HTTP date."""
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            wait = float(millis) / 1000
+        except ValueError:
+            pass
+        else:
+            if wait >= 0 and wait == wait:  # (not NaN)
+                return wait
     value = headers.get("retry-after")
     if not value:
         return None
@@ -327,7 +338,12 @@ def error_from_response(status: int, headers: Mapping[str, str], content: bytes)
         status_code=status,
         body=data,
         retry_after=_retry_after(headers),
+        should_retry=_SHOULD_RETRY.get(headers.get("x-should-retry", "").strip().lower()),
     )
+
+
+#: ``x-should-retry``: the server's own word on whether to retry (OpenAI sends it).
+_SHOULD_RETRY = {"true": True, "false": False}
 
 
 # -- what servers say in their error messages -----------------------------------------

@@ -131,3 +131,15 @@ async def test_a_refusal_is_not_retried(status: int) -> None:
     assert request.error is not None
     assert request.error.status_code == status  # type: ignore[attr-defined]
     assert request.retried == 0
+
+
+async def test_a_server_that_says_not_to_retry_is_not_retried() -> None:
+    refused = MockResponse(
+        status=500, json={"error": {"message": "no"}}, headers={"x-should-retry": "false"}
+    )
+    dispatcher, transport = _dispatcher(lambda request: refused)
+    (request,) = _requests("p")
+    await _send(dispatcher, [request])
+    assert isinstance(request.error, ServerError)
+    assert request.error.should_retry is False
+    assert len(_posts(transport)) == 1

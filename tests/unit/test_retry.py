@@ -108,3 +108,18 @@ def test_a_backoff_is_never_past_the_ceiling_nor_short_of_what_it_honours(
     assert 0.0 <= delay <= ceiling
     if retry_after is not None:
         assert delay >= min(retry_after, ceiling)
+
+
+@pytest.mark.parametrize(
+    ("error", "retried"),
+    [
+        (ServerError("boom", status_code=500, should_retry=False), False),
+        (RateLimitError("slow", status_code=429, should_retry=False), False),
+        (AuthenticationError("who", status_code=401, should_retry=True), True),
+        # A refused batch is bisected, not resent whole, whatever the server says.
+        (BadRequestError("bad", status_code=400, should_retry=True), False),
+        (NotFoundError("gone", status_code=404, should_retry=True), True),
+    ],
+)
+def test_the_servers_x_should_retry_decides(error: RequestError, retried: bool) -> None:
+    assert Retries(RetryPolicy()).retryable(error) is retried

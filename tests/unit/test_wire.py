@@ -108,3 +108,26 @@ def test_an_error_event_after_the_200_raises_the_matching_error() -> None:
     decoder = StreamDecoder()
     with pytest.raises(ServerError):
         decoder.feed_line(b'data: {"error": {"message": "engine died", "code": 500}}')
+
+
+@pytest.mark.parametrize(
+    ("headers", "wait"),
+    [
+        ({"retry-after-ms": "1500", "retry-after": "2"}, 1.5),  # the finer one wins
+        ({"retry-after-ms": "junk", "retry-after": "2"}, 2.0),
+        ({"retry-after-ms": "-5", "retry-after": "3"}, 3.0),
+        ({"retry-after-ms": "nan"}, None),
+        ({"retry-after": "soon"}, None),
+        ({}, None),
+    ],
+)
+def test_the_wait_a_server_asks_for(headers: dict[str, str], wait: float | None) -> None:
+    assert error_from_response(429, headers, b"").retry_after == wait
+
+
+@pytest.mark.parametrize(
+    ("value", "should"), [("true", True), ("False", False), (" false ", False), ("maybe", None)]
+)
+def test_the_servers_word_on_retrying_is_kept(value: str, should: bool | None) -> None:
+    assert error_from_response(500, {"x-should-retry": value}, b"").should_retry is should
+    assert error_from_response(500, {}, b"").should_retry is None
