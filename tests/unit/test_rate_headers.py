@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from llmbatch import ProviderLimits
 from llmbatch._servers.kinds import GENERIC
 from llmbatch._servers.rate_headers import openai_rate_headers, parse_duration
+from llmbatch._servers.wire import error_from_response
 
 
 @pytest.mark.parametrize(
@@ -85,3 +86,17 @@ def test_a_reading_ages_toward_its_resets_and_stops_at_zero() -> None:
     assert later.requests_reset == 0.0
     assert later.tokens_reset == 6.0
     assert later.tokens_remaining == 5
+
+
+NAMES = [*OPENAI, "retry-after", "retry-after-ms", "x-should-retry"]
+
+
+@given(st.dictionaries(st.sampled_from(NAMES), st.text(max_size=20)))
+def test_no_header_value_raises_whatever_it_holds(headers: dict[str, str]) -> None:
+    limits = openai_rate_headers(headers)
+    if limits is not None:
+        for value in (limits.requests_reset, limits.tokens_reset):
+            assert value is None or value >= 0
+    error = error_from_response(429, headers, b"")
+    assert error.retry_after is None or error.retry_after >= 0
+    assert error.should_retry in (True, False, None)
