@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -41,10 +42,20 @@ class Resumed:
     """custom_ids with a line in the file (answered or failed)."""
     failed: int = 0
     """Lines that record a failure."""
-    dropped_torn_line: bool = False
-    """A partial last line (a write cut short) was removed."""
+    torn_lines: int = 0
+    """Partial last lines (a write cut short) removed: 0 or 1 in one file."""
     removed_failed: int = 0
     """Failed lines removed so that their requests run again (``retry_failed``)."""
+
+
+def report_resumed(
+    output: object, torn_lines: int, removed_failed: int, report: Callable[[str], None]
+) -> None:
+    """Say what resuming took out of ``output`` (a file or a directory of shards)."""
+    if torn_lines:
+        report(f"{output}: removed {torn_lines} partial last line(s) left by an interrupted run")
+    if removed_failed:
+        report(f"{output}: removed {removed_failed} failed line(s) to retry")
 
 
 class OutputFile:
@@ -143,7 +154,7 @@ class OutputFile:
         if os.fstat(self._fd).st_size > good_end:
             os.ftruncate(self._fd, good_end)
             os.fsync(self._fd)
-            resumed.dropped_torn_line = True
+            resumed.torn_lines = 1
         return resumed
 
     def _drop_failed(self) -> None:

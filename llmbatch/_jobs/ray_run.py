@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from llmbatch._config import Limits, RateLimit
+from llmbatch._jobs.output import report_resumed
 from llmbatch._jobs.ray_lines import COUNTS, FileCheck, JobLines, JobStopped, check_file
 from llmbatch._jobs.runner import REPORT_LIMIT, JobConfig, JobRejected, JobSummary
 from llmbatch._jobs.shards import OutputDir, input_files
@@ -83,10 +84,7 @@ def run_on_ray(
     SyncClient(config.base_url, api_key=config.api_key)
     with OutputDir(config.output, retry_failed=config.retry_failed) as out:
         resumed = out.resumed
-        if resumed.torn_lines:
-            report(f"{config.output}: removed {resumed.torn_lines} partial last line(s)")
-        if resumed.removed_failed:
-            report(f"{config.output}: removed {resumed.removed_failed} failed line(s) to retry")
+        report_resumed(config.output, resumed.torn_lines, resumed.removed_failed, report)
         with _ray_session(ray, options):
             done = ray.put(frozenset(resumed.done))
             checks = _check_files(ray, files, config.model, done)

@@ -36,7 +36,7 @@ from llmbatch._exceptions import (
 )
 from llmbatch._jobs.format import SchemaLine, answer_of, result_record
 from llmbatch._jobs.input import PendingInputs, scan_input
-from llmbatch._jobs.output import OutputFile
+from llmbatch._jobs.output import OutputFile, report_resumed
 from llmbatch._models import Result
 from llmbatch._progress import ProgressLike
 from llmbatch._transports.base import Transport
@@ -153,10 +153,7 @@ async def run_job(
     summary.input_lines, summary.malformed = len(scan.ids), len(scan.malformed)
     with OutputFile(config.output, retry_failed=config.retry_failed) as out:
         resumed = out.resumed
-        if resumed.dropped_torn_line:
-            report(f"{config.output}: removed a partial last line left by an interrupted run")
-        if resumed.removed_failed:
-            report(f"{config.output}: removed {resumed.removed_failed} failed line(s) to retry")
+        report_resumed(config.output, resumed.torn_lines, resumed.removed_failed, report)
         pending = sum(1 for custom_id in scan.ids if custom_id not in resumed.done)
         summary.already_done = summary.input_lines - pending
         summary.earlier_failures = resumed.failed

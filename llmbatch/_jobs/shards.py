@@ -129,6 +129,6 @@ class OutputDir:
             resumed.done |= found.done
             resumed.failed += found.failed
             resumed.shards += 1
-            resumed.torn_lines += found.dropped_torn_line
+            resumed.torn_lines += found.torn_lines
             resumed.removed_failed += found.removed_failed
         return resumed

@@ -48,7 +48,7 @@ def test_reopening_reports_done_and_failed_ids(tmp_path: Path) -> None:
     with OutputFile(path) as out:
         assert out.resumed.done == {"a", "b", "c"}
         assert out.resumed.failed == 1
-        assert not out.resumed.dropped_torn_line
+        assert out.resumed.torn_lines == 0
         out.write(ok("d"))
     assert path.read_text().count("\n") == 4
 
@@ -60,7 +60,7 @@ def test_a_torn_last_line_is_dropped_and_appends_start_on_a_clean_line(tmp_path:
     path.write_text(whole + torn)
     with OutputFile(path) as out:
         assert out.resumed.done == {"a"}
-        assert out.resumed.dropped_torn_line
+        assert out.resumed.torn_lines == 1
         assert path.read_text() == whole
         out.write(ok("b"))
     assert [json.loads(x)["custom_id"] for x in path.read_text().splitlines()] == ["a", "b"]
@@ -71,7 +71,7 @@ def test_a_tail_of_zero_bytes_counts_as_torn(tmp_path: Path) -> None:
     path.write_bytes(json.dumps(ok("a")).encode() + b"\n" + b"\0" * 64)
     with OutputFile(path) as out:
         assert out.resumed.done == {"a"}
-        assert out.resumed.dropped_torn_line
+        assert out.resumed.torn_lines == 1
 
 
 def test_a_corrupt_complete_line_is_an_error_not_a_guess(tmp_path: Path) -> None:
