@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 
 from llmbatch._stats import ProviderLimits
 
-__all__ = ["header_int", "openai_rate_headers", "parse_duration"]
+__all__ = ["header_int", "openai_rate_headers", "parse_duration", "retry_after"]
 
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|us|µs|ns|h|m|s)")
 _SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
@@ -48,7 +50,7 @@ def header_int(headers: Mapping[str, str], name: str) -> int | None:
         return None
     try:
         number = int(float(value))
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number, or infinite
         return None
     return number if number >= 0 else None
 
@@ -68,3 +70,28 @@ def openai_rate_headers(headers: Mapping[str, str]) -> ProviderLimits | None:
         tokens_remaining=header_int(headers, "x-ratelimit-remaining-tokens"),
         tokens_reset=parse_duration(headers.get("x-ratelimit-reset-tokens")),
     )
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds the server asks to wait: OpenAI's ``retry-after-ms`` where it is sent
+    (finer than a second), else ``Retry-After`` in seconds or as an HTTP date."""
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            wait = float(millis) / 1000
+        except ValueError:
+            pass
+        else:
+            if wait >= 0 and wait == wait:  # (not NaN)
+                return wait
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds())
+    except (TypeError, ValueError):
+        return None

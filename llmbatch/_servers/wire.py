@@ -14,8 +14,6 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 from llmbatch._calls.request import Request
@@ -24,6 +22,7 @@ from llmbatch._chunks import ChatCompletionChunk, Chunk, CompletionChunk, make_c
 from llmbatch._exceptions import APIStatusError, RemoteProtocolError, status_error_type
 from llmbatch._models import RawUsage
 from llmbatch._servers.kinds import PRIORITY_REFUSED, TOO_LONG
+from llmbatch._servers.rate_headers import retry_after
 
 __all__ = [
     "Answers",
@@ -288,31 +287,6 @@ def split_usage(
 # -- errors --------------------------------------------------------------------------
 
 
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds the server asks to wait: OpenAI's ``retry-after-ms`` where it is sent
-    (finer than a second), else ``Retry-After`` in seconds or as an HTTP date."""
-    millis = headers.get("retry-after-ms")
-    if millis:
-        try:
-            wait = float(millis) / 1000
-        except ValueError:
-            pass
-        else:
-            if wait >= 0 and wait == wait:  # (not NaN)
-                return wait
-    value = headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds())
-    except (TypeError, ValueError):
-        return None
-
-
 def error_message(data: Any, fallback: str) -> str:
     """The human message of an OpenAI/vLLM error body, in any of its shapes."""
     if isinstance(data, Mapping):
@@ -337,7 +311,7 @@ def error_from_response(status: int, headers: Mapping[str, str], content: bytes)
         error_message(data, fallback),
         status_code=status,
         body=data,
-        retry_after=_retry_after(headers),
+        retry_after=retry_after(headers),
         should_retry=_SHOULD_RETRY.get(headers.get("x-should-retry", "").strip().lower()),
     )
 
