@@ -294,6 +294,9 @@ class ServerStats(_Snapshot):
     (docs/concepts.md, "Refill"); else 0."""
     provider_limits: ProviderLimits | None = None
     """What its last answer's headers said of its rate limits (None: nothing)."""
+    cooldown: float | None = None
+    """Seconds until batches go to it again, after a 429 that asked to wait (None:
+    not cooling down)."""
 
     def inference(self, name: str) -> Inference | None:
         """The belief called ``name`` (``"queue"``, ``"seats"``, ...), if held."""
@@ -471,6 +474,8 @@ def _server(server: ServerStats) -> str:
         parts.append(f"outages {server.outages}")
     if server.ejected:
         parts.append("ejected (slow)")
+    if server.cooldown is not None:
+        parts.append(f"cooling down {_duration(server.cooldown)} (a 429 asked to wait)")
     if server.provider_limits is not None:
         parts.append(_provider_limits(server.provider_limits))
     return f"server {server.base_url}: " + "; ".join(parts)

@@ -90,6 +90,16 @@ class Retries:
             delay = max(delay, min(error.retry_after, policy.max_backoff))
         return delay
 
+    def after_cooldown(self, left: float) -> float:
+        """Seconds to wait for a cooldown with ``left`` seconds to go: never less, and
+        up to :data:`COOLDOWN_SPREAD` of it more (positive jitter)."""
+        return left + self._uniform(0, COOLDOWN_SPREAD * left)
+
+
+#: Retries after a cooldown are spread over this share of it past its end, so that
+#: they do not all arrive at once.
+COOLDOWN_SPREAD = 0.1
+
 
 def is_unavailable(error: RequestError) -> bool:
     """A failure that says the server is down or restarting, not that the request is

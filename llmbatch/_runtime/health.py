@@ -12,6 +12,7 @@ after), for a batch's server and dispatcher, and whether any server is left
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Collection
 
 import anyio
@@ -88,9 +89,15 @@ class Health:
 
     def sync(self, now: float, live: list[Server], tg: TaskGroup, wake: Callable[[], None]) -> None:
         """Open each server's seats as its breaker allows (closed: freely; half-open:
-        one trial batch; open: nothing) and start the probes that are due."""
+        one trial batch; open: nothing), none while it cools down after a 429, and
+        start the probes that are due."""
         for server in live:
             seats = server.seats
+            if server.cooldown_until != -math.inf:
+                if now < server.cooldown_until:
+                    seats.sendable = 0  # a 429 asked to wait: nothing goes before it ends
+                    continue
+                server.cooldown_until = -math.inf  # over (next_probe wakes for none)
             breaker = server.breaker
             if breaker.state is BreakerState.CLOSED:
                 seats.sendable = None
@@ -128,11 +135,14 @@ class Health:
         return grew
 
     def next_probe(self, live: list[Server], wakeup: float | None) -> float | None:
-        """The earlier of ``wakeup`` and the next probe due."""
+        """The earlier of ``wakeup``, the next probe due and the end of a cooldown."""
         for server in live:
             probe = server.breaker.next_probe()
             if probe is not None and (wakeup is None or probe < wakeup):
                 wakeup = probe
+            cooled = server.cooldown_until
+            if cooled != -math.inf and (wakeup is None or cooled < wakeup):
+                wakeup = cooled
         return wakeup
 
     def length_risk(self, live: list[Server]) -> bool:

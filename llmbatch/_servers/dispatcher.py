@@ -551,9 +551,13 @@ class Dispatcher:
             raise
 
     def _wait(self, requests: Sequence[Request], attempt: int, error: RequestError) -> float:
-        """Before retry ``attempt + 1``: the backoff, or longer if the rate limits ask
-        (the resend is charged to them now)."""
+        """Before retry ``attempt + 1``: the backoff, or longer if the server cools
+        down after a 429 (until it ends, spread a little past it) or the rate limits
+        ask (the resend is charged to them now)."""
         delay = self._retries.backoff(attempt, error)
+        left = self.server.cooldown_until - self._now()
+        if left > 0:
+            delay = max(delay, self._retries.after_cooldown(left))
         if self._rate is not None:
             tokens = sum(r.est_tokens for r in requests)
             delay = max(delay, self._rate.reserve(self._now(), tokens))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -47,6 +48,7 @@ from llmbatch._servers.load import (
     parse_metrics,
 )
 from llmbatch._servers.model_list import fetch
+from llmbatch._servers.rate_headers import retry_after
 from llmbatch._stats import ProviderLimits, ServerStats, SignalSource
 from llmbatch._transports.base import HTTPRequest, Transport
 
@@ -100,6 +102,10 @@ class Server:
         """A health probe of it is under way."""
         self._provider_limits: tuple[ProviderLimits, float] | None = None
         """What its last answer's headers said of its rate limits, and when."""
+        self.cooldown_until = -math.inf
+        """Until when nothing is sent to it: a 429 asked to wait (``retry-after-ms``,
+        ``Retry-After``), at most ``RetryPolicy.max_backoff``."""
+        self._max_wait = retry.max_backoff
         self._priority_scheduling = priority_scheduling
         """``Client(priority_scheduling=...)``: send tiers as ``priority`` (None: where
         the server's convention is known); False once the server has refused it."""
@@ -198,6 +204,7 @@ class Server:
             bulk_slice=None if pace is None else pace.slice_tokens,
             bulk_refill=control.refill,
             provider_limits=self._provider_limits_now(now),
+            cooldown=self.cooldown_until - now if now < self.cooldown_until else None,
         )
 
     def _provider_limits_now(self, now: float) -> ProviderLimits | None:
@@ -371,6 +378,12 @@ class Server:
         limits = self.dialect.provider_limits(headers)
         if limits is not None:
             self._provider_limits = (limits, now)
+        if status == 429:
+            wait = retry_after(headers)
+            if wait:
+                # Every batch for this server waits it out, not only the one refused:
+                # the others would meet the same limit.
+                self.cooldown_until = max(self.cooldown_until, now + min(wait, self._max_wait))
         if status in (429, 503):
             if self.breaker.state is BreakerState.CLOSED:  # (not an outage's 503s)
                 self.controller.on_overload()

@@ -152,3 +152,66 @@ def test_rate_limit_of_the_wrong_type() -> None:
         RateLimit(tokens_per_minute="100")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         Client("http://127.0.0.1:1/v1", rate_limit={"requests_per_minute": 10})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("anyio_backend", [virtual_trio()])
+async def test_a_429_that_asks_to_wait_holds_every_batch_for_that_server() -> None:
+    """One batch meets a 429 asking for 2 s: nothing is sent to the server until the
+    2 s have passed (not only that batch's retry), then everything is answered."""
+    server = TimedServer()
+    refused: list[float] = []
+
+    def limited(body: dict[str, Any]) -> MockResponse | None:
+        if not refused:
+            refused.append(anyio.current_time())
+            return MockResponse(status=429, json={}, headers={"retry-after-ms": "2000"})
+        return None
+
+    server.intercept = limited
+    async with Client(
+        "http://127.0.0.1:1/v1",
+        transport=MockTransport(server),
+        batching=ONE_AT_A_TIME,
+    ) as c:
+        start = anyio.current_time()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: c.complete("first"))
+            await anyio.sleep(0.5)  # the 429 came back at once: the server cools down
+            cooling = c.stats().servers[0].cooldown
+            for i in range(4):
+                tg.start_soon(lambda i=i: c.complete(f"later{i}"))
+    assert refused == [start]
+    assert cooling is not None
+    assert cooling == pytest.approx(1.5)
+    later = [t - start for t, prompt in server.sent if prompt != "first"]
+    first = [t - start for t, prompt in server.sent if prompt == "first"]
+    assert len(later) == 4
+    assert min(later) >= 2.0  # none before the wait ended
+    assert first[0] == 0.0
+    assert 2.0 <= first[1] <= 2.2  # the retry: after the wait, spread by at most a tenth
+    assert c.stats().servers[0].cooldown is None
+
+
+@pytest.mark.parametrize("anyio_backend", [virtual_trio()])
+async def test_a_429_without_a_wait_holds_only_its_own_batch() -> None:
+    server = TimedServer()
+    refused: list[float] = []
+
+    def limited(body: dict[str, Any]) -> MockResponse | None:
+        if not refused:
+            refused.append(anyio.current_time())
+            return MockResponse(status=429, json={})
+        return None
+
+    server.intercept = limited
+    async with Client(
+        "http://127.0.0.1:1/v1", transport=MockTransport(server), batching=ONE_AT_A_TIME
+    ) as c:
+        start = anyio.current_time()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: c.complete("first"))
+            await anyio.sleep(0.01)
+            assert c.stats().servers[0].cooldown is None
+            tg.start_soon(lambda: c.complete("later"))
+    later = [t - start for t, prompt in server.sent if prompt == "later"]
+    assert later[0] < 0.1  # sent at once, beside the refused batch's backoff

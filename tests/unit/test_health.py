@@ -96,3 +96,29 @@ def test_a_server_far_slower_than_its_peers_is_ejected() -> None:
 
 def _request() -> Request:
     return make_request()
+
+
+def test_a_server_cooling_down_after_a_429_takes_nothing_until_it_ends() -> None:
+    now = [0.0]
+    health, (a, b) = fleet(2, now)
+    a.on_response(429, {"retry-after": "3"}, 1.0)
+    assert a.cooldown_until == 4.0
+    health.sync(2.0, health.live(), tg=None, wake=lambda: None)  # type: ignore[arg-type]
+    assert a.seats.sendable == 0
+    assert b.seats.sendable is None  # the other server is not held
+    assert health.next_probe(health.live(), None) == 4.0  # the loop wakes when it ends
+    assert a.stats(2.0).cooldown == 2.0
+    health.sync(4.0, health.live(), tg=None, wake=lambda: None)  # type: ignore[arg-type]
+    assert a.seats.sendable is None
+    assert health.next_probe(health.live(), None) is None
+    assert a.stats(4.0).cooldown is None
+
+
+def test_a_cooldown_is_capped_by_the_retry_policys_max_backoff() -> None:
+    now = [0.0]
+    _, (a,) = fleet(1, now)
+    a.on_response(429, {"retry-after": "3600"}, 0.0)
+    assert a.cooldown_until == RetryPolicy().max_backoff
+    a.on_response(429, {}, 0.0)  # no wait asked: nothing changes
+    a.on_response(503, {"retry-after": "9999"}, 0.0)  # a 503's wait is its batch's own
+    assert a.cooldown_until == RetryPolicy().max_backoff

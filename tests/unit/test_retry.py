@@ -123,3 +123,12 @@ def test_a_backoff_is_never_past_the_ceiling_nor_short_of_what_it_honours(
 )
 def test_the_servers_x_should_retry_decides(error: RequestError, retried: bool) -> None:
     assert Retries(RetryPolicy()).retryable(error) is retried
+
+
+@given(left=st.floats(min_value=0.001, max_value=120.0), draw=st.floats(0.0, 1.0))
+def test_a_retry_after_a_cooldown_never_goes_early_and_spreads_a_little(
+    left: float, draw: float
+) -> None:
+    retries = Retries(RetryPolicy(), uniform=lambda a, b: a + draw * (b - a))
+    wait = retries.after_cooldown(left)
+    assert left <= wait <= left * 1.1 + 1e-9
