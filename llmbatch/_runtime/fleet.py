@@ -181,7 +181,7 @@ class Fleet:
             stats=self._recorder,
             outcomes=self._outcomes,
             observers=self._observers,
-            rate=scheduler.rate,
+            rate=lambda: scheduler.rate,
             fail_over=functools.partial(health.can_fail_over, server),
             patient=health.patient,
             clock=self._now,

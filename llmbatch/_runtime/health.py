@@ -89,10 +89,14 @@ class Health:
 
     def sync(self, now: float, live: list[Server], tg: TaskGroup, wake: Callable[[], None]) -> None:
         """Open each server's seats as its breaker allows (closed: freely; half-open:
-        one trial batch; open: nothing), none while it cools down after a 429, and
-        start the probes that are due."""
+        one trial batch; open: nothing), none while it cools down after a 429; start
+        the probes that are due; and give the scheduler the rate limits the servers'
+        answers stated."""
+        learnt: tuple[int | None, int | None] | None = None
         for server in live:
             seats = server.seats
+            if server.learnt_rate is not None:
+                learnt = _lower(learnt, server.learnt_rate)
             if server.cooldown_until != -math.inf:
                 if now < server.cooldown_until:
                     seats.sendable = 0  # a 429 asked to wait: nothing goes before it ends
@@ -106,6 +110,9 @@ class Health:
             if breaker.probe_due(now) and not server.probing:
                 server.probing = True
                 tg.start_soon(self._probe, server, wake)
+        if learnt is not None:
+            # One budget for the client: the servers' lowest stated limits.
+            self._scheduler.learn_rate(*learnt)
 
     def control(self, now: float, live: list[Server], blocked: frozenset[int]) -> bool:
         """Feed each server's controller and apply its limit; True if one grew."""
@@ -237,3 +244,16 @@ class Health:
         for step, server in steps:
             if step is not None and step > SLOW_FACTOR * median:
                 server.eject(now, f"step time {step:.3f}s vs {median:.3f}s on its peers")
+
+
+def _lower(
+    a: tuple[int | None, int | None] | None, b: tuple[int | None, int | None]
+) -> tuple[int | None, int | None]:
+    """Each limit of ``a`` and ``b``, the lower where both state it."""
+    if a is None:
+        return b
+
+    def low(x: int | None, y: int | None) -> int | None:
+        return y if x is None else x if y is None else min(x, y)
+
+    return low(a[0], b[0]), low(a[1], b[1])

@@ -20,9 +20,12 @@ __all__ = ["RateBudget", "SharedAllowance", "settle_credit"]
 class RateBudget:
     """The requests-per-minute and tokens-per-minute buckets (either may be unset)."""
 
-    __slots__ = ("requests", "tokens")
+    __slots__ = ("refunds", "requests", "tokens")
 
-    def __init__(self, rate_limit: RateLimit) -> None:
+    def __init__(self, rate_limit: RateLimit, *, refunds: bool = True) -> None:
+        self.refunds = refunds
+        """Whether a request's unused estimate is given back (a stated limit counts
+        what was used; a provider's learnt one counts ``max_tokens`` as sent)."""
         shared = rate_limit.redis_url is not None
         self.requests: TokenBucket | None = None
         self.tokens: TokenBucket | None = None
@@ -71,7 +74,7 @@ class RateBudget:
     def correct(self, charged: int, used: int) -> None:
         """A request charged ``charged`` tokens (its estimate) reported ``used``: the
         token budget gets the difference back (or pays what it lacked)."""
-        if self.tokens is not None and charged != used:
+        if self.tokens is not None and charged != used and (self.refunds or used > charged):
             self.tokens.refund(charged - used)
 
 

@@ -113,6 +113,12 @@ class Poll:
     """The replicas whose bulk limit held it back (seats free, but not for bulk)."""
 
 
+#: The share of a learnt rate limit the client spends: the provider's buckets and the
+#: client's refill alike, so requests that arrive a little early or a little bunched
+#: (the network, a batch's answers) would otherwise meet an empty bucket.
+LEARNT_SHARE = 0.95
+
+
 class Scheduler:
     """Tier queues plus the in-flight ledger. Not thread-safe; one event loop owns it."""
 
@@ -139,7 +145,11 @@ class Scheduler:
         # the scheduler; entries of finished requests are dropped lazily.
         self._deadlines: list[tuple[float, int, Request]] = []
         self.rate: RateBudget | None = None if rate_limit is None else RateBudget(rate_limit)
-        """The rate limits (None: none set)."""
+        """The rate limits (None: none set, nor learnt)."""
+        self._rate_stated = rate_limit is not None
+        self.rate_learnt: tuple[int | None, int | None] | None = None
+        """Requests and tokens a minute a server's answers stated, in force when no
+        ``RateLimit`` was given (None: none learnt)."""
         self.shared: SharedAllowance | None = None
         """This client's share of an in-flight budget held with other processes
         (None: no such budget); see :meth:`share_in_flight`."""
@@ -315,6 +325,27 @@ class Scheduler:
             # follows the live requests, not the request rate times the timeout.
             self._deadlines = [e for e in self._deadlines if e[2].state != _FINISHED]
             heapq.heapify(self._deadlines)
+
+    def learn_rate(self, requests_per_minute: int | None, tokens_per_minute: int | None) -> None:
+        """A server's answers state its rate limits (a hosted provider's headers): they
+        pace what is sent, as a ``RateLimit`` of those numbers would, unless one was
+        given (then it is kept as given). A change of the numbers takes effect at once."""
+        learnt = (requests_per_minute or None, tokens_per_minute or None)
+        if self._rate_stated or learnt == self.rate_learnt or learnt == (None, None):
+            return
+        self.rate_learnt = learnt
+        rpm, tpm = (None if x is None else max(1, int(x * LEARNT_SHARE)) for x in learnt)
+        fresh = RateBudget(
+            RateLimit(requests_per_minute=rpm, tokens_per_minute=tpm), refunds=False
+        )
+        old = self.rate
+        if old is not None:
+            # What was spent stays spent: a bucket keeps its level, within the new size.
+            for new_bucket, old_bucket in zip(fresh.buckets, old.buckets, strict=True):
+                if new_bucket is not None and old_bucket is not None:
+                    new_bucket.level = min(new_bucket.capacity, old_bucket.level)
+                    new_bucket.updated = old_bucket.updated
+        self.rate = fresh
 
     # -- in-flight ledger ------------------------------------------------------------
 

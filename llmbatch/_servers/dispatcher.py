@@ -131,7 +131,7 @@ class Dispatcher:
         stats: StatsRecorder,
         outcomes: Outcomes,
         observers: Observers,
-        rate: RateBudget | None = None,
+        rate: Callable[[], RateBudget | None] = lambda: None,
         fail_over: Callable[[], bool] | None = None,
         patient: Callable[[], bool] | None = None,
         clock: Clock = time.monotonic,
@@ -143,8 +143,8 @@ class Dispatcher:
         self._stats = stats
         self._outcomes = outcomes
         self._rate = rate
-        """The rate limits: resends are charged to them, and answers tell the token
-        budget what they really used."""
+        """The rate limits now (stated, or learnt from the answers): resends are
+        charged to them, and answers tell the token budget what they really used."""
         self.chat_batch: bool | None = None
         """Whether the server has /chat/completions/batch: None until the first try."""
         self._observers = observers
@@ -292,9 +292,10 @@ class Dispatcher:
         split.requests += len(parts)
         token = BISECTION.set(split) if outer is None else None
         try:
-            if self._rate is not None:
+            rate = self._rate()
+            if rate is not None:
                 # New HTTP requests: they count against the rate limits.
-                now, rate = self._now(), self._rate
+                now = self._now()
                 delay = max(rate.reserve(now, sum(r.est_tokens for r in part)) for part in parts)
                 await anyio.sleep(delay)
             async with anyio.create_task_group() as tg:
@@ -336,9 +337,19 @@ class Dispatcher:
         if len(requests) == 1:
             await self._exchange(CHAT, requests, self._chat)
             return
+        rate = self._rate()
+        now = self._now()
         async with anyio.create_task_group() as tg:
-            for request in requests:
-                tg.start_soon(self._exchange, CHAT, [request], self._chat)
+            for i, request in enumerate(requests):
+                # The batch was charged as one request: each further one is a request
+                # of its own to the rate limits (its tokens were charged with it).
+                delay = 0.0 if rate is None or i == 0 else rate.reserve(now, 0)
+                tg.start_soon(self._chat_one, request, delay)
+
+    async def _chat_one(self, request: Request, delay: float) -> None:
+        if delay > 0:
+            await anyio.sleep(delay)
+        await self._exchange(CHAT, [request], self._chat)
 
     # -- streaming -------------------------------------------------------------------
 
@@ -558,9 +569,10 @@ class Dispatcher:
         left = self.server.cooldown_until - self._now()
         if left > 0:
             delay = max(delay, self._retries.after_cooldown(left))
-        if self._rate is not None:
+        rate = self._rate()
+        if rate is not None:
             tokens = sum(r.est_tokens for r in requests)
-            delay = max(delay, self._rate.reserve(self._now(), tokens))
+            delay = max(delay, rate.reserve(self._now(), tokens))
         return delay
 
     def _before_sleep(
@@ -678,8 +690,9 @@ class Dispatcher:
             system_fingerprint=answers.system_fingerprint,
             bare=BareChoices.of(kind, answers.choices[0][0]),
         )
-        if self._rate is not None and usage[2]:
-            self._rate.correct(sum(r.est_tokens for r in requests), usage[2])
+        rate = self._rate()
+        if rate is not None and usage[2]:
+            rate.correct(sum(r.est_tokens for r in requests), usage[2])
         if usage[0] and first.spec.n == 1:
             # The server's count against the estimate: batches are sized by it.
             self.server.on_prompt_usage(sum(r.prefill_tokens for r in requests), usage[0])

@@ -102,6 +102,9 @@ class Server:
         """A health probe of it is under way."""
         self._provider_limits: tuple[ProviderLimits, float] | None = None
         """What its last answer's headers said of its rate limits, and when."""
+        self.learnt_rate: tuple[int | None, int | None] | None = None
+        """Requests and tokens a minute its answers state (``Health`` hands them to the
+        scheduler, which paces by them when no ``RateLimit`` was given)."""
         self.cooldown_until = -math.inf
         """Until when nothing is sent to it: a 429 asked to wait (``retry-after-ms``,
         ``Retry-After``), at most ``RetryPolicy.max_backoff``."""
@@ -378,6 +381,7 @@ class Server:
         limits = self.dialect.provider_limits(headers)
         if limits is not None:
             self._provider_limits = (limits, now)
+            self.learnt_rate = _per_minute(limits)
         if status == 429:
             wait = retry_after(headers)
             if wait:
@@ -561,3 +565,24 @@ def _mean_since(
     if observed <= 0:
         return None
     return (total - last_total) / observed
+
+
+#: A stated limit whose budget is whole again within this is a minute's (or finer):
+#: OpenAI's are; a limit whose reset is longer (Groq's requests, a day's) is not
+#: spread evenly over seconds, and is not learnt.
+_MINUTE = 60.0
+
+
+def _per_minute(limits: ProviderLimits) -> tuple[int | None, int | None] | None:
+    """The requests and tokens a minute ``limits`` state (None: neither)."""
+
+    def of(limit: int | None, reset: float | None) -> int | None:
+        if not limit or reset is None or reset > _MINUTE:
+            return None
+        return limit
+
+    learnt = (
+        of(limits.requests_limit, limits.requests_reset),
+        of(limits.tokens_limit, limits.tokens_reset),
+    )
+    return None if learnt == (None, None) else learnt

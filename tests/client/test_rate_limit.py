@@ -7,6 +7,7 @@ both backends and checks only what is held back within a short bounded wait."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import anyio
@@ -215,3 +216,52 @@ async def test_a_429_without_a_wait_holds_only_its_own_batch() -> None:
             tg.start_soon(lambda: c.complete("later"))
     later = [t - start for t, prompt in server.sent if prompt == "later"]
     assert later[0] < 0.1  # sent at once, beside the refused batch's backoff
+
+
+class ProviderServer(TimedServer):
+    """Answers with OpenAI's rate-limit headers: 60 requests a minute."""
+
+    def __call__(self, request: HTTPRequest) -> MockResponse:
+        response = super().__call__(request)
+        response.headers = {
+            **response.headers,
+            "x-ratelimit-limit-requests": "60",
+            "x-ratelimit-remaining-requests": "59",
+            "x-ratelimit-reset-requests": "1s",
+        }
+        return response
+
+
+@pytest.mark.parametrize("anyio_backend", [virtual_trio()])
+async def test_a_providers_stated_limits_pace_the_client_when_none_is_given() -> None:
+    server = ProviderServer()
+    async with Client(
+        "http://127.0.0.1:1/v1", transport=MockTransport(server), batching=ONE_AT_A_TIME
+    ) as c:
+        start = anyio.current_time()
+        await c.complete("first")  # its answer states the limit
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(lambda i=i: c.complete(f"p{i}"))
+    offsets = [t - start for t, _ in server.sent]
+    assert len(offsets) == 5
+    # 95 % of 60 a minute: a request every 60/57 s from the first answer on.
+    assert offsets[-1] == pytest.approx(4 * 60 / 57, rel=0.01)
+    assert all(b - a == pytest.approx(60 / 57, rel=0.01) for a, b in pairwise(offsets))
+
+
+@pytest.mark.parametrize("anyio_backend", [virtual_trio()])
+async def test_a_stated_rate_limit_wins_over_what_the_provider_says() -> None:
+    server = ProviderServer()
+    async with Client(
+        "http://127.0.0.1:1/v1",
+        transport=MockTransport(server),
+        batching=ONE_AT_A_TIME,
+        rate_limit=RateLimit(requests_per_minute=600),
+    ) as c:
+        start = anyio.current_time()
+        await c.complete("first")
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(lambda i=i: c.complete(f"p{i}"))
+    assert max(t - start for t, _ in server.sent) < 0.5  # 10 a second, not 1

@@ -143,3 +143,28 @@ async def test_a_server_that_says_not_to_retry_is_not_retried() -> None:
     assert isinstance(request.error, ServerError)
     assert request.error.should_retry is False
     assert len(_posts(transport)) == 1
+
+
+async def test_conversations_sent_one_by_one_each_count_against_the_rate_limits() -> None:
+    from llmbatch import RateLimit
+    from llmbatch._calls.spec import check_call
+    from llmbatch._calls.validate import check_messages
+    from llmbatch._scheduler.budgets import RateBudget
+
+    budget = RateBudget(RateLimit(requests_per_minute=600))  # 10 a second, 10 held
+    dispatcher, _ = _dispatcher(FakeServer(chat_batch=False))
+    dispatcher._rate = lambda: budget
+    dispatcher.chat_batch = False  # the server has no batch route: one request each
+    spec = check_call("chat", "chat", {"model": "fake-model"})
+    requests = []
+    for i in range(3):
+        messages, tokens = check_messages(
+            [{"role": "user", "content": f"q{i}"}], n=1, max_tokens=16
+        )
+        requests.append(Request(spec, None, messages, tokens, 0.0))
+    assert budget.requests is not None
+    before = budget.requests.level
+    await _send(dispatcher, requests)
+    assert all(r.error is None for r in requests)
+    # The scheduler charged the batch as one request; the two others are charged here.
+    assert before - budget.requests.level == pytest.approx(2, abs=0.2)

@@ -3,6 +3,7 @@ a slow one, failover, the outage error."""
 
 from __future__ import annotations
 
+import pytest
 from factories import make_request
 
 from llmbatch import Limits, Replica, RetryPolicy
@@ -122,3 +123,26 @@ def test_a_cooldown_is_capped_by_the_retry_policys_max_backoff() -> None:
     a.on_response(429, {}, 0.0)  # no wait asked: nothing changes
     a.on_response(503, {"retry-after": "9999"}, 0.0)  # a 503's wait is its batch's own
     assert a.cooldown_until == RetryPolicy().max_backoff
+
+
+def test_the_lowest_limits_the_servers_state_pace_the_client() -> None:
+    now = [0.0]
+    health, (a, b) = fleet(2, now)
+    openai = {
+        "x-ratelimit-limit-requests": "600",
+        "x-ratelimit-remaining-requests": "599",
+        "x-ratelimit-reset-requests": "100ms",
+        "x-ratelimit-limit-tokens": "90000",
+        "x-ratelimit-remaining-tokens": "89000",
+        "x-ratelimit-reset-tokens": "6m0s",  # a window longer than a minute: not learnt
+    }
+    a.on_response(200, openai, 0.0, sent_at=0.0)
+    b.on_response(200, {**openai, "x-ratelimit-limit-requests": "300"}, 0.0, sent_at=0.0)
+    assert a.learnt_rate == (600, None)
+    health.sync(0.0, health.live(), tg=None, wake=lambda: None)  # type: ignore[arg-type]
+    scheduler = health._scheduler
+    assert scheduler.rate_learnt == (300, None)
+    assert scheduler.rate is not None
+    assert scheduler.rate.requests is not None
+    assert scheduler.rate.requests.rate == pytest.approx(300 * 0.95 / 60)
+    assert scheduler.rate.tokens is None

@@ -258,11 +258,13 @@ def _authorized(request: Request, key: str) -> bool:
 
 
 def _model_card(config: SimConfig) -> dict[str, Any]:
+    hosted = config.rate_limit_rpm is not None or config.rate_limit_tpm is not None
     return {
         "id": config.model,
         "object": "model",
         "created": 0,
-        "owned_by": "vllm",
+        # Playing a hosted provider, it says what OpenAI's model list says.
+        "owned_by": "system" if hosted else "vllm",
         "root": config.model,
         "parent": None,
         "max_model_len": config.limits.max_model_len,

@@ -163,6 +163,11 @@ class SimConfig:
     seed: int = 0
     #: Serve ``POST /v1/chat/completions/batch`` (vLLM 0.19+); off emulates older servers.
     chat_batch: bool = True
+    #: Play a hosted provider's rate limiter (``limiter.py``): requests and tokens a
+    #: minute, enforced per second, with that provider's headers (None: no limit).
+    rate_limit_rpm: int | None = None
+    rate_limit_tpm: int | None = None
+    rate_limit_headers: str = "openai"
     #: Count requests in flight for ``GET /load`` (vLLM's ``--enable-server-load-tracking``).
     server_load_tracking: bool = False
     #: What ``/metrics`` exposes: ``"full"`` (vLLM's gauges and latency histograms),

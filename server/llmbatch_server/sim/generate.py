@@ -49,11 +49,12 @@ async def generate(
     body = await read_json(request)
     fault = await inject_fault(sim, stream=bool(body.get("stream")))
     gen = parse(body)
+    limited = _rate_limit(sim, gen)
     await sim.frontend(len(gen.prompts))
     request_id = ("chatcmpl-" if gen.chat else "cmpl-") + uuid.uuid4().hex
     prompt_tokens = sum(gen.prompt_tokens)
     if gen.stream:
-        return _stream(
+        stream = _stream(
             sim,
             gen,
             request_id,
@@ -61,6 +62,8 @@ async def generate(
             cut=fault is Fault.DROP,
             error=fault is Fault.STREAM_ERROR,
         )
+        stream.raw_headers += [(k.encode(), v.encode()) for k, v in limited.items()]
+        return stream
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
 
@@ -82,14 +85,36 @@ async def generate(
         chat=gen.chat,
         cached_tokens=sim.cached_tokens(gen, sequences),
     )
-    headers = {}
+    headers = dict(limited)
     fmt = request.headers.get(metrics.LOAD_FORMAT_HEADER)
     if load_report and fmt and sim.config.load_header:
         engine = sim.engine
         waiting = engine.gauges[1]
-        headers = metrics.load_report(fmt, waiting=waiting, kv_usage=engine.kv_usage)
+        headers.update(metrics.load_report(fmt, waiting=waiting, kv_usage=engine.kv_usage))
     response_cls = CutResponse if fault is Fault.DROP else Response
     return response_cls(dumps(payload), media_type="application/json", headers=headers)
+
+
+def _rate_limit(sim: Simulator, gen: Generation) -> dict[str, str]:
+    """The provider's headers for this request's answer; a 429 if it is over the
+    limit (its tokens: the prompts' and all it may generate, as OpenAI counts)."""
+    limiter = sim.limiter
+    if limiter is None:
+        return {}
+    room = sim.config.limits.max_model_len
+    budget = sum(
+        tokens + gen.n * (gen.max_tokens if gen.max_tokens is not None else room - tokens)
+        for tokens in gen.prompt_tokens
+    )
+    refused = limiter.take(budget)
+    if refused is not None:
+        raise ApiError(
+            429,
+            f"Rate limit reached for {refused.limit} (simulated); "
+            f"please try again in {refused.wait:.3f}s",
+            headers=limiter.headers(refused),
+        )
+    return limiter.headers()
 
 
 async def inject_fault(sim: Simulator, *, stream: bool) -> Fault:

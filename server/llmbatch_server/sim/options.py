@@ -21,6 +21,7 @@ from llmbatch_server.sim.config import (
     StepModel,
     profile_limits,
 )
+from llmbatch_server.sim.limiter import FAMILIES
 from llmbatch_server.sim.outage import MODES, OutagePlan
 
 
@@ -260,6 +261,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     faults.add_argument(
         "--spike-ms", type=float, default=1000.0, help="length of a spike in ms (default: 1000)"
     )
+    hosted = p.add_argument_group("a hosted provider's rate limiter")
+    hosted.add_argument(
+        "--rate-limit-rpm",
+        type=int,
+        help="requests a minute, enforced per second, then 429 (default: no limit)",
+    )
+    hosted.add_argument(
+        "--rate-limit-tpm",
+        type=int,
+        help="tokens a minute (prompt tokens plus max_tokens), enforced per second "
+        "(default: no limit)",
+    )
+    hosted.add_argument(
+        "--rate-limit-headers",
+        choices=FAMILIES,
+        default="openai",
+        help="whose rate-limit headers every answer carries (default: openai)",
+    )
     faults.add_argument(
         "--retry-after",
         type=float,
@@ -345,6 +364,9 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         enable_admin=args.enable_admin,
         seed=args.seed,
         chat_batch=args.chat_batch,
+        rate_limit_rpm=args.rate_limit_rpm,
+        rate_limit_tpm=args.rate_limit_tpm,
+        rate_limit_headers=args.rate_limit_headers,
         metrics=args.metrics,
         load_header=args.load_header,
         server_load_tracking=args.enable_server_load_tracking,

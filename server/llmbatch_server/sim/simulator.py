@@ -12,6 +12,7 @@ from llmbatch_server.sim.config import SimConfig
 from llmbatch_server.sim.counting import load_counter
 from llmbatch_server.sim.engine import Engine, Group, Sequence
 from llmbatch_server.sim.faults import FaultInjector
+from llmbatch_server.sim.limiter import RateLimiter
 from llmbatch_server.sim.outage import Outage
 from llmbatch_server.sim.prefix_cache import block_hashes
 from llmbatch_server.sim.requests import Generation
@@ -30,6 +31,16 @@ class Simulator:
         )
         self.faults = FaultInjector(config.faults, seed=config.seed + 7919 * config.replica)
         self.outage = Outage(on_restart=self.restart)
+        self.limiter = (
+            RateLimiter(
+                requests_per_minute=config.rate_limit_rpm,
+                tokens_per_minute=config.rate_limit_tpm,
+                family=config.rate_limit_headers,  # type: ignore[arg-type]
+                clock=time.monotonic,
+            )
+            if config.rate_limit_rpm is not None or config.rate_limit_tpm is not None
+            else None
+        )
         self._frontend_free_at = 0.0
         #: HTTP requests by (handler, method, status class), for ``/metrics``.
         self.http_requests: Counter[tuple[str, str, str]] = Counter()
