@@ -335,9 +335,7 @@ class Scheduler:
             return
         self.rate_learnt = learnt
         rpm, tpm = (None if x is None else max(1, int(x * LEARNT_SHARE)) for x in learnt)
-        fresh = RateBudget(
-            RateLimit(requests_per_minute=rpm, tokens_per_minute=tpm), refunds=False
-        )
+        fresh = RateBudget(RateLimit(requests_per_minute=rpm, tokens_per_minute=tpm), refunds=False)
         old = self.rate
         if old is not None:
             # What was spent stays spent: a bucket keeps its level, within the new size.
