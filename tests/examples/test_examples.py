@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from llmbatch_server._process import free_port
 from llmbatch_server.testing import SimulatorProcess, run_simulator
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +77,7 @@ def test_launch_vllm_with_a_profile() -> None:
         "--profile",
         "latency",
         "--port",
-        str(_free_port()),
+        str(free_port()),
         "--vllm-bin",
         str(fake),
         env={"FAKE_VLLM_PYTHON": sys.executable},
@@ -86,16 +86,9 @@ def test_launch_vllm_with_a_profile() -> None:
     assert "64/64 ok" in out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.mark.slow  # ~5 s; CI's slow stage runs it
 def test_fastapi_chat_stays_responsive_during_a_bulk_job(sim: SimulatorProcess) -> None:
-    port = _free_port()
+    port = free_port()
     app = subprocess.Popen(
         [sys.executable, str(EXAMPLES / "fastapi_app.py"), "--port", str(port)],
         env={**os.environ, "LLMBATCH_BASE_URL": sim.base_url},

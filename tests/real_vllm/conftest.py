@@ -11,7 +11,6 @@ import asyncio
 import os
 import pathlib
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from llmbatch_server._process import free_port
 from llmbatch_server.launcher import VLLMServer
 
 SERVER_DIR = pathlib.Path(__file__).resolve().parents[2] / "server"
@@ -88,12 +88,6 @@ def process_group_alive() -> Callable[[int], bool]:
 def process_group_gone() -> Callable[[int], bool]:
     """``wait_group_gone`` as a fixture."""
     return wait_group_gone
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

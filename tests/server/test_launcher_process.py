@@ -6,7 +6,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from llmbatch_server._process import free_port
 from llmbatch_server.launcher import LauncherError, VLLMServer
 
 FAKE_DIR = pathlib.Path(__file__).parent / "fake_vllm"
@@ -38,12 +38,6 @@ def read_record(path: pathlib.Path) -> dict[str, Any]:
     """What the fake recorded about how it was started."""
     record: dict[str, Any] = json.loads(path.read_text())
     return record
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def group_alive(pgid: int) -> bool:

@@ -4,8 +4,8 @@
     python -m llmbatch_bench.experiments.hosted --conversations 3000 --rpm 6000 --tpm 90000
 
 No ``RateLimit`` is stated: whatever the client does about the limit it learns from
-the answers. Each HTTP answer's status is recorded by a transport that wraps
-llmbatch's own, so the report counts the 429s per second as the server gave them,
+the answers. Each HTTP answer's status is recorded by the wire log's transport
+around llmbatch's own, so the report counts the 429s per second as the server gave them,
 and every conversation's outcome.
 """
 
@@ -21,30 +21,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import llmbatch
-from llmbatch.transports import AiohttpTransport, HTTPRequest, HTTPResponse
+from llmbatch_bench.closedloop.wirelog import RecordingTransport, aiohttp_transport
 from llmbatch_server.testing import run_simulator
 
 
-class _Counting:
-    """llmbatch's aiohttp transport, every POST's answer status counted by second."""
-
-    def __init__(self) -> None:
-        self._inner = AiohttpTransport()
-        self.started = time.perf_counter()
-        self.answers: list[tuple[float, int]] = []
-
-    async def send(self, request: HTTPRequest) -> HTTPResponse:
-        response = await self._inner.send(request)
-        if request.method == "POST":
-            self.answers.append((time.perf_counter() - self.started, response.status))
-        return response
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
 async def _run(url: str, conversations: int, max_tokens: int) -> dict[str, Any]:
-    transport = _Counting()
+    transport = RecordingTransport(aiohttp_transport())
+    origin = time.monotonic()
     async with llmbatch.Client(url, transport=transport) as client:
         inputs: list[Any] = [
             [{"role": "user", "content": f"question {i} please"}] for i in range(conversations)
@@ -53,18 +36,19 @@ async def _run(url: str, conversations: int, max_tokens: int) -> dict[str, Any]:
         results = await client.map(inputs, max_tokens=max_tokens)
         wall = time.perf_counter() - started
         server = client.stats().servers[0]
+    posts = [e for e in transport.log if e.method == "POST"]
     per_second: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0])
-    for at, status in transport.answers:
-        per_second[int(at)][0 if status == 200 else 1] += 1
-    refused = sum(1 for _, status in transport.answers if status == 429)
+    for e in posts:
+        per_second[int(e.done - origin)][0 if e.outcome == "200" else 1] += 1
+    refused = sum(1 for e in posts if e.outcome == "429")
     return {
         "conversations": conversations,
         "wall_s": round(wall, 2),
         "answered": sum(r.error is None for r in results),
         "failed": sum(r.error is not None for r in results),
-        "http_requests": len(transport.answers),
+        "http_requests": len(posts),
         "http_429": refused,
-        "share_429": round(refused / max(1, len(transport.answers)), 4),
+        "share_429": round(refused / max(1, len(posts)), 4),
         "conversations_per_s": round(conversations / wall, 2),
         "per_second_ok_429": {str(k): v for k, v in sorted(per_second.items())},
         "provider_limits": None
