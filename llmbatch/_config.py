@@ -179,6 +179,12 @@ class Limits:
     - ``min_share``: the minimum fraction of dispatched sequences that ``normal`` and
       ``batch`` get while higher tiers have work, so no tier starves.
     - ``max_connections`` / ``keepalive_expiry``: the HTTP pool.
+    - ``adaptive``: whether the closed loop moves the bulk limit (the default). With
+      ``adaptive=False`` normal and batch work hold exactly ``max_in_flight -
+      reserved_realtime`` sequences on each server, whatever it reports: a static
+      setting, for measurements (the bench's frontier sweeps them) and for servers
+      whose load reports mislead. Retries, the breaker and rate limits still act; an
+      SLO cannot (it needs the loop) and is refused beside it.
     """
 
     max_queued: int = 10_000
@@ -190,8 +196,14 @@ class Limits:
     )
     max_connections: int = 64
     keepalive_expiry: float = 30.0
+    adaptive: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.adaptive, bool):
+            raise ConfigTypeError(
+                f"Limits.adaptive must be a bool, got {type(self.adaptive).__name__}",
+                field="adaptive",
+            )
         for name in ("max_queued", "max_in_flight", "max_in_flight_tokens", "max_connections"):
             _check_int("Limits", name, getattr(self, name), 1)
         _check_int("Limits", "reserved_realtime", self.reserved_realtime, 0, self.max_in_flight - 1)
@@ -570,3 +582,9 @@ class SLO:
         _check_number("SLO", "tpot", self.tpot, optional=True)
         if not isinstance(self.pace, bool):
             raise TypeError(f"SLO.pace must be a bool, got {type(self.pace).__name__}")
+
+
+SLOSetting = SLO | Literal["auto"] | None
+"""What ``Client(slo=...)`` takes: an :class:`SLO`, ``"auto"`` (the default: realtime
+held within 3x the idle latency the client measures itself, once realtime is seen;
+docs/concepts.md, "The default SLO") or None (no protection beyond the reserve)."""

@@ -37,7 +37,8 @@ class Inference:
 
     name: str
     """``"queue"`` (the server's queue is real), ``"seats"`` (what it runs at
-    once), ``"step_time"`` or ``"slo_unreachable"``."""
+    once), ``"step_time"``, ``"slo_unreachable"`` or ``"slo_auto"`` (the default SLO's
+    per-token target, seconds)."""
     value: float | None
     """The belief now: seats, the step time in seconds, 1.0 for a real queue or an
     unreachable SLO; None when nothing is believed (after dismissals, say)."""
@@ -258,6 +259,11 @@ class ServerStats(_Snapshot):
     """With an SLO: bulk is down to one sequence and the server's latencies are still
     over the target, so the server is too slow for this SLO (loosen it, or add
     capacity) rather than too busy."""
+    slo_auto: str | None = None
+    """With the default ``slo="auto"``: what it aims at now and why (``dormant`` until
+    realtime is seen; ``measuring`` the idle latency; ``active`` with its target;
+    ``stood_down`` where the latency does not follow the load); None with a stated
+    SLO or ``slo=None``."""
     signals: tuple[str, ...] = ()
     """The sources that reported on this server in the last few seconds, which the
     client's picture of it comes from: ``load_header`` (vLLM's load report),
@@ -470,6 +476,8 @@ def _server(server: ServerStats) -> str:
             f"SLO met {server.slo_met:,}, missed {server.slo_missed:,}, "
             f"aiming at {server.slo_aim:.0%} of it"
         )
+    if server.slo_auto is not None and not server.slo_auto.startswith("dormant"):
+        parts.append(f"default SLO {server.slo_auto}")
     if server.outages:
         parts.append(f"outages {server.outages}")
     if server.ejected:

@@ -7,6 +7,7 @@ llmbatch-bench --scenario overhead,single,chat  # the hot-path scenarios only
 llmbatch-bench --scenario dropin,embed          # openai's client vs the drop-in; embeddings
 llmbatch-bench --scenario slo,saturate,outage,control --smoke   # closed loop, short
 llmbatch-bench --scenario replicas              # four simulators: routing and failover
+llmbatch-bench --scenario frontier --url URL    # static settings swept, the controller judged
 llmbatch-bench --scale                          # all, plus 1M prompts through map_unordered
 """
 
@@ -167,7 +168,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
     mixed.add_argument("--realtime-grace", type=float, default=d.realtime_grace)
     mixed.add_argument("--mixed-n", type=int, help="bulk prompts (default: from capacity)")
     closed = p.add_argument_group(
-        "closed loop (slo, saturate, outage, control)",
+        "closed loop (slo, saturate, frontier, outage, control)",
         "Judge the admission controller and the breaker on a simulator whose step model "
         "gives the bound; defaults are the full form, --smoke the short one.",
     )
@@ -209,6 +210,28 @@ def _configure(p: argparse.ArgumentParser) -> None:
     closed.add_argument("--saturate-n", type=int, help="prompts per saturate run")
     closed.add_argument("--saturate-sweep", type=_csv(int), help="probe concurrencies")
     closed.add_argument("--saturate-rounds", type=int, help="interleaved rounds (median)")
+    closed.add_argument(
+        "--frontier-caps",
+        type=_csv(int),
+        help="the frontier's static bulk caps, in sequences (default 1,2,4,...,256)",
+    )
+    closed.add_argument(
+        "--frontier-batches",
+        type=_csv(int),
+        help="the frontier's bulk batch sizes, in prompts (default 8,64)",
+    )
+    closed.add_argument(
+        "--frontier-rounds", type=int, help="alternated rounds of the frontier (medians)"
+    )
+    closed.add_argument(
+        "--frontier-warmup", type=float, help="seconds of bulk before each frontier window"
+    )
+    closed.add_argument(
+        "--frontier-duration", type=float, help="seconds of each frontier run's window"
+    )
+    closed.add_argument(
+        "--frontier-rate", type=float, help="the frontier's realtime calls a second (default 2)"
+    )
     closed.add_argument("--outage-n", type=int, help="prompts in each outage map")
     closed.add_argument("--outage-503", type=float, help="seconds of 503 (default 15)")
     closed.add_argument(
@@ -469,16 +492,33 @@ def _closed(args: argparse.Namespace) -> dict[str, Any]:
         "outage_503",
         "outage_restart",
         "control_phases",
+        "frontier_caps",
+        "frontier_batches",
+        "frontier_rounds",
+        "frontier_warmup",
+        "frontier_duration",
+        "frontier_rate",
     )
     out = {name: _given(args, name) for name in names}
-    for name in ("saturate_n", "saturate_rounds", "outage_n"):
+    for name in ("saturate_n", "saturate_rounds", "outage_n", "frontier_rounds"):
         if out[name] < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("slo_factor", "slo_duration", "outage_503", "outage_restart"):
+    for name in ("frontier_caps", "frontier_batches"):
+        if not out[name] or min(out[name]) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} takes positive whole numbers")
+    for name in (
+        "slo_factor",
+        "slo_duration",
+        "outage_503",
+        "outage_restart",
+        "frontier_duration",
+        "frontier_rate",
+    ):
         if not out[name] > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0")
-    if out["slo_warmup"] < 0:
-        raise ValueError("--slo-warmup must be >= 0")
+    for name in ("slo_warmup", "frontier_warmup"):
+        if out[name] < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
     phases = out["control_phases"]
     if len(phases) != 4 or any(x <= 0 for x in phases):
         raise ValueError("--control-phases takes four positive numbers of seconds")

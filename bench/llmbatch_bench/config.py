@@ -39,15 +39,16 @@ __all__ = [
 ]
 
 SERVER_SCENARIOS = ("sweep", "bulk", "ceiling", "bulk-chat", "mixed")
-CLOSED_SCENARIOS = ("slo", "saturate", "outage", "control")
+CLOSED_SCENARIOS = ("slo", "saturate", "frontier", "outage", "control")
 REPLICA_SCENARIOS = ("replicas",)
 HOT_SCENARIOS = ("overhead", "chat", "embed", "single", "burst", "dropin", "transport", "scale")
 #: What "all" (the default) leaves out: scenarios without a target (bulk-chat, the
 #: chat batch route against one request per chat; embed needs a
 #: server with /v1/embeddings), diagnostics, the long 1M-prompt run, the
-#: replicas scenario (four simulators at a time, minutes) and the ceiling (vLLM's
-#: offline engine: it needs --vllm).
-EXTRA_SCENARIOS = ("bulk-chat", "ceiling", "replicas", "embed", "transport", "scale")
+#: replicas scenario (four simulators at a time, minutes), the frontier (a sweep of
+#: static settings, tens of minutes) and the ceiling (vLLM's offline engine: it
+#: needs --vllm).
+EXTRA_SCENARIOS = ("bulk-chat", "ceiling", "frontier", "replicas", "embed", "transport", "scale")
 #: Every scenario, in the order a run takes them.
 SCENARIOS = (*SERVER_SCENARIOS, *CLOSED_SCENARIOS, *REPLICA_SCENARIOS, *HOT_SCENARIOS)
 #: The simulator's calibrated default profile, 100x faster so a full run takes minutes.
@@ -111,6 +112,17 @@ class BenchConfig:
     saturate_n: int = 2_000
     saturate_sweep: tuple[int, ...] = (192, 256, 320, 384)
     saturate_rounds: int = 3
+    #: The frontier: static settings of ``frontier_caps`` bulk sequences (plus
+    #: :data:`.closedloop.frontier.RESERVE` for realtime) in batches of at most
+    #: ``frontier_batches`` prompts, and the controller under the SLO, each run
+    #: ``frontier_rounds`` times in alternated order; every run has the same warm-up
+    #: and window, with non-streamed 16-token realtime calls at ``frontier_rate``/s.
+    frontier_caps: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    frontier_batches: tuple[int, ...] = (8, 64)
+    frontier_rounds: int = 2
+    frontier_warmup: float = 5.0
+    frontier_duration: float = 15.0
+    frontier_rate: float = 2.0
     outage_n: int = 3_000
     outage_503: float = 15.0
     outage_restart: float = 20.0
@@ -179,6 +191,10 @@ SMOKE: dict[str, Any] = {
     "slo_warmup": 3.0,
     "slo_duration": 4.0,
     "slo_baselines": (),
+    "frontier_caps": (1, 4, 16, 64),
+    "frontier_batches": (8,),
+    "frontier_warmup": 2.0,
+    "frontier_duration": 4.0,
     "saturate_n": 400,
     "saturate_sweep": (256, 384),
     "saturate_rounds": 1,

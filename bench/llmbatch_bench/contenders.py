@@ -4,7 +4,7 @@ A contender is an async context manager with two workloads:
 
 - ``bulk(prompts, max_tokens, rec)``: every prompt, as fast as it goes;
 - ``realtime(prompt, max_tokens, rec)``: one streamed call, recording latency and
-  time to first token.
+  time to first token (llmbatch's may make it one non-streamed ``complete``).
 """
 
 from __future__ import annotations
@@ -62,6 +62,10 @@ class LlmbatchContender:
         params: dict[str, Any] | None = None,
         mode: Literal["map", "gather"] = "map",
         max_in_flight: int | None = None,
+        reserved_realtime: int | None = None,
+        adaptive: bool = True,
+        bulk_batch: int | None = None,
+        realtime_call: Literal["stream", "complete"] = "stream",
         priority_scheduling: bool | None = False,
         slo_tpot: float | None = None,
         slo_ttft: float | None = None,
@@ -73,9 +77,21 @@ class LlmbatchContender:
 
         limits = llmbatch.DEFAULT_LIMITS
         if max_in_flight is not None:
-            reserved = min(limits.reserved_realtime, max_in_flight // 4)
-            limits = llmbatch.Limits(max_in_flight=max_in_flight, reserved_realtime=reserved)
+            reserved = reserved_realtime
+            if reserved is None:
+                reserved = min(limits.reserved_realtime, max_in_flight // 4)
+            limits = llmbatch.Limits(
+                max_in_flight=max_in_flight, reserved_realtime=reserved, adaptive=adaptive
+            )
+        elif not adaptive:
+            limits = llmbatch.Limits(adaptive=False)
+        batching: dict[Any, llmbatch.BatchPolicy] | None = (
+            {llmbatch.Priority.BATCH: llmbatch.BatchPolicy(max_batch_size=bulk_batch)}
+            if bulk_batch is not None
+            else None
+        )
         self.mode = mode
+        self.realtime_call = realtime_call
         self.params = dict(params or {})
         target: Any = base_url
         if prefill_cost is not None and isinstance(base_url, str):
@@ -85,6 +101,7 @@ class LlmbatchContender:
             model=model,
             api_key=api_key,
             limits=limits,
+            batching=batching,
             priority_scheduling=priority_scheduling,
             slo=(
                 llmbatch.SLO(tpot=slo_tpot, ttft=slo_ttft, pace=slo_pace)
@@ -146,6 +163,14 @@ class LlmbatchContender:
 
     async def realtime(self, prompt: str, max_tokens: int, rec: Recorder) -> None:
         start = time.perf_counter()
+        if self.realtime_call == "complete":
+            value = await self._client.complete(
+                prompt, priority="realtime", max_tokens=max_tokens, **self.params
+            )
+            rec.success("realtime", time.perf_counter() - start, value.usage.completion_tokens)
+            # The part of it spent queued inside the client (the rest is the server's).
+            rec.queued("realtime", value.timings.queued)
+            return
         deltas: AsyncIterator[str] = self._client.stream(
             prompt, priority="realtime", max_tokens=max_tokens, **self.params
         )
@@ -178,6 +203,10 @@ def contender_for(job: Job) -> Contender:
             job.base_url,
             mode=job.mode,
             max_in_flight=job.max_in_flight,
+            reserved_realtime=job.reserved_realtime,
+            adaptive=job.adaptive,
+            bulk_batch=job.bulk_batch,
+            realtime_call=job.realtime_call,
             priority_scheduling=job.priority_scheduling,
             slo_tpot=job.slo_tpot,
             slo_ttft=job.slo_ttft,

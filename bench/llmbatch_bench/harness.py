@@ -76,7 +76,7 @@ def run_bench(
     if "ceiling" in main:
         # Before the server starts: the engine alone on the machine (and the GPU).
         servers["ceiling"] = ceiling.measure(config, progress)
-    on_one_server = bool(main) or any(s in ("slo", "saturate") for s in closed)
+    on_one_server = bool(main) or any(s in closedplan.ON_THE_SERVER for s in closed)
     with _one_vllm(config, on_one_server) as engine:
         if main:
             with _reuse(engine) or _main_server(config) as server:
@@ -196,11 +196,11 @@ def _closed_loop(
     servers: dict[str, dict[str, Any] | None],
     engine: ServerInfo | None = None,
 ) -> None:
-    """slo and saturate on one simulator (or ``--url``, or the vLLM ``engine`` shared
+    """slo, saturate and frontier on one simulator (or ``--url``, or the vLLM ``engine`` shared
     with the main scenarios); outage and control each start their own (``--url`` cannot be
     taken down, so they need the simulator)."""
     own = None if config.url else config.closed_sim_args
-    shared = [s for s in scenarios if s in ("slo", "saturate")]
+    shared = [s for s in scenarios if s in closedplan.ON_THE_SERVER]
     if shared:
         closed_config = dataclasses.replace(config, sim_args=config.closed_sim_args)
         with _reuse(engine) or _main_server(closed_config) as server:

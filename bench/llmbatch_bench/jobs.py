@@ -102,6 +102,19 @@ class Job:
     mode: Literal["map", "gather"] = "map"
     #: llmbatch ``Limits.max_in_flight`` (None: the library's default).
     max_in_flight: int | None = None
+    #: llmbatch ``Limits.reserved_realtime`` beside ``max_in_flight`` (None: a quarter
+    #: of it, at most the library's default).
+    reserved_realtime: int | None = None
+    #: llmbatch ``Limits.adaptive``: False holds bulk at ``max_in_flight -
+    #: reserved_realtime`` (the frontier's static settings).
+    adaptive: bool = True
+    #: llmbatch ``BatchPolicy.max_batch_size`` of the batch tier, bulk's (None: the
+    #: library's default).
+    bulk_batch: int | None = None
+    #: How realtime calls are made: ``stream`` (time to first token and per-token
+    #: time measured) or ``complete`` (one non-streamed call: its end-to-end latency,
+    #: what a caller waits for).
+    realtime_call: Literal["stream", "complete"] = "stream"
     #: llmbatch ``priority_scheduling`` (None: the library's default).
     priority_scheduling: bool | None = False
     #: llmbatch ``SLO(tpot=...)`` in seconds (None: no SLO).

@@ -232,6 +232,7 @@ class Recorder:
         self._latency: dict[str, array[float]] = {}
         self._ttft: dict[str, array[float]] = {}
         self._tpot: dict[str, array[float]] = {}
+        self._queued: dict[str, array[float]] = {}
         self.ok = 0
         self.failed = 0
         self.done: Counter[str] = Counter()
@@ -281,6 +282,11 @@ class Recorder:
         self.tokens[tier] += output_tokens
         if latency is not None:
             self._latency.setdefault(tier, array("d")).append(latency)
+
+    def queued(self, tier: str, seconds: float) -> None:
+        """How long an answered request of ``tier`` waited inside the client before
+        it was sent (``Timings.queued``): its latency less the server's part."""
+        self._queued.setdefault(tier, array("d")).append(seconds)
 
     def tally(self, tier: str) -> Tally:
         """A :class:`Tally` whose counts join ``tier`` when this recorder finishes."""
@@ -350,7 +356,15 @@ class Recorder:
             tpot={t: percentiles(v) for t, v in sorted(self._tpot.items())},
             peak_rss_mb=meter.peak_rss_mb,
             rss_before_mb=meter.rss_before_mb,
-            extra={**(extra or {}), **({"censored": dict(self.censored)} if self.censored else {})},
+            extra={
+                **(extra or {}),
+                **({"censored": dict(self.censored)} if self.censored else {}),
+                **(
+                    {"queued": {t: asdict(percentiles(v)) for t, v in self._queued.items()}}
+                    if self._queued
+                    else {}
+                ),
+            },
         )
 
 

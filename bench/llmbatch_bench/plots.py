@@ -31,6 +31,7 @@ def write_plots(report: Mapping[str, Any], directory: Path) -> list[Path]:
         ("bench-throughput.png", _plot_throughput, wide),
         ("bench-realtime.png", _plot_realtime, wide),
         ("slo.png", plots_closed.plot_slo, wide),
+        ("frontier.png", plots_closed.plot_frontier, (7.0, 4.6)),
         ("control.png", plots_closed.plot_control, (10.0, 8.0)),
         ("bench-cpu.png", _plot_cpu, wide),
         ("bench-burst.png", _plot_burst, wide),

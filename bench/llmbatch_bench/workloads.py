@@ -150,7 +150,10 @@ async def _mixed(job: Job, contender: Contender) -> RunMetrics:
                 # What the controller believed at the end, with its evidence.
                 servers = stats().servers
                 if servers:
-                    extra["inferences"] = servers[0].model_dump(mode="json")["inferences"]
+                    server = servers[0]
+                    extra["inferences"] = server.model_dump(mode="json")["inferences"]
+                    extra["slo_unreachable"] = server.slo_unreachable
+                    extra["bulk_limit"] = server.bulk_limit
     if trace is not None:
         data = trace.to_json()
         # The window in the trace's time (it started with the client).

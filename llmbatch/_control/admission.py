@@ -46,6 +46,9 @@ The rule (documented in docs/concepts.md#closed-loop-admission):
   HTTP request costs the API server a fixed amount: slices too small would queue
   bulk and realtime alike there), so each step carries about the prefill the limit
   needs and no wave forms (``pace``);
+- with the default ``slo="auto"``, the SLO above is one the client sets itself: 3x
+  the latency it measured on the idle server, once realtime calls are seen, and none
+  while they are not (``_control/auto.py``; docs/concepts.md, "The default SLO");
 - either way, halve when more than a fifth of the answers in an update interval were
   429 or 503 (fewer are sporadic: they are retried, and shrinking for them would
   collapse throughput on a server that is merely noisy), and grow only while work
@@ -62,8 +65,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Literal
 
 from llmbatch._config import SLO
+from llmbatch._control.auto import AutoTarget, Phase
 from llmbatch._control.evidence import Capacity, Persistence
 from llmbatch._stats import Inference
 
@@ -188,6 +193,8 @@ class ControllerState:
     """How bulk admissions are paced now (None: not paced: no SLO, or not measured)."""
     refill: int = 0
     """Bulk sequences the limit lets wait on the server beyond its seats now."""
+    slo_auto: str | None = None
+    """With ``slo="auto"``: what the default aims at now, and why (None otherwise)."""
 
 
 def _ewma(old: float | None, sample: float) -> float:
@@ -202,13 +209,17 @@ class AdmissionController:
         *,
         ceiling: int,
         max_reserve: int,
-        slo: SLO | None = None,
+        slo: SLO | Literal["auto"] | None = None,
         interval: float = DEFAULT_INTERVAL,
         seats: int | None = None,
         seats_stated_by: str = "",
         prefill_cost: float | None = None,
+        adaptive: bool = True,
     ) -> None:
         self.ceiling = ceiling
+        self.adaptive = adaptive
+        """False (``Limits(adaptive=False)``): the limit is held at the ceiling less
+        the whole reserve, whatever the server reports."""
         self.prefill_cost = prefill_cost
         """Seconds a step grows by per prompt token it prefills, as the server counts
         them (stated: ``llmbatch-server fit`` measures it), if known: pacing then keeps
@@ -216,7 +227,15 @@ class AdmissionController:
         self._bulk_sent: deque[tuple[float, int]] = deque()
         """(time, estimated prompt tokens) of the bulk sent within PREFILL_WINDOW."""
         self._bulk_sent_tokens = 0
-        self.slo = slo if slo is not None and (slo.ttft or slo.tpot) else None
+        self.auto = AutoTarget() if slo == "auto" else None
+        """``slo="auto"``: the target it learns, once realtime is seen (else None)."""
+        self.slo = slo if isinstance(slo, SLO) and (slo.ttft or slo.tpot) else None
+        """The SLO followed now: the stated one, the default's target, or None."""
+        self._realtime_answered = False
+        self._bulk_in_flight = 0
+        """Bulk sequences in flight at the last update."""
+        self._held_from = float(ceiling)
+        """The limit when the default SLO held bulk back to measure."""
         self._max_reserve = max_reserve
         self.interval = interval
         self._limit = float(min(ceiling, SLO_START) if self.slo else ceiling)
@@ -295,6 +314,8 @@ class AdmissionController:
             self.step_time = _ewma(self.step_time, seconds)
             self._steps.append(seconds)
             self._step_samples += 1
+            if self.auto is not None:
+                self.auto.on_step_time(seconds)
             if self.running is not None and self.running >= CAUGHT_UP * self._limit:
                 self._fresh += 1
 
@@ -355,9 +376,12 @@ class AdmissionController:
         """A realtime request's time to first token."""
         if math.isfinite(seconds) and seconds >= 0:
             self.ttft = _ewma(self.ttft, seconds)
+            if self.auto is not None:
+                self.auto.on_realtime_ttft(seconds)
 
     def on_realtime_answer(self, ttft: float | None, tpot: float | None) -> None:
         """Count a realtime answer against the SLO (what it measured, None if unknown)."""
+        self._realtime_answered = True
         slo = self.slo
         if slo is None:
             return
@@ -470,6 +494,10 @@ class AdmissionController:
         """Realtime sequences in flight now: the reserve follows their recent peak."""
         if count:
             self._realtime_ever = True
+            if self.auto is not None:
+                self.auto.on_realtime(now)
+        if self.auto is not None:
+            self.auto.on_in_flight(now, self._bulk_in_flight, count)
         seen = self._realtime_seen
         if count >= self._realtime_peak or seen is None or now - seen > RESERVE_MEMORY:
             self._realtime_peak = count
@@ -481,6 +509,8 @@ class AdmissionController:
     def limit(self) -> int:
         """Bulk sequences allowed in flight (realtime's reserve already left out, on
         the client's ceiling and on the server's seats where they are known)."""
+        if not self.adaptive:
+            return max(1, self.ceiling - self._max_reserve)
         most = self.ceiling
         seats = self._seat_cap()
         if seats is not None:
@@ -531,7 +561,9 @@ class AdmissionController:
     @property
     def reserve(self) -> int:
         """Seats kept for realtime: one, or its recent peak plus one, up to the cap
-        (``Limits.reserved_realtime``; 0 keeps none)."""
+        (``Limits.reserved_realtime``; 0 keeps none); the whole cap when not adaptive."""
+        if not self.adaptive:
+            return self._max_reserve
         wanted = max(MIN_RESERVE, self._realtime_peak + 1)
         return max(0, min(self._max_reserve, self.ceiling - 1, wanted))
 
@@ -574,11 +606,30 @@ class AdmissionController:
         """Recompute the limit if ``interval`` has passed since the last change;
         returns whether it changed. ``bulk_in_flight``: the bulk sequences the client
         has on the server now, if it knows."""
+        if not self.adaptive:
+            return False
+        if bulk_in_flight is not None:
+            self._bulk_in_flight = bulk_in_flight
+        auto = self.auto
+        if auto is not None and bulk_in_flight is not None:
+            # Between updates too: whether a step-time sample is an idle one.
+            auto.on_in_flight(now, bulk_in_flight)
+        if auto is not None and auto.holds_bulk:
+            # A measurement ends as soon as its samples are in, not an interval later:
+            # bulk waits on it.
+            held = self._limit
+            self._follow_auto(now, bulk_in_flight)
+            if not auto.holds_bulk:
+                self._last_change = now
+                return int(self._limit) != int(held)
         if self._last_change is not None and now - self._last_change < self.interval:
             return False
         before = self._limit
+        self._follow_auto(now, bulk_in_flight)
         overloads, answers = self._overloads, self._answers
-        if overloads and overloads > OVERLOAD_SHARE * (overloads + answers):
+        if auto is not None and auto.holds_bulk:
+            self._limit = 1.0
+        elif overloads and overloads > OVERLOAD_SHARE * (overloads + answers):
             self._limit *= 0.5
             self._slow_start = False
         elif self.slo is not None:
@@ -602,6 +653,36 @@ class AdmissionController:
             self._fresh = 0
             return True
         return False
+
+    def _follow_auto(self, now: float, bulk_in_flight: int | None) -> None:
+        """``slo="auto"``: the target the default holds now."""
+        auto = self.auto
+        if auto is None:
+            return
+        if self._realtime_answered:
+            auto.on_realtime(now)
+            self._realtime_answered = False
+        before = auto.phase
+        self.slo = auto.update(now, self._step_estimate(), bulk_in_flight)
+        if before is Phase.MEASURING and auto.phase is Phase.ACTIVE:
+            # Where the two steps measured put the target, not up from one sequence
+            # a step at a time (nor back to the load that made realtime wait).
+            start = auto.start_limit()
+            if start is not None:
+                self._limit = max(self._limit, start)
+            elif auto.drained_load:
+                # Load was there but its step not measured: up from a few sequences,
+                # doubling while the target holds, as a stated SLO starts.
+                self._limit = max(self._limit, float(min(self.ceiling, SLO_START)))
+                self._slow_start = True
+            else:
+                # Nothing was running when realtime came: bulk resumes as it was, and
+                # the target cuts it within updates if need be.
+                self._limit = max(self._limit, self._held_from)
+        elif before is Phase.MEASURING and auto.phase is not Phase.MEASURING:
+            self._limit = max(self._limit, self._held_from)  # stood down: as it was
+        if auto.phase is Phase.MEASURING and before is not Phase.MEASURING:
+            self._held_from = self._limit
 
     def _step_estimate(self) -> float | None:
         """The step time the SLO is held against: the average, or the lowest of the
@@ -697,6 +778,7 @@ class AdmissionController:
             inferences=self.inferences(),
             pace=self.pace(),
             refill=self._refill_now(),
+            slo_auto=None if self.auto is None else f"{self.auto.phase.value}: {self.auto.reason}",
         )
 
     def inferences(self) -> tuple[Inference, ...]:
@@ -744,4 +826,17 @@ class AdmissionController:
             else "the SLO has been held, or bulk is above one sequence",
             floor.dismissed,
         )
-        return (queue_belief, self.capacity.inference(), step_belief, unreachable)
+        beliefs = (queue_belief, self.capacity.inference(), step_belief, unreachable)
+        auto = self.auto
+        if auto is None:
+            return beliefs
+        target = auto.slo
+        return (
+            *beliefs,
+            Inference(
+                "slo_auto",
+                None if target is None else target.tpot,
+                "measured" if auto.idle_step is not None else "none",
+                f"{auto.phase.value}: {auto.reason}",
+            ),
+        )

@@ -125,6 +125,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "(default: off)",
     )
     sched.add_argument(
+        "--slo",
+        choices=("auto", "none"),
+        default="auto",
+        help="the client's SLO, as Client(slo=...): 'auto' or 'none'; a job is one "
+        "tier, so the default SLO never holds it back (docs/concepts.md, 'The default "
+        "SLO') (default: %(default)s)",
+    )
+    sched.add_argument(
         "--tenant",
         type=_tenant,
         metavar="NAME",
@@ -327,6 +335,7 @@ def _config(args: argparse.Namespace, progress: ProgressLike) -> JobConfig:
         model=args.model,
         priority=Priority(args.priority),
         send_priority=args.send_priority,
+        slo=None if args.slo == "none" else "auto",
         tenant=args.tenant,
         max_in_flight=args.max_in_flight,
         requests_per_minute=args.rpm,

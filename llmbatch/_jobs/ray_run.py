@@ -227,6 +227,7 @@ def _answered(
             "client_options": {
                 "retry": config.retry,
                 "priority_scheduling": config.send_priority,
+                "slo": config.slo,
                 "on_close": "cancel",
                 **rate,
             },

@@ -64,6 +64,8 @@ class JobConfig:
     model: str | None = None
     priority: Priority = Priority.BATCH
     send_priority: bool = False
+    slo: Literal["auto"] | None = "auto"
+    """``--slo``: the default SLO, or none."""
     tenant: str | None = None
     max_in_flight: int = DEFAULT_LIMITS.max_in_flight
     requests_per_minute: float | None = None
@@ -220,6 +222,7 @@ async def _run(
         rate_limit=rate_limit,
         transport=config.transport,
         priority_scheduling=config.send_priority,
+        slo=config.slo,
         on_close="cancel",
     )
     async with client:

@@ -28,6 +28,7 @@ from llmbatch._config import (
     RateLimit,
     RetryPolicy,
     SharedInFlight,
+    SLOSetting,
     TenantLimits,
     Timeout,
     parse_priority,
@@ -59,7 +60,7 @@ class ClientConfig:
     call_defaults: CallDefaults | None
     """What each call gets for options it leaves out (``Client(timeout=30)``)."""
     default_headers: Mapping[str, str] = dataclasses.field(repr=False)
-    slo: SLO | None
+    slo: SLOSetting
     transport: Literal["aiohttp", "httpx"] | Transport | None
     priority_scheduling: bool | None
     verify: bool
@@ -137,8 +138,16 @@ class ClientConfig:
             raise ConfigTypeError(
                 "shared_in_flight must be a SharedInFlight or None", field="shared_in_flight"
             )
-        if slo is not None and not isinstance(slo, SLO):
-            raise ConfigTypeError("slo must be an SLO or None", field="slo")
+        if slo is not None and slo != "auto" and not isinstance(slo, SLO):
+            raise ConfigTypeError('slo must be an SLO, "auto" or None', field="slo")
+        if not limits.adaptive and slo == "auto":
+            slo = None  # a static setting: nothing for the default to move
+        if isinstance(slo, SLO) and (slo.ttft or slo.tpot) and not limits.adaptive:
+            raise ConfigError(
+                "slo needs the closed loop, which Limits(adaptive=False) turns off: "
+                "give one or the other",
+                field="slo",
+            )
         if priority_scheduling is not None and not isinstance(priority_scheduling, bool):
             raise ConfigTypeError(
                 "priority_scheduling must be True, False or None", field="priority_scheduling"

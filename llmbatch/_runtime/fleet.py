@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from llmbatch._clock import loop_clock
-from llmbatch._config import SLO, Limits, RetryPolicy
+from llmbatch._config import Limits, RetryPolicy, SLOSetting
 from llmbatch._control.retry import Retries
 from llmbatch._exceptions import (
     AuthenticationError,
@@ -60,7 +60,7 @@ class ServerConfig:
 
     limits: Limits
     retry: RetryPolicy
-    slo: SLO | None
+    slo: SLOSetting
     priority_scheduling: bool | None
     headers: Callable[[str | None], dict[str, str]]
     """The request headers for an API key (None: none)."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from llmbatch._config import SLO, Limits, Priority, RetryPolicy
+from llmbatch._config import Limits, Priority, RetryPolicy, SLOSetting
 from llmbatch._control.admission import AdmissionController, Pace
 from llmbatch._control.breaker import Breaker, BreakerState
 from llmbatch._control.signals import STEP_TIME_SOURCES, Signals
@@ -84,7 +84,7 @@ class Server:
         seats: Seats,
         limits: Limits,
         retry: RetryPolicy,
-        slo: SLO | None,
+        slo: SLOSetting,
         refill: int = 0,
         priority_scheduling: bool | None = None,
     ) -> None:
@@ -124,6 +124,7 @@ class Server:
             seats=stated,
             seats_stated_by=f"Replica(max_num_seqs={stated})" if stated else "",
             prefill_cost=replica.prefill_seconds_per_token,
+            adaptive=limits.adaptive,
         )
         self.refill = refill
         """One bulk batch (the bulk tiers' largest ``max_batch_size``): what it may
@@ -197,6 +198,7 @@ class Server:
             slo_missed=control.slo_missed,
             slo_aim=control.slo_aim,
             slo_unreachable=control.slo_unreachable,
+            slo_auto=control.slo_auto,
             signals=self.signals.live(now),
             step_time_source=None if best is None else best.value,
             breaker=breaker.state.value,

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from llmbatch_bench.closedloop import frontier as sweep
 from llmbatch_bench.closedloop import plan as closedplan
 from llmbatch_bench.closedloop.stepmodel import sim_model
 from llmbatch_bench.closedloop.targets import lost
@@ -74,6 +75,55 @@ def test_slo_and_saturate_run_side_by_side_through_the_harness() -> None:
     ):
         assert verdicts[target]["met"] is not None, verdicts[target]
     assert report["closed_loop_server"]["simulator_args"] == list(SIM)
+
+
+@pytest.mark.slow  # ~25 s; CI's slow stage (and its closed-loop smoke) run it
+@pytest.mark.timeout(180)
+def test_the_frontier_sweeps_static_settings_and_judges_the_controller(
+    tmp_path: Path,
+) -> None:
+    config = BenchConfig(
+        scenarios=("frontier",),
+        contenders=("llmbatch",),
+        closed_sim_args=SIM,
+        max_tokens=16,
+        frontier_caps=(1, 32),
+        frontier_batches=(8,),
+        frontier_rounds=2,
+        frontier_warmup=1.0,
+        frontier_duration=2.5,
+        frontier_rate=4.0,
+        isolate=False,
+    )
+    report = run_bench(config)
+    runs = report["runs"]
+    labels = [r["label"] for r in runs]
+    static = [closedplan.static_label(s) for s in sweep.grid((1, 32), (8,))]
+    ends = [*static, closedplan.FRONTIER_CONTROLLER]
+    # The idle runs, then the grid and the controller in order, then in reverse.
+    assert labels == [
+        closedplan.FRONTIER_IDLE_STREAM,
+        closedplan.FRONTIER_IDLE_CALL,
+        *ends,
+        *reversed(ends),
+    ]
+    by_label = {r["label"]: r for r in runs}
+    idle = by_label[closedplan.FRONTIER_IDLE_STREAM]
+    cap1, cap32 = (by_label[label] for label in static)
+    bound = cap1["extra"]["bound_s"]
+    slo_ttft, slo_tpot = 3 * idle["ttft"]["realtime"]["p50"], 3 * idle["tpot"]["realtime"]["p50"]
+    assert bound == pytest.approx(slo_ttft + 15 * slo_tpot)
+    # Static settings hold their cap (the controller pinned); realtime single calls
+    # were answered beside bulk, and their time inside the client recorded.
+    assert (cap1["extra"]["bulk_limit"], cap32["extra"]["bulk_limit"]) == (1, 32)
+    assert cap32["prompts_per_s"] > cap1["prompts_per_s"] > 0
+    assert cap1["latency"]["realtime"]["n"] > 0
+    assert not cap1["ttft"]
+    assert cap1["extra"]["queued"]["realtime"]["n"] == cap1["latency"]["realtime"]["n"]
+    verdicts = {t["id"]: t for t in report["targets"]}
+    assert verdicts["frontier_controller"]["value"] is not None
+    assert "rounds" in verdicts["frontier_controller"]["detail"]
+    assert (tmp_path / "frontier.png") in write_plots(report, tmp_path)
 
 
 def closed_job(**fields: Any) -> Job:

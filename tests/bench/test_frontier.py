@@ -14,6 +14,7 @@ from llmbatch_bench.closedloop.frontier import (
     CAPS,
     RESERVE,
     Point,
+    from_runs,
     frontier,
     grid,
     judge,
@@ -139,3 +140,47 @@ def test_a_met_verdict_keeps_its_promises(
         assert verdict.bulk_share is not None
         assert p99 <= 1.1 * bound
         assert verdict.bulk_share >= 0.9
+
+
+def _run(label: str, p99: float | None, bulk: float, *, unreachable: bool = False) -> dict:  # type: ignore[type-arg]
+    latency = {"realtime": {"n": 30, "p50": 0.01, "p95": 0.02, "p99": p99, "max": p99}}
+    return {
+        "scenario": "frontier",
+        "label": label,
+        "latency": latency if p99 is not None else {},
+        "prompts_per_s": bulk,
+        "extra": {"bound_s": 0.1, "slo_unreachable": unreachable},
+    }
+
+
+def test_runs_are_read_back_as_medians_with_the_controllers_word() -> None:
+    runs = [
+        {"scenario": "frontier", "label": "realtime alone, streamed (idle)", "extra": {}},
+        _run("static cap 1, batch 8", 0.04, 10.0),
+        _run("static cap 8, batch 8", 0.09, 50.0),
+        _run("controller, SLO", 0.08, 40.0),
+        _run("controller, SLO", 0.2, 44.0, unreachable=True),
+        _run("static cap 8, batch 8", 0.13, 70.0),
+        _run("static cap 1, batch 8", 0.05, 12.0),
+        _run("static cap 64, batch 8", None, 90.0),  # no realtime answer at all
+    ]
+    found = from_runs(runs, "controller, SLO")
+    assert found is not None
+    assert (found.bound, found.rounds, found.unreachable) == (0.1, 2, True)
+    assert [(p.label, p.realtime_p99, p.bulk) for p in found.statics] == [
+        ("static cap 1, batch 8", pytest.approx(0.045), 11.0),
+        ("static cap 8, batch 8", pytest.approx(0.11), 60.0),
+        ("static cap 64, batch 8", float("inf"), 90.0),
+    ]
+    assert found.controller == Point("controller, SLO", pytest.approx(0.14), 42.0)
+    # cap 8's median p99 (0.11 s) is over the bound: cap 1 is the oracle, and the
+    # controller said "unreachable" where it was not.
+    verdict = found.verdict()
+    assert verdict is not None
+    assert verdict.oracle is not None
+    assert (verdict.oracle.label, verdict.met) == ("static cap 1, batch 8", False)
+    assert "unreachable" in verdict.reason
+
+
+def test_without_the_bound_there_is_nothing_to_read() -> None:
+    assert from_runs([{"scenario": "slo", "label": "x", "extra": {}}], "controller, SLO") is None

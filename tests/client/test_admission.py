@@ -126,3 +126,36 @@ async def test_a_stream_past_its_deadline_ends_while_still_queued() -> None:
                     pass
             assert anyio.current_time() - start == pytest.approx(2.0)
             tg.cancel_scope.cancel()
+
+
+def test_an_slo_beside_a_static_setting_is_refused_naming_both() -> None:
+    with pytest.raises(llmbatch.ConfigError, match="adaptive=False") as info:
+        Client(
+            "http://127.0.0.1:1/v1",
+            limits=Limits(max_in_flight=12, reserved_realtime=4, adaptive=False),
+            slo=llmbatch.SLO(tpot=0.05),
+        )
+    assert info.value.field == "slo"
+    with pytest.raises(TypeError, match=r"Limits\.adaptive must be a bool"):
+        Limits(adaptive="no")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_static_setting_holds_bulk_at_its_cap_on_a_real_server() -> None:
+    """``Limits(adaptive=False)``: the server never holds more bulk than
+    ``max_in_flight - reserved_realtime`` (its own peak counter), and ``stats()``
+    says so, where the closed loop would have grown past it (the frontier's sweep
+    rests on this)."""
+    from llmbatch_server.testing import run_simulator
+
+    with run_simulator("--speed", "50") as sim:
+        limits = Limits(max_in_flight=7, reserved_realtime=4, adaptive=False)
+        async with Client(sim.base_url, limits=limits) as client:
+            results = await client.map(
+                [f"static {i}" for i in range(120)], max_tokens=8, priority="batch"
+            )
+            server = client.stats().servers[0]
+        peak = await anyio.to_thread.run_sync(sim.peak_sequences)
+    assert all(r.ok for r in results)
+    assert (server.bulk_limit, server.realtime_reserve) == (3, 4)
+    assert 1 <= peak <= 3

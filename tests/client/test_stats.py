@@ -162,7 +162,14 @@ async def test_a_stated_max_num_seqs_is_believed_and_caps_bulk_below_it() -> Non
         "Replica(max_num_seqs=12)",
     )
     assert server.bulk_limit <= 12 - server.realtime_reserve
-    assert {i.name for i in server.inferences} == {"queue", "seats", "step_time", "slo_unreachable"}
+    assert {i.name for i in server.inferences} == {
+        "queue",
+        "seats",
+        "step_time",
+        "slo_unreachable",
+        "slo_auto",  # the default SLO says what it aims at
+    }
+    assert server.slo_auto is not None
     assert server.model_dump(mode="json")["inferences"][1]["source"] == "stated"
 
 

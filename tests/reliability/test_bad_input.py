@@ -190,6 +190,21 @@ SECTIONS: dict[str, list[Case]] = {
             "model must be a non-empty str or None",
         ),
         Case(
+            "config-slo-beside-a-static-setting",
+            "an SLO beside a static setting",
+            "Client(slo=SLO(tpot=0.05), limits=Limits(adaptive=False))",
+            ConfigError,
+            "slo needs the closed loop, which Limits(adaptive=False) turns off: "
+            "give one or the other",
+        ),
+        Case(
+            "config-slo-unknown-name",
+            "an SLO given by an unknown name",
+            'Client(slo="fast")',
+            ConfigTypeError,
+            'slo must be an SLO, "auto" or None',
+        ),
+        Case(
             "config-batching-unknown-tier",
             "unknown tier in `batching`",
             'Client(batching={"urgent": BatchPolicy()})',

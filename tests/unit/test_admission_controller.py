@@ -736,3 +736,49 @@ def test_a_steps_arrivals_are_what_was_sent_within_the_last_steps(
         else:
             expected = sum(n for at, n in kept if at >= horizon())
             assert controller._recent_arrivals(now) == expected
+
+
+@given(
+    ceiling=st.integers(2, 512),
+    reserve=st.integers(0, 64),
+    events=st.lists(
+        st.sampled_from(["overload", "queue", "idle", "realtime", "kv_full", "slow"]), max_size=40
+    ),
+)
+def test_a_static_setting_holds_its_cap_whatever_the_server_reports(
+    ceiling: int, reserve: int, events: list[str]
+) -> None:
+    """``Limits(adaptive=False)``: bulk holds ``max_in_flight - reserved_realtime``
+    seats; overloads, queues, a full KV cache, slow steps and realtime peaks move
+    nothing (the frontier's static settings rest on it)."""
+    reserve = min(reserve, ceiling - 1)
+    controller = AdmissionController(ceiling=ceiling, max_reserve=reserve, adaptive=False)
+    cap = max(1, ceiling - reserve)
+    now = 0.0
+    for event in events:
+        if event == "overload":
+            controller.on_overload()
+        elif event == "queue":
+            controller.on_load(now, waiting=500, running=3, kv_cache_usage=0.5)
+        elif event == "kv_full":
+            controller.on_load(now, waiting=0, running=ceiling, kv_cache_usage=1.0)
+        elif event == "realtime":
+            controller.on_realtime_in_flight(now, 3)
+        elif event == "slow":
+            controller.on_step_time(10.0)
+        else:
+            controller.on_load(now, waiting=0, running=0, kv_cache_usage=0.0)
+        controller.on_blocked()
+        assert not controller.update(now)
+        assert (controller.limit, controller.reserve) == (cap, reserve)
+        now += 0.7
+
+
+def test_the_adaptive_controller_moves_where_the_static_one_holds() -> None:
+    """The same overload halves the adaptive limit and leaves the static one."""
+    moving = AdmissionController(ceiling=72, max_reserve=8)
+    held = AdmissionController(ceiling=72, max_reserve=8, adaptive=False)
+    for controller in (moving, held):
+        controller.on_overload()
+        controller.update(1.0)
+    assert (moving.limit, held.limit) == (36, 64)  # 72 halved; 64 = 72 - 8

@@ -13,9 +13,11 @@ the scenario's.
 
 from __future__ import annotations
 
+import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "BATCH_SIZES",
@@ -23,7 +25,9 @@ __all__ = [
     "RESERVE",
     "Point",
     "Setting",
+    "Sweep",
     "Verdict",
+    "from_runs",
     "frontier",
     "grid",
     "judge",
@@ -189,3 +193,48 @@ def judge(
         reason = f"met: p99 {p99_vs_bound:.2f}x the bound, bulk {share:.2f}x {best.label}'s"
         met = True
     return Verdict(met, bound, p99_vs_bound, best, share, reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """A frontier scenario's runs read back: the bound, each static setting's and
+    the controller's medians, and whether the controller said the SLO was
+    unreachable (in any round)."""
+
+    bound: float
+    statics: list[Point]
+    controller: Point | None
+    unreachable: bool
+    rounds: int
+
+    def verdict(self) -> Verdict | None:
+        """The controller against the static points (None without both)."""
+        if self.controller is None or not self.statics:
+            return None
+        return judge(self.controller, self.statics, self.bound, unreachable=self.unreachable)
+
+
+def from_runs(runs: Iterable[Mapping[str, Any]], controller_label: str) -> Sweep | None:
+    """The frontier scenario's runs (their JSON form) as a :class:`Sweep`: mixed runs
+    labelled ``static ...`` are the grid, ``controller_label`` the controller's; a
+    run's point is realtime's end-to-end p99 and its bulk prompts a second. None
+    when no run carries the bound."""
+    mixed = [r for r in runs if r.get("scenario") == "frontier" and r["extra"].get("bound_s")]
+    if not mixed:
+        return None
+    bound = float(mixed[0]["extra"]["bound_s"])
+    points: list[Point] = []
+    said = False
+    for run in mixed:
+        latency = run.get("latency", {}).get("realtime")
+        p99 = latency.get("p99") if latency else None
+        # No realtime answer at all: as slow as can be, never a point that met the SLO.
+        p99 = math.inf if p99 is None or not math.isfinite(p99) else float(p99)
+        points.append(Point(run["label"], p99, float(run.get("prompts_per_s") or 0.0)))
+        if run["label"] == controller_label and run["extra"].get("slo_unreachable"):
+            said = True
+    medians = median_points([[p] for p in points])
+    statics = [p for p in medians if p.label.startswith("static ")]
+    controller = next((p for p in medians if p.label == controller_label), None)
+    rounds = max(sum(p.label == m.label for p in points) for m in medians)
+    return Sweep(bound, statics, controller, said, rounds)

@@ -7,6 +7,10 @@ numbers are judged in (the SLO and the bound of the simulator's step model).
   time)`` and without, then the baselines under the same load.
 - ``saturate``: llmbatch's bulk ``map`` with the library's defaults beside the lean
   probe at several concurrencies, in interleaved rounds (the report takes medians).
+- ``frontier``: realtime alone on the idle server, streamed (the SLO: 3x its TTFT
+  and per-token time) and as single calls; then every static setting of the grid
+  (:mod:`.frontier`) and the controller under that SLO, each with a saturating bulk
+  ``map_unordered`` and non-streamed 16-token realtime calls, in alternated rounds.
 - ``outage``: a ``map`` that meets 503s for ``outage_503`` seconds, and one whose
   server is killed and restarted ``outage_restart`` seconds later.
 - ``control``: the time series behind docs/concepts.md's plot.
@@ -17,6 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
+from llmbatch_bench.closedloop import frontier as sweep
 from llmbatch_bench.closedloop.stepmodel import SimModel, sim_model
 from llmbatch_bench.config import BenchConfig
 from llmbatch_bench.jobs import Job, prompt
@@ -25,7 +30,11 @@ from llmbatch_bench.server import ServerInfo
 
 __all__ = [
     "CONTROL",
+    "FRONTIER_CONTROLLER",
+    "FRONTIER_IDLE_CALL",
+    "FRONTIER_IDLE_STREAM",
     "IDLE",
+    "ON_THE_SERVER",
     "OUTAGE_503",
     "OUTAGE_RESTART",
     "SATURATE",
@@ -33,11 +42,13 @@ __all__ = [
     "SLO_OFF",
     "SLO_ON",
     "control",
+    "frontier",
     "model_of",
     "outage",
     "probe_label",
     "saturate",
     "slo",
+    "static_label",
 ]
 
 IDLE = "realtime alone (idle)"
@@ -49,6 +60,15 @@ SATURATE = "llmbatch (defaults)"
 OUTAGE_503 = "503 outage"
 OUTAGE_RESTART = "kill + restart"
 CONTROL = "llmbatch, SLO"
+FRONTIER_IDLE_STREAM = "realtime alone, streamed (idle)"
+FRONTIER_IDLE_CALL = "realtime alone, single calls (idle)"
+FRONTIER_CONTROLLER = "controller, SLO"
+#: The closed-loop scenarios that share the one server (the others start their own).
+ON_THE_SERVER = ("slo", "saturate", "frontier")
+
+
+def static_label(setting: sweep.Setting) -> str:
+    return f"static {setting.label}"
 
 
 def probe_label(concurrency: int) -> str:
@@ -171,6 +191,63 @@ def _prefill_cost(runner: Runner) -> float | None:
         + ")"
     )
     return seconds
+
+
+def frontier(runner: Runner, contenders: list[str]) -> None:
+    """The frontier (:mod:`.frontier`): the idle server's latencies give the SLO; each
+    static setting and the controller then run the same mixed workload, round after
+    round, in order and then in reverse (drift on a shared machine falls on both
+    ends alike)."""
+    del contenders  # llmbatch's settings against each other: no baselines
+    c = runner.config
+    calls = {
+        "contender": "llmbatch",
+        "scenario": "frontier",
+        "realtime_rate": c.frontier_rate,
+        "realtime_max_tokens": sweep.REALTIME_TOKENS,
+        "realtime_warmup": c.frontier_warmup,
+        "realtime_duration": c.frontier_duration,
+    }
+    idle = runner.run(
+        runner.job(kind="idle", label=FRONTIER_IDLE_STREAM, n=0, realtime_call="stream", **calls)
+    )
+    ttft = idle.ttft.get("realtime") if idle else None
+    tpot = idle.tpot.get("realtime") if idle else None
+    if ttft is None or tpot is None or not (math.isfinite(ttft.p50) and math.isfinite(tpot.p50)):
+        runner.notes.append("frontier: no idle TTFT or per-token time measured; skipped")
+        return
+    runner.run(
+        runner.job(kind="idle", label=FRONTIER_IDLE_CALL, n=0, realtime_call="complete", **calls)
+    )
+    slo_ttft, slo_tpot = c.slo_factor * ttft.p50, c.slo_factor * tpot.p50
+    context = {
+        "slo_factor": c.slo_factor,
+        "idle_ttft_s": ttft.p50,
+        "idle_tpot_s": tpot.p50,
+        "slo_ttft_s": slo_ttft,
+        "slo_tpot_s": slo_tpot,
+        "bound_s": sweep.slo_bound(slo_ttft, slo_tpot),
+    }
+    model = model_of(runner.server.sim_args, c.max_tokens)
+    full = model.bound(math.inf) if model else None
+    seconds = c.frontier_warmup + c.frontier_duration
+    n = max(2_000, math.ceil(full.prompts_per_s * seconds * 1.5)) if full else 50_000
+    mixed = {**calls, "kind": "mixed", "n": n, "max_tokens": c.max_tokens}
+    mixed["realtime_call"] = "complete"
+    runs: list[dict[str, Any]] = [
+        {
+            "label": static_label(setting),
+            "max_in_flight": setting.max_in_flight,
+            "reserved_realtime": sweep.RESERVE,
+            "adaptive": False,
+            "bulk_batch": setting.batch,
+        }
+        for setting in sweep.grid(c.frontier_caps, c.frontier_batches)
+    ]
+    runs.append({"label": FRONTIER_CONTROLLER, "slo_tpot": slo_tpot, "slo_ttft": slo_ttft})
+    for r in range(c.frontier_rounds):
+        for fields in runs if r % 2 == 0 else reversed(runs):
+            runner.run(runner.job(**mixed, **fields, repeat=r), context)
 
 
 def saturate(runner: Runner, contenders: list[str]) -> None:

@@ -1,5 +1,7 @@
 """Plots of the closed-loop scenarios: the control time series (``control.png``,
-shown in docs/concepts.md) and the SLO trade-off (``slo.png``)."""
+shown in docs/concepts.md), the SLO trade-off (``slo.png``) and the frontier
+(``frontier.png``: every static setting, the line no other beats, the bound and the
+controller's point)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,12 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from llmbatch_bench.closedloop import frontier as sweep
 from llmbatch_bench.closedloop import plan as closedplan
 from llmbatch_bench.closedloop.targets import tpot_p99
 from llmbatch_bench.closedloop.trace import column
 
-__all__ = ["plot_control", "plot_slo"]
+__all__ = ["plot_control", "plot_frontier", "plot_slo"]
 
 _LIMIT, _RUNNING, _WAITING = "#1f4e79", "#2e86c1", "#e67e22"
 _REAL, _EST, _SLO, _RT = "#34495e", "#8e44ad", "#c0392b", "#27ae60"
@@ -128,6 +131,47 @@ def plot_slo(figure: Any, report: Mapping[str, Any]) -> bool:
         right.legend(fontsize=8, loc="upper left")
     right.set_ylabel("bulk tokens/s (realtime window)")
     right.set_title("Bulk throughput")
+    return True
+
+
+def plot_frontier(figure: Any, report: Mapping[str, Any]) -> bool:
+    found = sweep.from_runs(report["runs"], closedplan.FRONTIER_CONTROLLER)
+    if found is None or not found.statics:
+        return False
+    ax = figure.subplots()
+    finite = [p for p in found.statics if math.isfinite(p.realtime_p99)]
+    ax.scatter(
+        [p.realtime_p99 * 1e3 for p in finite],
+        [p.bulk for p in finite],
+        color="#999999",
+        s=18,
+        label="static settings",
+    )
+    for p in finite:
+        short = p.label.removeprefix("static cap ").replace(", batch ", "/")
+        ax.annotate(short, (p.realtime_p99 * 1e3, p.bulk), fontsize=6, color="#666666")
+    line = [p for p in sweep.frontier(finite)]
+    ax.plot(
+        [p.realtime_p99 * 1e3 for p in line],
+        [p.bulk for p in line],
+        color=_LIMIT,
+        linewidth=1,
+        label="frontier",
+    )
+    ax.axvline(found.bound * 1e3, color=_SLO, linestyle="--", linewidth=1, label="SLO bound")
+    best = sweep.oracle(found.statics, found.bound)
+    if best is not None:
+        ax.scatter([best.realtime_p99 * 1e3], [best.bulk], color=_LIMIT, marker="s", s=40,
+                   label="oracle")  # fmt: skip
+    ours = found.controller
+    if ours is not None and math.isfinite(ours.realtime_p99):
+        ax.scatter([ours.realtime_p99 * 1e3], [ours.bulk], color=_RT, marker="*", s=140,
+                   label="controller")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_xlabel("realtime end-to-end p99 (ms, log)")
+    ax.set_ylabel("bulk prompts/s")
+    ax.set_title(f"Frontier (medians of {found.rounds} rounds)", fontsize=10)
+    ax.legend(fontsize=8)
     return True
 
 

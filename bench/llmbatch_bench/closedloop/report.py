@@ -1,4 +1,4 @@
-"""The closed-loop scenarios' tables: slo, saturate, outage, control.
+"""The closed-loop scenarios' tables: slo, saturate, frontier, outage, control.
 
 Each table carries what explains its verdict, not just the number judged: the
 SLO and the step model's bound beside the bulk throughput, the controller's limit
@@ -14,6 +14,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from llmbatch_bench.closedloop import frontier as sweep
 from llmbatch_bench.closedloop import plan as closedplan
 from llmbatch_bench.closedloop.stepmodel import SimModel
 from llmbatch_bench.closedloop.targets import bulk_vs_bound, lost, saturate_medians
@@ -30,6 +31,7 @@ def sections(report: Mapping[str, Any]) -> list[str]:
     out = [
         _slo([r for r in runs if r["scenario"] == "slo"]),
         _saturate([r for r in runs if r["scenario"] == "saturate"]),
+        _frontier([r for r in runs if r["scenario"] == "frontier"]),
         _outage([r for r in runs if r["scenario"] == "outage"]),
         _control([r for r in runs if r["scenario"] == "control"]),
     ]
@@ -190,6 +192,86 @@ def _saturate(runs: Sequence[Run]) -> str:
         "server and engine CPU of the first round, as in the bulk table."
     )
     return section("Saturate: default settings vs the lean probe", table(headers, rows), note)
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(known) if known else None
+
+
+def _frontier(runs: Sequence[Run]) -> str:
+    """Every setting's medians, the oracle and the frontier marked, the controller's
+    verdict under the table."""
+    found = sweep.from_runs(runs, closedplan.FRONTIER_CONTROLLER)
+    if found is None:
+        return ""
+    bound = found.bound
+    best = sweep.oracle(found.statics, bound)
+    line = {p.label for p in sweep.frontier(found.statics)}
+    rows = []
+    for label in dict.fromkeys(r["label"] for r in runs):
+        group = [r for r in runs if r["label"] == label]
+        mixed = bool(group[0]["extra"].get("bound_s"))
+        p99 = _median([_p(r, "latency", "p99") for r in group])
+        marks = []
+        if best is not None and label == best.label:
+            marks.append("oracle")
+        if label in line:
+            marks.append("frontier")
+        if label == closedplan.FRONTIER_CONTROLLER and found.unreachable:
+            marks.append("said unreachable")
+        queued = _median(
+            [(r["extra"].get("queued") or {}).get("realtime", {}).get("p99") for r in group]
+        )
+        rows.append(
+            [
+                label + (f" ({', '.join(marks)})" if marks else ""),
+                str(len(group)),
+                _ms(_median([_p(r, "latency", "p50") for r in group]), 1),
+                _ms(p99, 1),
+                num(p99 / bound, 2) if mixed and p99 is not None else "-",
+                ("yes" if p99 <= bound else "no") if mixed and p99 is not None else "-",
+                _ms(_median([_p(r, "ttft", "p50") for r in group]), 1),
+                _ms(_median([_p(r, "tpot", "p50") for r in group]), 2),
+                _ms(queued, 1),
+                num(_median([r["prompts_per_s"] for r in group]), 1) if mixed else "-",
+                num(_median([r["output_tokens_per_s"] for r in group]), 0) if mixed else "-",
+                num(_median([r["extra"].get("bulk_limit") for r in group]), 0) if mixed else "-",
+                str(sum(r["failed"] for r in group)),
+            ]
+        )
+    headers = [
+        "setting",
+        "rounds",
+        "e2e p50 ms",
+        "e2e p99 ms",
+        "p99 / bound",
+        "met",
+        "TTFT p50 ms",
+        "TPOT p50 ms",
+        "queued p99 ms",
+        "bulk prompts/s",
+        "bulk tokens/s",
+        "bulk limit",
+        "failed",
+    ]
+    extra = runs[-1]["extra"]
+    verdict = found.verdict()
+    note = (
+        f"SLO: TTFT {_ms(extra.get('slo_ttft_s'), 1)} ms, "
+        f"TPOT {_ms(extra.get('slo_tpot_s'), 2)} ms "
+        f"({extra.get('slo_factor')}x the idle server's streamed p50s); a 16-token realtime "
+        f"call's end-to-end bound (ttft + 15 tpot): {bound * 1e3:.1f} ms. Medians over "
+        f"{found.rounds} alternated rounds; realtime calls in the mixed runs are single "
+        "non-streamed calls (TTFT and TPOT are the idle streamed run's), queued: their time "
+        "inside the client. Static settings: Limits(max_in_flight=cap + "
+        f"{sweep.RESERVE}, reserved_realtime={sweep.RESERVE}, adaptive=False) and the batch "
+        "tier's max_batch_size. "
+        + (f"Verdict: {'met' if verdict.met else 'missed'}: {verdict.reason}." if verdict else "")
+    )
+    return section(
+        "Frontier: static settings and the controller under one SLO", table(headers, rows), note
+    )
 
 
 def _outage(runs: Sequence[Run]) -> str:

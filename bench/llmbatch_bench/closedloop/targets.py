@@ -7,6 +7,10 @@ JSON form, so the report computes its columns with the same functions.
   can get under it (the step model's bound, :mod:`.closedloop.stepmodel`);
 - ``saturate_vs_probe``: bulk with the library's defaults ≥ 97 % of the best the lean
   probe reaches in the same run (medians over rounds);
+- ``frontier_controller``: the controller against the best static setting that met
+  the SLO (:mod:`.closedloop.frontier`): where one did, realtime p99 <= 1.1x the
+  bound with bulk >= 0.9x the oracle's; where none did, the SLO said unreachable
+  and p99 <= 1.1x the best static setting's;
 - per outage (``503`` for 15 s, kill and restart 20 s later): every input exactly
   one result and none failed; while the breaker holds, about one request a second;
   work sent again within 2 s of the server being back.
@@ -19,6 +23,7 @@ import statistics
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from llmbatch_bench.closedloop import frontier as sweep
 from llmbatch_bench.closedloop import plan as closedplan
 from llmbatch_bench.targets import Target, judge
 
@@ -29,6 +34,7 @@ __all__ = [
     "SLO_BULK_RATIO",
     "bulk_vs_bound",
     "evaluate_closed",
+    "frontier_target",
     "lost",
     "saturate_medians",
     "tpot_p99",
@@ -99,6 +105,7 @@ def evaluate_closed(runs: Sequence[Run], scenarios: Collection[str] | None = Non
     groups: list[tuple[str, Callable[[], list[Target]]]] = [
         ("slo", lambda: [*_slo(runs), *_slo_both(runs)]),
         ("saturate", lambda: [_saturate(runs)]),
+        ("frontier", lambda: [frontier_target(runs)]),
         ("outage", lambda: _outages(runs)),
     ]
     return [
@@ -260,4 +267,25 @@ def _resume_detail(extra: Mapping[str, Any]) -> str:
         f"first request {s(r.get('first_sent_s'))}, work {s(r.get('work_sent_s'))}, "
         f"first answer {s(r.get('first_answer_s'))}, server as full as before "
         f"{s(extra.get('refill_s'))}"
+    )
+
+
+def frontier_target(runs: Sequence[Run]) -> Target:
+    """The controller's run at the SLO against the frontier's static settings."""
+    description = "the controller against the best static setting under the same SLO"
+    found = sweep.from_runs(runs, closedplan.FRONTIER_CONTROLLER)
+    verdict = found.verdict() if found else None
+    if found is None or verdict is None:
+        detail = "needs the frontier scenario (the idle server, the grid and the controller)"
+        return Target("frontier_controller", description, None, "<=", sweep.P99_SLACK, "x",
+                      None, detail)  # fmt: skip
+    return Target(
+        "frontier_controller",
+        description,
+        verdict.p99_vs_bound,
+        "<=",
+        sweep.P99_SLACK,
+        "x bound",
+        verdict.met,
+        f"{verdict.reason}; medians of {found.rounds} rounds",
     )
