@@ -74,7 +74,7 @@ def test_llmbatch_run_takes_slo_auto_or_none() -> None:
 async def test_on_a_real_server_the_default_measures_then_aims_at_three_times_idle() -> None:
     from llmbatch_server.testing import run_simulator
 
-    with run_simulator("--speed", "20") as sim:
+    with run_simulator("--speed", "50") as sim:
         async with Client(sim.base_url, on_close="cancel") as client:
             assert client.stats().servers[0].slo_auto.startswith("dormant")  # type: ignore[union-attr]
 
@@ -85,7 +85,7 @@ async def test_on_a_real_server_the_default_measures_then_aims_at_three_times_id
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(bulk)
-                await anyio.sleep(1.0)
+                await anyio.sleep(0.5)
                 phases = []
                 with anyio.fail_after(60):
                     while True:
