@@ -15,25 +15,9 @@ OUT="$2"
 PYTHON="${3:-.venv/bin/python}"
 VENV="${4:-${LLMBATCH_VLLM_VENV:-/work/vllm-venv}}"
 mkdir -p "$OUT"
-pid=""
-cleanup() { if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; wait "$pid" || true; fi; }
-trap cleanup EXIT
-free_port() { "$PYTHON" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
-wait_health() {
-    "$PYTHON" - "$1" <<'PY'
-import sys, time, urllib.request
-deadline = time.monotonic() + 300
-while time.monotonic() < deadline:
-    try:
-        if urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2).status == 200:
-            sys.exit(0)
-    except OSError:
-        time.sleep(1)
-sys.exit("no /health within 300 s")
-PY
-}
 STEPS="${STEPS:-bulk,serve,slo,gauges}"
-step() { [[ ",$STEPS," == *",$1,"* ]]; }
+# shellcheck source=servers.sh
+source "server/vllm-cpu/servers.sh"
 measure() {  # NAME PORT: the same runs against whichever server listens on PORT
     if step slo; then
         "$PYTHON" -m llmbatch_bench --url "http://127.0.0.1:$2/v1" --scenario slo \

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import llmbatch
+from llmbatch_bench.closedloop.frontier import CAPS, RESERVE
 
 __all__ = ["main"]
 
@@ -44,8 +45,6 @@ SIM_ARGS = ("--speed", "1")
 INTERVAL = 0.3
 REALTIME_TOKENS = 16
 BULK_TOKENS = 32
-RESERVE = 8
-CAPS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 #: The targets.
 P50_MULTIPLE = 3.0
 BULK_SHARE = 0.8
