@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from llmbatch._config import Priority
+from llmbatch._config import SLO, Priority
 
 __all__ = [
     "OTHER_TENANTS",
@@ -36,12 +36,14 @@ class Inference:
     """One belief of the admission controller about a server, for ``stats()``."""
 
     name: str
-    """``"queue"`` (the server's queue is real), ``"seats"`` (what it runs at
-    once), ``"step_time"``, ``"slo_unreachable"`` or ``"slo_auto"`` (the default SLO's
-    per-token target, seconds)."""
+    """``"queue"`` (the server's queue is real), ``"api_queue"`` (a queue in its API
+    process is real), ``"seats"`` (what it runs at once), ``"step_time"``,
+    ``"slo_unreachable"`` or ``"slo_auto"`` (the default SLO's per-token target,
+    seconds)."""
     value: float | None
     """The belief now: seats, the step time in seconds, 1.0 for a real queue or an
-    unreachable SLO; None when nothing is believed (after dismissals, say)."""
+    unreachable SLO, the most sequences the API process held; None when nothing is
+    believed (after dismissals, say)."""
     source: str
     """``"stated"`` (by the server or the configuration), ``"learnt"`` (from
     readings that persisted), ``"measured"`` (an average of samples) or ``"none"``."""
@@ -264,6 +266,20 @@ class ServerStats(_Snapshot):
     realtime is seen; ``measuring`` the idle latency; ``active`` with its target;
     ``stood_down`` where the latency does not follow the load); None with a stated
     SLO or ``slo=None``."""
+    slo: SLO | None = None
+    """The SLO followed now: the stated one, or the default's target while active
+    (None: none). Where only ``tpot`` was stated its ``ttft`` is derived (six times
+    ``tpot``; ``slo_ttft_derived``), so the first token is bounded too."""
+    slo_ttft_derived: bool = False
+    """``slo.ttft`` was derived from ``slo.tpot`` rather than stated."""
+    api_queue: int | None = None
+    """This client's sequences the server has taken but its engine neither runs nor
+    queues, at the last ``/metrics`` read (the client's in flight less the engine's
+    running and waiting): requests still in its API process, or finished prompts
+    waiting for the rest of their batch. None where the server reports no such
+    gauges. A realtime request crosses that queue first come first served, before
+    any engine priority applies: under an SLO, one that lasts cuts bulk as the
+    engine's queue does (``inferences``: ``api_queue``)."""
     signals: tuple[str, ...] = ()
     """The sources that reported on this server in the last few seconds, which the
     client's picture of it comes from: ``load_header`` (vLLM's load report),
@@ -282,8 +298,9 @@ class ServerStats(_Snapshot):
     inferences: tuple[Inference, ...] = ()
     """What the admission controller believes of the server, each with its evidence
     (:class:`Inference`): ``queue`` (its queue is real, not a step's arrivals),
-    ``seats`` (what it runs at once: stated, learnt or none), ``step_time``,
-    ``slo_unreachable``. Readings that did not last are counted as dismissed."""
+    ``api_queue`` (likewise in its API process), ``seats`` (what it runs at once:
+    stated, learnt or none), ``step_time``, ``slo_unreachable``. Readings that did not
+    last are counted as dismissed."""
 
     bulk_pace: float | None = None
     """With ``SLO(pace=True)``: the estimated bulk prompt tokens a second sent there
@@ -472,8 +489,10 @@ def _server(server: ServerStats) -> str:
         f"breaker {server.breaker}",
     ]
     if server.slo_aim is not None:
+        slo = server.slo
+        target = "" if slo is None else f" ({_slo_text(slo, derived=server.slo_ttft_derived)})"
         parts.append(
-            f"SLO met {server.slo_met:,}, missed {server.slo_missed:,}, "
+            f"SLO{target} met {server.slo_met:,}, missed {server.slo_missed:,}, "
             f"aiming at {server.slo_aim:.0%} of it"
         )
     if server.slo_auto is not None and not server.slo_auto.startswith("dormant"):
@@ -507,6 +526,13 @@ def _provider_limits(limits: ProviderLimits) -> str:
 
 def _percentiles(p: Percentiles) -> str:
     return f"{_duration(p.p50)} / {_duration(p.p95)} / {_duration(p.p99)}"
+
+
+def _slo_text(slo: SLO, *, derived: bool) -> str:
+    parts = [] if slo.tpot is None else [f"tpot {_duration(slo.tpot)}"]
+    if slo.ttft is not None:
+        parts.append(f"ttft {_duration(slo.ttft)}" + (" derived" if derived else ""))
+    return ", ".join(parts)
 
 
 def _duration(seconds: float | None) -> str:

@@ -230,6 +230,11 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
     step = gauge("server_step_seconds", "Observed time per output token on the server.", server)
     ttft = gauge("server_ttft_seconds", "Observed realtime time to first token.", server)
     waiting = gauge("server_waiting_requests", "Requests in the server's own queue.", server)
+    api_queue = gauge(
+        "server_api_queue_requests",
+        "This client's requests the server holds in its API process, not yet in its engine.",
+        server,
+    )
     kv = gauge("server_kv_cache_usage_ratio", "The server's KV-cache use, 0 to 1.", server)
     breaker = gauge(
         "breaker_state", "1 for the circuit breaker's current state.", ("server", "state")
@@ -293,7 +298,12 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
             ejected.add_metric(at, 1.0 if s.ejected else 0.0)
             ceiling.add_metric(at, s.ceiling)
             reserve.add_metric(at, s.realtime_reserve)
-            for family, value in ((step, s.step_time), (ttft, s.ttft), (waiting, s.waiting)):
+            for family, value in (
+                (step, s.step_time),
+                (ttft, s.ttft),
+                (waiting, s.waiting),
+                (api_queue, s.api_queue),
+            ):
                 if value is not None:
                     family.add_metric(at, value)
             if s.kv_cache_usage is not None:
@@ -346,6 +356,7 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
         step,
         ttft,
         waiting,
+        api_queue,
         kv,
         breaker,
         outages,

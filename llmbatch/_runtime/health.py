@@ -211,9 +211,15 @@ class Health:
     async def watch_metrics(self, server: Server, wake: Callable[[], None]) -> None:
         """Read a server's /metrics while it has work, for its controller."""
         seats = server.seats
+        sent = seats.sent
         while server.has_metrics is not False and not server.removed:
             await anyio.sleep(METRICS_INTERVAL)
-            if seats.in_flight and server.breaker.state is BreakerState.CLOSED:
+            # Work there now, or sent since the last look: short requests one at a
+            # time (bulk held to one sequence on a fast server) are mostly between
+            # two sends whenever one looks, and their steps are the idle ones.
+            busy = seats.in_flight > 0 or seats.sent != sent
+            sent = seats.sent
+            if busy and server.breaker.state is BreakerState.CLOSED:
                 await server.read_metrics(self._now())
                 wake()
 

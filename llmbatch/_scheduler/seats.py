@@ -32,6 +32,7 @@ class Seats:
         "models",
         "pace",
         "sendable",
+        "sent",
         "token_ceiling",
     )
 
@@ -46,6 +47,9 @@ class Seats:
         self.in_flight_tokens = 0
         self.bulk_in_flight = 0
         self.bulk_in_flight_tokens = 0
+        self.sent = 0
+        """Sequences sent here so far: whether it had work between two looks, where
+        each went and came back between them."""
         self.models: frozenset[str] | None = None
         """The models it serves (None: unknown, so any)."""
         self.sendable: int | None = None
@@ -123,6 +127,8 @@ class Seats:
         """``count`` sequences of ``tokens`` went out here (positive) or came back."""
         self.in_flight += count
         self.in_flight_tokens += tokens
+        if count > 0:
+            self.sent += count
         if priority is not Priority.REALTIME:
             self.bulk_in_flight += count
             self.bulk_in_flight_tokens += tokens

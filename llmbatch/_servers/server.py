@@ -199,6 +199,9 @@ class Server:
             slo_aim=control.slo_aim,
             slo_unreachable=control.slo_unreachable,
             slo_auto=control.slo_auto,
+            slo=control.slo,
+            slo_ttft_derived=control.slo_ttft_derived,
+            api_queue=control.api_queue,
             signals=self.signals.live(now),
             step_time_source=None if best is None else best.value,
             breaker=breaker.state.value,
@@ -545,6 +548,11 @@ class Server:
         controller.on_load(
             now, waiting=load.waiting, running=load.running, kv_cache_usage=load.kv_cache_usage
         )
+        if load.waiting is not None and load.running is not None:
+            # Read with the gauges, not from the load header: an answer's header is
+            # read as its sequence leaves, and a batch's arrive one by one.
+            accepted = self.seats.in_flight - load.running - load.waiting
+            controller.on_api_queue(now, max(0, accepted))
         if sample.tpot_count is not None:
             # The histogram is there (even when no token was generated since the last
             # read): the server measures the step time better than answers can.

@@ -91,6 +91,10 @@ async def test_scraped_metrics_match_the_clients_stats(
     assert value(samples, "llmbatch_breaker_state", server=sim.base_url, state="closed") == 1
     assert value(samples, "llmbatch_breaker_state", server=sim.base_url, state="open") == 0
     assert value(samples, "llmbatch_slo_unreachable", server=sim.base_url) == 0
+    # Where /metrics was read while work ran, the API process's queue as stats() has it.
+    api_queue = stats.servers[0].api_queue
+    scraped = samples.get("llmbatch_server_api_queue_requests", [])
+    assert [v for _, v in scraped] == ([] if api_queue is None else [api_queue])
     # Which sources the client hears from, each source always present (0 or 1).
     for source in ("load_header", "metrics_gauges", "metrics_step_time", "stream_timing"):
         expected = 1.0 if source in stats.servers[0].signals else 0.0

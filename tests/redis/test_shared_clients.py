@@ -26,7 +26,10 @@ from llmbatch import BatchPolicy, Client, RateLimit, SharedInFlight
 from llmbatch_server.redis_process import RedisProcess
 from llmbatch_server.testing import SimulatorProcess, run_simulator
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.slow_on_trio("real Redis and simulators, seconds each; the logic is backend-free"),
+]
 
 
 def fresh(name: str) -> str:

@@ -16,7 +16,12 @@ import pytest
 import llmbatch
 from llmbatch_server.testing import SimulatorProcess, run_simulator
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.slow_on_trio(
+        "servers killed and restarted for real, seconds each; the logic is backend-free"
+    ),
+]
 
 N = 3000
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmbatch import SLO
-from llmbatch._control.admission import AdmissionController
+from llmbatch._control.admission import DERIVED_TTFT_STEPS, AdmissionController
 
 #: The simulator's calibrated step model: 22.25 ms + 1.065 ms per running sequence.
 BASE, PER_SEQ = 0.02225, 0.001065
@@ -119,6 +119,37 @@ def test_slo_attainment_is_counted() -> None:
     controller.on_realtime_answer(ttft=None, tpot=0.2)
     state = controller.state()
     assert (state.slo_met, state.slo_missed) == (1, 2)
+
+
+def test_a_tpot_alone_bounds_the_first_token_too_and_says_it_derived_it() -> None:
+    tpot_only = AdmissionController(ceiling=64, max_reserve=1, slo=SLO(tpot=0.05))
+    state = tpot_only.state()
+    assert state.slo == SLO(tpot=0.05, ttft=DERIVED_TTFT_STEPS * 0.05)
+    assert state.slo_ttft_derived
+    stated = AdmissionController(ceiling=64, max_reserve=1, slo=SLO(tpot=0.05, ttft=1.0))
+    assert stated.state().slo == SLO(tpot=0.05, ttft=1.0)
+    assert not stated.state().slo_ttft_derived
+    # A realtime answer within the tokens' bound but whose first token came late
+    # misses, and a first token that slow cuts bulk as a stated one would.
+    late = DERIVED_TTFT_STEPS * 0.05 * 2
+    tpot_only.on_realtime_answer(ttft=late, tpot=0.04)
+    assert (tpot_only.slo_met, tpot_only.slo_missed) == (0, 1)
+    for t in range(12):
+        tpot_only.on_step_time(0.03)
+        tpot_only.on_ttft(late)
+        tpot_only.on_load(t * 0.5, waiting=0, running=int(tpot_only.limit), kv_cache_usage=0.1)
+        tpot_only.on_blocked()
+        tpot_only.update(t * 0.5)
+    assert tpot_only.limit == 1
+    # Without the derived TTFT the same series leaves bulk growing: the tokens are fast.
+    unbounded = AdmissionController(ceiling=64, max_reserve=1, slo=SLO(tpot=0.05, ttft=100.0))
+    for t in range(12):
+        unbounded.on_step_time(0.03)
+        unbounded.on_ttft(late)
+        unbounded.on_load(t * 0.5, waiting=0, running=int(unbounded.limit), kv_cache_usage=0.1)
+        unbounded.on_blocked()
+        unbounded.update(t * 0.5)
+    assert unbounded.limit > 8
 
 
 def test_an_slo_the_server_cannot_meet_even_alone_is_said_not_sat_on() -> None:
@@ -782,3 +813,46 @@ def test_the_adaptive_controller_moves_where_the_static_one_holds() -> None:
         controller.on_overload()
         controller.update(1.0)
     assert (moving.limit, held.limit) == (36, 64)  # 72 halved; 64 = 72 - 8
+
+
+def test_a_lasting_queue_in_the_api_process_cuts_bulk_under_an_slo() -> None:
+    # The engine is fast and has nothing waiting, but 30 of this client's requests
+    # sit in the server's API process read after read: realtime would queue behind
+    # them there, first come first served, whatever the engine's priorities.
+    def run(held: int) -> AdmissionController:
+        c = AdmissionController(ceiling=256, max_reserve=2, slo=SLO(tpot=0.1, ttft=1.0))
+        for t in range(20):
+            now = t * 0.5
+            c.on_step_time(0.02)
+            c.on_load(now, waiting=0, running=int(c.limit), kv_cache_usage=0.1)
+            c.on_api_queue(now, held)
+            c.on_blocked()
+            c.update(now)
+        return c
+
+    held, passing = run(30), run(3)
+    assert held.limit < passing.limit
+    assert held.limit <= 8  # cut from its start and never grown
+    assert passing.limit > 16
+    api = next(i for i in held.state().inferences if i.name == "api_queue")
+    assert api.source == "learnt"
+    assert api.value == 30
+    assert "held 30" in api.evidence
+    assert held.state().api_queue == 30
+    quiet = next(i for i in passing.state().inferences if i.name == "api_queue")
+    assert quiet.value is None
+    assert quiet.source == "none"
+
+
+def test_a_passing_api_queue_of_what_was_just_sent_cuts_nothing() -> None:
+    c = AdmissionController(ceiling=256, max_reserve=2, slo=SLO(tpot=0.1, ttft=1.0))
+    for t in range(20):
+        now = t * 0.5
+        c.on_step_time(0.02)
+        c.on_load(now, waiting=0, running=int(c.limit), kv_cache_usage=0.1)
+        # A flood sent at every read, and read at once: a step's arrivals.
+        c.on_sent(now, 40)
+        c.on_api_queue(now, 40 if t % 2 else 0)
+        c.on_blocked()
+        c.update(now)
+    assert c.limit > 16

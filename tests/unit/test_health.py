@@ -146,3 +146,44 @@ def test_the_lowest_limits_the_servers_state_pace_the_client() -> None:
     assert scheduler.rate.requests is not None
     assert scheduler.rate.requests.rate == pytest.approx(300 * 0.95 / 60)
     assert scheduler.rate.tokens is None
+
+
+def test_metrics_are_read_after_work_that_came_and_went_between_two_looks() -> None:
+    # Short requests one at a time (bulk held to one sequence on a fast server) are
+    # mostly between two sends whenever the watcher looks: what was sent since its
+    # last look counts as work, or the idle step times are never read.
+    pytest.importorskip("trio")
+    import trio
+    import trio.testing
+
+    from llmbatch._config import Priority
+    from llmbatch._runtime.health import METRICS_INTERVAL
+
+    now = [0.0]
+    health, (server,) = fleet(1, now)
+    reads: list[float] = []
+
+    async def read_metrics(at: float) -> None:
+        reads.append(trio.current_time())
+
+    server.read_metrics = read_metrics  # type: ignore[method-assign]
+    seats = server.seats
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(health.watch_metrics, server, lambda: None)
+            await trio.sleep(2.2 * METRICS_INTERVAL)  # idle: nothing to read
+            assert reads == []
+            # One sequence out and back, between two looks.
+            seats.book(Priority.BATCH, 1, 10)
+            seats.book(Priority.BATCH, -1, -10)
+            await trio.sleep(METRICS_INTERVAL)
+            assert len(reads) == 1
+            await trio.sleep(2 * METRICS_INTERVAL)  # idle again
+            assert len(reads) == 1
+            seats.book(Priority.REALTIME, 1, 10)  # there now
+            await trio.sleep(2 * METRICS_INTERVAL)
+            assert len(reads) == 3
+            nursery.cancel_scope.cancel()
+
+    trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
