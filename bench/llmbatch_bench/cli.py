@@ -232,6 +232,12 @@ def _configure(p: argparse.ArgumentParser) -> None:
     closed.add_argument(
         "--frontier-rate", type=float, help="the frontier's realtime calls a second (default 2)"
     )
+    closed.add_argument(
+        "--frontier-slo",
+        choices=("both", "tpot"),
+        help="the controller's SLO: TTFT and per-token (both, the default) or per-token "
+        "alone (tpot: the bound takes the TTFT the client derives from it)",
+    )
     closed.add_argument("--outage-n", type=int, help="prompts in each outage map")
     closed.add_argument("--outage-503", type=float, help="seconds of 503 (default 15)")
     closed.add_argument(
@@ -498,6 +504,7 @@ def _closed(args: argparse.Namespace) -> dict[str, Any]:
         "frontier_warmup",
         "frontier_duration",
         "frontier_rate",
+        "frontier_slo",
     )
     out = {name: _given(args, name) for name in names}
     for name in ("saturate_n", "saturate_rounds", "outage_n", "frontier_rounds"):

@@ -123,6 +123,9 @@ class BenchConfig:
     frontier_warmup: float = 5.0
     frontier_duration: float = 15.0
     frontier_rate: float = 2.0
+    #: The SLO the controller is given: ``both`` (TTFT and per-token, 3x idle) or
+    #: ``tpot`` (per-token alone; the bound then takes the TTFT the client derives).
+    frontier_slo: Literal["both", "tpot"] = "both"
     outage_n: int = 3_000
     outage_503: float = 15.0
     outage_restart: float = 20.0

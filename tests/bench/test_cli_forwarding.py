@@ -74,6 +74,14 @@ def test_vllm_takes_its_own_arguments_after_the_double_dash() -> None:
     assert config.vllm_profile == "balanced"  # type: ignore[attr-defined]
 
 
+def test_the_frontier_may_give_the_controller_a_per_token_slo_alone() -> None:
+    assert _config(["--scenario", "frontier"]).frontier_slo == "both"  # type: ignore[attr-defined]
+    tpot = _config(["--scenario", "frontier", "--frontier-slo", "tpot"])
+    assert tpot.frontier_slo == "tpot"  # type: ignore[attr-defined]
+    with pytest.raises(SystemExit):
+        _config(["--scenario", "frontier", "--frontier-slo", "ttft"])
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

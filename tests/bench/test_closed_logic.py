@@ -130,11 +130,14 @@ def test_a_trace_turns_histogram_deltas_into_the_real_step_time() -> None:
     assert column(data, "step_real") == [None, pytest.approx(0.006), None, None]
     assert column(data, "tokens") == [None, 100.0, None, 0.0]
     assert column(data, "bulk_in_flight") == [8, 8, 8, 8]  # normal + batch
+    # 12 in flight (4 realtime, 8 bulk) less what the engine runs and queues.
+    assert column(data, "api_queue") == [4.0, 0.0, None, 12.0]
     assert column(data, "breaker")[2] == "open"
     summary = window_summary(data, 0.0, 1.2)
     assert (summary["limit_min"], summary["limit_max"], summary["limit_p50"]) == (8, 20, 12)
     assert summary["running_mean"] == pytest.approx(10.0)
     assert summary["step_real_mean_s"] == pytest.approx(0.006)
+    assert summary["api_queue_mean"] == pytest.approx(2.0)
     assert window_summary(data, 5.0, 6.0)["limit_p50"] is None
 
 

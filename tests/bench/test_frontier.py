@@ -49,6 +49,13 @@ def test_the_bound_is_the_first_token_then_fifteen_more() -> None:
         slo_bound(0.1, 0.02, tokens=0)
 
 
+def test_a_per_token_slo_is_judged_at_the_first_token_the_client_derives() -> None:
+    from llmbatch._control.admission import DERIVED_TTFT_STEPS as CLIENT
+    from llmbatch_bench.closedloop.frontier import DERIVED_TTFT_STEPS
+
+    assert DERIVED_TTFT_STEPS == CLIENT
+
+
 def test_the_oracle_is_the_most_bulk_that_meets_the_bound() -> None:
     statics = [Point("a", 0.5, 100.0), Point("b", 0.9, 300.0), Point("c", 1.5, 900.0)]
     assert oracle(statics, 1.0) == statics[1]

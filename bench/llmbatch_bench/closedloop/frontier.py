@@ -100,6 +100,12 @@ def grid(caps: Iterable[int] = CAPS, batches: Iterable[int] = BATCH_SIZES) -> li
     return [Setting(cap, batch) for cap in caps for batch in sizes]
 
 
+#: The first token's bound the client derives for an SLO stated with ``tpot`` alone,
+#: in per-token times (``ServerStats.slo``; tests/bench/test_frontier.py holds the two
+#: equal, as the bench imports nothing private).
+DERIVED_TTFT_STEPS = 6.0
+
+
 def slo_bound(ttft: float, tpot: float, tokens: int = REALTIME_TOKENS) -> float:
     """What a non-streamed realtime answer of ``tokens`` tokens may take end to end
     under ``SLO(ttft, tpot)``: its first token, then the rest at the per-token time."""

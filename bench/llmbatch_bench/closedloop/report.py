@@ -223,6 +223,11 @@ def _frontier(runs: Sequence[Run]) -> str:
         queued = _median(
             [(r["extra"].get("queued") or {}).get("realtime", {}).get("p99") for r in group]
         )
+        # Where the time went, over the window: the step the server really had, and
+        # this client's requests its API process held (the controller's trace).
+        window = [r["extra"].get("controller") or {} for r in group]
+        step = _median([w.get("step_real_mean_s") for w in window])
+        api_queue = _median([w.get("api_queue_mean") for w in window])
         rows.append(
             [
                 label + (f" ({', '.join(marks)})" if marks else ""),
@@ -234,6 +239,8 @@ def _frontier(runs: Sequence[Run]) -> str:
                 _ms(_median([_p(r, "ttft", "p50") for r in group]), 1),
                 _ms(_median([_p(r, "tpot", "p50") for r in group]), 2),
                 _ms(queued, 1),
+                _ms(step, 2),
+                num(api_queue, 1),
                 num(_median([r["prompts_per_s"] for r in group]), 1) if mixed else "-",
                 num(_median([r["output_tokens_per_s"] for r in group]), 0) if mixed else "-",
                 num(_median([r["extra"].get("bulk_limit") for r in group]), 0) if mixed else "-",
@@ -250,6 +257,8 @@ def _frontier(runs: Sequence[Run]) -> str:
         "TTFT p50 ms",
         "TPOT p50 ms",
         "queued p99 ms",
+        "step ms",
+        "API queue",
         "bulk prompts/s",
         "bulk tokens/s",
         "bulk limit",
@@ -257,15 +266,24 @@ def _frontier(runs: Sequence[Run]) -> str:
     ]
     extra = runs[-1]["extra"]
     verdict = found.verdict()
+    derived = extra.get("slo_ttft_derived")
+    given = (
+        f"the controller given TPOT alone, TTFT {sweep.DERIVED_TTFT_STEPS:g}x it as the "
+        "client derives"
+        if derived
+        else f"{extra.get('slo_factor')}x the idle server's streamed p50s"
+    )
     note = (
         f"SLO: TTFT {_ms(extra.get('slo_ttft_s'), 1)} ms, "
         f"TPOT {_ms(extra.get('slo_tpot_s'), 2)} ms "
-        f"({extra.get('slo_factor')}x the idle server's streamed p50s); a 16-token realtime "
+        f"({given}); a 16-token realtime "
         f"call's end-to-end bound (ttft + 15 tpot): {bound * 1e3:.1f} ms. Medians over "
         f"{found.rounds} alternated rounds; realtime calls in the mixed runs are single "
         "non-streamed calls (TTFT and TPOT are the idle streamed run's), queued: their time "
-        "inside the client. Static settings: Limits(max_in_flight=cap + "
-        f"{sweep.RESERVE}, reserved_realtime={sweep.RESERVE}, adaptive=False) and the batch "
+        "inside the client; step: the server's mean step over the window (its histogram); "
+        "API queue: this client's requests its API process held, mean of the reads. "
+        f"Static settings: Limits(max_in_flight=cap + {sweep.RESERVE}, "
+        f"reserved_realtime={sweep.RESERVE}, adaptive=False) and the batch "
         "tier's max_batch_size. "
         + (f"Verdict: {'met' if verdict.met else 'missed'}: {verdict.reason}." if verdict else "")
     )

@@ -6,7 +6,8 @@ the admission controller's bulk limit, realtime reserve, step-time estimate and
 breaker state, and each tier's requests in flight and queued; from the server's
 ``/metrics`` its running and waiting sequences and, from the change of vLLM's
 inter-token-latency histogram since the previous row, the step time the server
-really had (and tokens generated meanwhile). Rows are plain lists in the JSON
+really had (and tokens generated meanwhile), and this client's requests it held in
+its API process (in flight less running and waiting). Rows are plain lists in the JSON
 report, so a plot or a later analysis needs nothing but the file.
 """
 
@@ -40,6 +41,7 @@ FIELDS = (
     "waiting",
     "step_real",
     "tokens",
+    "api_queue",
 )
 
 _RUNNING = "vllm:num_requests_running"
@@ -77,6 +79,15 @@ class Trace:
                 # A restarted server starts its counters again from zero.
                 tokens = max(0.0, server.get(_TOKENS, 0.0) - last.get(_TOKENS, 0.0))
             self._last = dict(server)
+        rt_in_flight = rt.in_flight if rt else 0
+        bulk_in_flight = sum(t.in_flight for t in bulk)
+        # This client's requests the server holds in its API process, not yet in its
+        # engine (vLLM's gauges count the engine's only; other clients' work lowers it).
+        api_queue = (
+            max(0.0, rt_in_flight + bulk_in_flight - running - waiting)
+            if running is not None and waiting is not None
+            else None
+        )
         self.rows.append(
             [
                 round(now - self.origin, 3),
@@ -84,9 +95,9 @@ class Trace:
                 s.realtime_reserve if s else None,
                 _round(s.step_time) if s else None,
                 s.breaker if s else None,
-                rt.in_flight if rt else 0,
+                rt_in_flight,
                 rt.queued if rt else 0,
-                sum(t.in_flight for t in bulk),
+                bulk_in_flight,
                 sum(t.queued for t in bulk),
                 s.slo_met if s else 0,
                 s.slo_missed if s else 0,
@@ -94,6 +105,7 @@ class Trace:
                 waiting,
                 _round(step_real),
                 tokens,
+                api_queue,
             ]
         )
 
@@ -153,4 +165,5 @@ def window_summary(trace: Mapping[str, Any], start: float, end: float) -> dict[s
         "waiting_mean": mean(values("waiting")),
         "step_real_mean_s": mean(values("step_real")),
         "step_est_mean_s": mean(values("step_est")),
+        "api_queue_mean": mean(values("api_queue")) if "api_queue" in trace["fields"] else None,
     }
