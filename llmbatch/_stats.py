@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from llmbatch._config import SLO, Priority
@@ -193,9 +193,18 @@ class TenantStats(_Snapshot):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ProviderLimits(_Snapshot):
-    """What a server's last answer said of its rate limits, in its headers: OpenAI's
-    ``x-ratelimit-*`` family (which Groq and LiteLLM's proxy send too) on any server,
-    and a kind's own where it has one. None where the answer did not say."""
+    """What a server's last answer said of this caller's rate limits, in its headers:
+    OpenAI's ``x-ratelimit-*`` family (which Groq and LiteLLM's proxy send too),
+    Anthropic's ``anthropic-ratelimit-*``, Together's ``x-ratelimit-*`` and
+    ``x-tokenlimit-*``, Fireworks' ``x-ratelimit-limit-tokens-*`` (docs/hosted.md). None
+    where the answer did not say."""
+
+    family: str | None = None
+    """Whose headers: ``openai``, ``anthropic``, ``together``, ``fireworks`` (joined by
+    ``+`` where an answer carried two)."""
+    window: float | None = None
+    """Seconds the limits count over, where the family states it (60 a minute, 1 a
+    second); None: OpenAI's, read from the resets."""
 
     requests_limit: int | None = None
     """Requests allowed in the provider's window."""
@@ -209,6 +218,17 @@ class ProviderLimits(_Snapshot):
     """Tokens left in it."""
     tokens_reset: float | None = None
     """Seconds until the token budget is whole again, as of this snapshot."""
+    input_tokens_limit: int | None = None
+    """Prompt tokens allowed in the window, where they are limited apart (Anthropic's
+    input tokens, Fireworks' prompt tokens)."""
+    input_tokens_remaining: int | None = None
+    input_tokens_reset: float | None = None
+    output_tokens_limit: int | None = None
+    """Generated tokens allowed in the window, where they are limited apart."""
+    output_tokens_remaining: int | None = None
+    output_tokens_reset: float | None = None
+    malformed: int = 0
+    """Values in this answer's limit headers that could not be read (ignored)."""
 
     def aged(self, seconds: float) -> ProviderLimits:
         """The same reading ``seconds`` later: the resets that much nearer."""
@@ -216,13 +236,12 @@ class ProviderLimits(_Snapshot):
         def nearer(reset: float | None) -> float | None:
             return None if reset is None else max(0.0, reset - seconds)
 
-        return ProviderLimits(
-            requests_limit=self.requests_limit,
-            requests_remaining=self.requests_remaining,
+        return replace(
+            self,
             requests_reset=nearer(self.requests_reset),
-            tokens_limit=self.tokens_limit,
-            tokens_remaining=self.tokens_remaining,
             tokens_reset=nearer(self.tokens_reset),
+            input_tokens_reset=nearer(self.input_tokens_reset),
+            output_tokens_reset=nearer(self.output_tokens_reset),
         )
 
 

@@ -39,6 +39,7 @@ from llmbatch._servers.kinds import (
     Version,
     kind_from_models,
 )
+from llmbatch._servers.limits.wait import retry_after
 from llmbatch._servers.load import (
     LOAD_FORMAT_HEADER,
     LOAD_HEADER,
@@ -48,7 +49,6 @@ from llmbatch._servers.load import (
     parse_metrics,
 )
 from llmbatch._servers.model_list import fetch
-from llmbatch._servers.rate_headers import retry_after
 from llmbatch._stats import ProviderLimits, ServerStats, SignalSource
 from llmbatch._transports.base import HTTPRequest, Transport
 
@@ -584,10 +584,18 @@ _MINUTE = 60.0
 
 
 def _per_minute(limits: ProviderLimits) -> tuple[int | None, int | None] | None:
-    """The requests and tokens a minute ``limits`` state (None: neither)."""
+    """The requests and tokens a minute ``limits`` state (None: neither). Where the
+    family states its window, the limit scaled to a minute; where it does not
+    (OpenAI's), a limit whose reset is within a minute (a per-day one, Groq's
+    requests, is not spread over the day's minutes)."""
+    window = limits.window
 
     def of(limit: int | None, reset: float | None) -> int | None:
-        if not limit or reset is None or reset > _MINUTE:
+        if not limit:
+            return None
+        if window is not None:
+            return max(1, round(limit * _MINUTE / window))
+        if reset is None or reset > _MINUTE:
             return None
         return limit
 

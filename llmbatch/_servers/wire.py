@@ -22,7 +22,7 @@ from llmbatch._chunks import ChatCompletionChunk, Chunk, CompletionChunk, make_c
 from llmbatch._exceptions import APIStatusError, RemoteProtocolError, status_error_type
 from llmbatch._models import RawUsage
 from llmbatch._servers.kinds import PRIORITY_REFUSED, TOO_LONG
-from llmbatch._servers.rate_headers import retry_after
+from llmbatch._servers.limits.wait import retry_after
 
 __all__ = [
     "Answers",

@@ -94,6 +94,34 @@ def test_anthropics_headers() -> None:
     assert limit.headers(Refused("requests", 0.2))["retry-after"] == "1"  # whole seconds
 
 
+def test_togethers_headers_are_per_second() -> None:
+    limit, _ = limiter(rpm=600, tpm=60_000, family="together")
+    limit.take(100)
+    headers = limit.headers()
+    assert headers["x-ratelimit-limit"] == "10"
+    assert headers["x-ratelimit-remaining"] == "9"
+    assert headers["x-tokenlimit-limit"] == "1000"
+    assert headers["x-tokenlimit-remaining"] == "900"
+    assert float(headers["x-ratelimit-reset"]) == pytest.approx(0.1)
+    assert limit.headers(Refused("tokens", 0.2))["retry-after"] == "1"
+
+
+@pytest.mark.parametrize("family", ["openai", "anthropic", "together"])
+def test_the_client_learns_the_limits_each_family_states(family: str) -> None:
+    # The simulator's headers read back by llmbatch: the minute's limits it was given.
+    from llmbatch._servers.limits import read_limits
+    from llmbatch._servers.server import _per_minute
+
+    limit, now = limiter(rpm=6_000, tpm=90_000, family=family)
+    limit.take(500)
+    now[0] += 0.5  # a reset within the second
+    limits = read_limits(limit.headers())
+    assert limits is not None
+    assert limits.family == family
+    assert limits.malformed == 0
+    assert _per_minute(limits) == (6_000, 90_000)
+
+
 @pytest.mark.parametrize(("rpm", "tpm"), [(None, None), (0, None), (None, -1)])
 def test_a_limiter_needs_a_limit(rpm: int | None, tpm: int | None) -> None:
     with pytest.raises(ValueError, match="a minute"):

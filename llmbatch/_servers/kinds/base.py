@@ -19,7 +19,7 @@ from typing import Any
 
 from llmbatch._calls.spec import Version
 from llmbatch._exceptions import InvalidRequestError
-from llmbatch._servers.rate_headers import openai_rate_headers
+from llmbatch._servers.limits import read_limits
 from llmbatch._stats import ProviderLimits
 
 __all__ = [
@@ -118,9 +118,9 @@ class Dialect:
 
     def provider_limits(self, headers: Mapping[str, str]) -> ProviderLimits | None:
         """What an answer's (lower-cased) headers say of the caller's rate limits
-        (None: nothing). Every kind reads OpenAI's ``x-ratelimit-*`` family; a kind
-        whose provider has its own family overrides this."""
-        return openai_rate_headers(headers)
+        (None: nothing). Every kind reads every provider's family (a proxy in front
+        of anything may send any); a kind whose server sends another overrides this."""
+        return read_limits(headers)
 
     def priority_field(self, info: object) -> PriorityField | None:
         """How it takes ``priority`` (None: send none); ``info`` is what

@@ -8,7 +8,9 @@ fit. Every answer carries the provider's headers: OpenAI's family
 (``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``, resets as durations,
 ``retry-after-ms`` and ``retry-after`` on a 429) or Anthropic's
 (``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}``, resets as RFC 3339
-times, ``retry-after`` in whole seconds). Pure but for the clock, which is passed in.
+times, ``retry-after`` in whole seconds) or Together's (``x-ratelimit-{limit,remaining,
+reset}`` for requests and ``x-tokenlimit-{limit,remaining}`` for tokens, per second;
+``retry-after`` in whole seconds). Pure but for the clock, which is passed in.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from typing import Literal
 
 __all__ = ["FAMILIES", "Family", "RateLimiter", "Refused"]
 
-Family = Literal["openai", "anthropic"]
-FAMILIES: tuple[Family, ...] = ("openai", "anthropic")
+Family = Literal["openai", "anthropic", "together"]
+FAMILIES: tuple[Family, ...] = ("openai", "anthropic", "together")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +128,7 @@ class RateLimiter:
                 headers["retry-after-ms"] = str(math.ceil(refused.wait * 1000))
                 headers["retry-after"] = str(math.ceil(refused.wait))
             return headers
-        headers = self._anthropic()
+        headers = self._anthropic() if self.family == "anthropic" else self._together()
         if refused is not None:
             headers["retry-after"] = str(max(1, math.ceil(refused.wait)))
         return headers
@@ -151,4 +153,16 @@ class RateLimiter:
             headers[f"anthropic-ratelimit-{name}-limit"] = str(bucket.per_minute)
             headers[f"anthropic-ratelimit-{name}-remaining"] = str(bucket.remaining())
             headers[f"anthropic-ratelimit-{name}-reset"] = reset.isoformat(timespec="seconds")
+        return headers
+
+    def _together(self) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        requests, tokens = self._requests, self._tokens
+        if requests is not None:
+            headers["x-ratelimit-limit"] = f"{requests.per_second:g}"
+            headers["x-ratelimit-remaining"] = str(max(0, math.floor(requests.level)))
+            headers["x-ratelimit-reset"] = f"{requests.until_full():.3f}"
+        if tokens is not None:
+            headers["x-tokenlimit-limit"] = f"{tokens.per_second:g}"
+            headers["x-tokenlimit-remaining"] = str(max(0, math.floor(tokens.level)))
         return headers
