@@ -93,10 +93,15 @@ class Health:
         the probes that are due; and give the scheduler the rate limits the servers'
         answers stated."""
         learnt: tuple[int | None, int | None] | None = None
+        remaining: tuple[float | None, float | None] | None = None
         for server in live:
             seats = server.seats
             if server.learnt_rate is not None:
                 learnt = _lower(learnt, server.learnt_rate)
+            left = server.learnt_remaining
+            if left is not None:
+                server.learnt_remaining = None
+                remaining = _lower_left(remaining, left)
             if server.cooldown_until != -math.inf:
                 if now < server.cooldown_until:
                     seats.sendable = 0  # a 429 asked to wait: nothing goes before it ends
@@ -113,6 +118,9 @@ class Health:
         if learnt is not None:
             # One budget for the client: the servers' lowest stated limits.
             self._scheduler.learn_rate(*learnt)
+        if remaining is not None:
+            # And no more in hand than the latest answers say is left of it.
+            self._scheduler.learn_remaining(now, *remaining)
 
     def control(self, now: float, live: list[Server], blocked: frozenset[int]) -> bool:
         """Feed each server's controller and apply its limit; True if one grew."""
@@ -250,6 +258,19 @@ class Health:
         for step, server in steps:
             if step is not None and step > SLOW_FACTOR * median:
                 server.eject(now, f"step time {step:.3f}s vs {median:.3f}s on its peers")
+
+
+def _lower_left(
+    a: tuple[float | None, float | None] | None, b: tuple[float | None, float | None]
+) -> tuple[float | None, float | None]:
+    """Each of ``a`` and ``b``, the lower where both say it."""
+    if a is None:
+        return b
+
+    def low(x: float | None, y: float | None) -> float | None:
+        return y if x is None else x if y is None else min(x, y)
+
+    return low(a[0], b[0]), low(a[1], b[1])
 
 
 def _lower(

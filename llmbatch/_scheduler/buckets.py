@@ -61,6 +61,11 @@ class TokenBucket:
         """Give back ``amount`` charged but not used (negative: charge more)."""
         self.level = min(self.capacity, self.level + amount)
 
+    def clamp(self, now: float, most: float) -> None:
+        """Hold no more than ``most`` now (what the budget's owner says is left)."""
+        self._refill(now)
+        self.level = min(self.level, most)
+
 
 class LeasedBucket(TokenBucket):
     """A bucket filled by leases of a shared budget instead of by time.

@@ -38,6 +38,15 @@ class RateBudget:
             rate = rate_limit.tokens_per_minute / 60.0
             self.tokens = LeasedBucket() if shared else TokenBucket(rate, rate)
 
+    def clamp(self, now: float, requests: float | None, tokens: float | None) -> None:
+        """A provider said what is left of its per-second budget (``requests`` and
+        ``tokens`` a second's worth, None: not said): each bucket holds no more than
+        that, so what another process or app spent on the same key is seen. A
+        bucket in debt stays in debt."""
+        for bucket, left in ((self.requests, requests), (self.tokens, tokens)):
+            if bucket is not None and left is not None and not isinstance(bucket, LeasedBucket):
+                bucket.clamp(now, left)
+
     @property
     def buckets(self) -> tuple[TokenBucket | None, TokenBucket | None]:
         """The request and token buckets (None: that limit is not set)."""
@@ -71,11 +80,23 @@ class RateBudget:
             wait = max(wait, self.tokens.reserve(now, tokens))
         return wait
 
-    def correct(self, charged: int, used: int) -> None:
+    def correct(self, charged: int, used: int, counted: int | None = None) -> None:
         """A request charged ``charged`` tokens (its estimate) reported ``used``: the
-        token budget gets the difference back (or pays what it lacked)."""
-        if self.tokens is not None and charged != used and (self.refunds or used > charged):
-            self.tokens.refund(charged - used)
+        token budget gets the difference back (or pays what it lacked). Without
+        refunds (a budget learnt from a provider's headers, which counts
+        ``max_tokens`` whatever the answer's length), it pays only what its estimate
+        lacked of what the provider counted: ``counted``, the usage's prompt tokens
+        (a chat template's included) plus every choice's ``max_tokens``."""
+        tokens = self.tokens
+        if tokens is None:
+            return
+        if self.refunds:
+            if charged != used:
+                tokens.refund(charged - used)
+            return
+        spent = max(used, counted or 0)
+        if spent > charged:
+            tokens.refund(charged - spent)
 
 
 class SharedAllowance:

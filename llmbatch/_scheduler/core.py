@@ -345,6 +345,20 @@ class Scheduler:
                     new_bucket.updated = old_bucket.updated
         self.rate = fresh
 
+    def learn_remaining(self, now: float, requests: float | None, tokens: float | None) -> None:
+        """A server's answer said what is left of its per-second budget (a second's
+        worth of requests and tokens; None: not said): a learnt budget holds no more
+        than its share of that, so another process or app spending the same key is
+        seen. A stated ``RateLimit`` is kept as given."""
+        rate = self.rate
+        if self._rate_stated or rate is None:
+            return
+        rate.clamp(
+            now,
+            None if requests is None else requests * LEARNT_SHARE,
+            None if tokens is None else tokens * LEARNT_SHARE,
+        )
+
     # -- in-flight ledger ------------------------------------------------------------
 
     def finish(self, request: Request) -> None:

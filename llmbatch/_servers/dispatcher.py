@@ -692,7 +692,8 @@ class Dispatcher:
         )
         rate = self._rate()
         if rate is not None and usage[2]:
-            rate.correct(sum(r.est_tokens for r in requests), usage[2])
+            budgeted = sum(r.spec.n * r.spec.max_tokens for r in requests)
+            rate.correct(sum(r.est_tokens for r in requests), usage[2], usage[0] + budgeted)
         if usage[0] and first.spec.n == 1:
             # The server's count against the estimate: batches are sized by it.
             self.server.on_prompt_usage(sum(r.prefill_tokens for r in requests), usage[0])

@@ -105,6 +105,10 @@ class Server:
         self.learnt_rate: tuple[int | None, int | None] | None = None
         """Requests and tokens a minute its answers state (``Health`` hands them to the
         scheduler, which paces by them when no ``RateLimit`` was given)."""
+        self.learnt_remaining: tuple[float | None, float | None] | None = None
+        """What the latest answer said is left of those limits, in a second's worth
+        of requests and tokens, until ``Health`` hands it to the scheduler (None:
+        nothing new)."""
         self.cooldown_until = -math.inf
         """Until when nothing is sent to it: a 429 asked to wait (``retry-after-ms``,
         ``Retry-After``), at most ``RetryPolicy.max_backoff``."""
@@ -386,7 +390,9 @@ class Server:
         limits = self.dialect.provider_limits(headers)
         if limits is not None:
             self._provider_limits = (limits, now)
-            self.learnt_rate = _per_minute(limits)
+            self.learnt_rate = learnt = _per_minute(limits)
+            if learnt is not None:
+                self.learnt_remaining = _per_second_left(limits, learnt)
         if status == 429:
             wait = retry_after(headers)
             if wait:
@@ -581,6 +587,24 @@ def _mean_since(
 #: OpenAI's are; a limit whose reset is longer (Groq's requests, a day's) is not
 #: spread evenly over seconds, and is not learnt.
 _MINUTE = 60.0
+
+
+def _per_second_left(
+    limits: ProviderLimits, learnt: tuple[int | None, int | None]
+) -> tuple[float | None, float | None]:
+    """What ``limits`` say is left of each learnt limit, in a second's worth: a
+    provider enforcing a minute's limit per second (as OpenAI documents) holds at
+    most a second's worth, so what is left of the minute, over 60, is what may go at
+    once; for a per-second family, what is left."""
+    per = limits.window or _MINUTE
+
+    def left(remaining: int | None, limit: int | None) -> float | None:
+        return None if remaining is None or limit is None else remaining / per
+
+    return (
+        left(limits.requests_remaining, learnt[0]),
+        left(limits.tokens_remaining, learnt[1]),
+    )
 
 
 def _per_minute(limits: ProviderLimits) -> tuple[int | None, int | None] | None:

@@ -148,6 +148,44 @@ def test_the_lowest_limits_the_servers_state_pace_the_client() -> None:
     assert scheduler.rate.tokens is None
 
 
+def test_what_an_answer_says_is_left_caps_what_the_client_holds() -> None:
+    # Another process spends the same key: the provider's per-second bucket holds 6
+    # of its 10 requests and 200 of its 1,500 tokens; the client's learnt buckets,
+    # full by their own count, hold no more than their share of that.
+    now = [0.0]
+    health, (a,) = fleet(1, now)
+    full = {
+        "x-ratelimit-limit-requests": "600",
+        "x-ratelimit-remaining-requests": "600",
+        "x-ratelimit-reset-requests": "0ms",
+        "x-ratelimit-limit-tokens": "90000",
+        "x-ratelimit-remaining-tokens": "90000",
+        "x-ratelimit-reset-tokens": "0ms",
+    }
+    a.on_response(200, full, 0.0, sent_at=0.0)
+    health.sync(0.0, health.live(), tg=None, wake=lambda: None)  # type: ignore[arg-type]
+    rate = health._scheduler.rate
+    assert rate is not None
+    requests, tokens = rate.buckets
+    assert requests is not None
+    assert tokens is not None
+    assert (requests.level, tokens.level) == (pytest.approx(9.5), pytest.approx(1425))
+    spent = {
+        **full,
+        "x-ratelimit-remaining-requests": "360",  # 6 a second
+        "x-ratelimit-remaining-tokens": "12000",  # 200 a second
+        "x-ratelimit-reset-requests": "400ms",
+        "x-ratelimit-reset-tokens": "870ms",
+    }
+    a.on_response(200, spent, 0.0, sent_at=0.0)
+    health.sync(0.0, health.live(), tg=None, wake=lambda: None)  # type: ignore[arg-type]
+    assert (requests.level, tokens.level) == (pytest.approx(5.7), pytest.approx(190))
+    # Read once: the next turn, with no new answer, refills by time as before.
+    health.sync(0.1, health.live(), tg=None, wake=lambda: None)  # type: ignore[arg-type]
+    assert requests.wait_time(0.1, 1) == 0.0
+    assert tokens.level == pytest.approx(190)
+
+
 def test_metrics_are_read_after_work_that_came_and_went_between_two_looks() -> None:
     # Short requests one at a time (bulk held to one sequence on a fast server) are
     # mostly between two sends whenever the watcher looks: what was sent since its

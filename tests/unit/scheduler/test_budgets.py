@@ -282,3 +282,23 @@ def test_credit_accrues_to_passed_over_tiers_by_their_share() -> None:
     assert credits[Priority.BATCH] == 0.0  # no share, no credit
     settle_credit(credits, share, Priority.NORMAL, 3, [Priority.NORMAL], owed=True)
     assert credits[Priority.NORMAL] == pytest.approx(-1.0)  # pays for all it sent
+
+
+def test_a_learnt_budget_pays_what_the_provider_counted_beyond_the_estimate() -> None:
+    from llmbatch._scheduler.budgets import RateBudget
+
+    stated = RateBudget(RateLimit(tokens_per_minute=6_000))  # 100 a second, 100 held
+    learnt = RateBudget(RateLimit(tokens_per_minute=6_000), refunds=False)
+    for budget in (stated, learnt):
+        assert budget.tokens is not None
+        budget.tokens.take(40)  # charged 40: 24 of prompt (estimated) + max_tokens 16
+    # The provider counted 30 of prompt (its chat template's too) and, as it charges
+    # max_tokens whatever the answer's length, 46; the answer used 5 of its 16.
+    stated.correct(40, 35, counted=46)
+    learnt.correct(40, 35, counted=46)
+    assert stated.tokens is not None
+    assert learnt.tokens is not None
+    assert stated.tokens.level == 65  # a stated budget refunds what was not used
+    assert learnt.tokens.level == 54  # a learnt one pays the provider's count
+    learnt.correct(40, 20, counted=30)  # an overestimate: nothing back
+    assert learnt.tokens.level == 54
