@@ -70,6 +70,10 @@ METRICS_INTERVAL = 0.5
 DETECT_TIMEOUT = 2.0
 #: A generation shorter than this says little about the server's step time.
 MIN_TOKENS_FOR_STEP_SAMPLE = 4
+#: Bulk sequences a server of no known kind (a hosted endpoint, a proxy) is sent until
+#: it first answers one: its answers say its rate limits, which a first burst of a
+#: whole bulk limit would meet blind. Realtime is not held.
+FIRST_ANSWER_BULK = 8
 
 
 class Server:
@@ -105,6 +109,10 @@ class Server:
         self.learnt_rate: tuple[int | None, int | None] | None = None
         """Requests and tokens a minute its answers state (``Health`` hands them to the
         scheduler, which paces by them when no ``RateLimit`` was given)."""
+        self.generation_answered = False
+        """It has answered a request this client sent it (any status)."""
+        self._first_gate = False
+        """Whether the bulk limit last handed on was held for the first answer."""
         self.learnt_remaining: tuple[float | None, float | None] | None = None
         """What the latest answer said is left of those limits, in a second's worth
         of requests and tokens, until ``Health`` hands it to the scheduler (None:
@@ -290,6 +298,10 @@ class Server:
         controller.refill = self.refill if self.ranks_tiers else 0
         unreachable = controller.slo_unreachable
         changed = controller.update(now, bulk_in_flight)
+        gated = self.awaits_first_answer
+        if gated != self._first_gate:
+            self._first_gate = gated
+            changed = True
         if controller.slo_unreachable and not unreachable:
             # Once per episode: the limit alone, sitting at 1, would not say why.
             logger.warning(
@@ -302,9 +314,17 @@ class Server:
         return changed
 
     @property
+    def awaits_first_answer(self) -> bool:
+        """A server of no known kind that has not answered a request yet: bulk is
+        held to :data:`FIRST_ANSWER_BULK` until its answer says its rate limits."""
+        return self.dialect is GENERIC and not self.generation_answered
+
+    @property
     def bulk_limit(self) -> int:
-        """Bulk sequences the controller allows in flight here now."""
-        return self.controller.limit
+        """Bulk sequences the controller allows in flight here now (a few, where the
+        server has yet to say its rate limits)."""
+        limit = self.controller.limit
+        return min(limit, FIRST_ANSWER_BULK) if self.awaits_first_answer else limit
 
     @property
     def paces(self) -> bool:
@@ -386,7 +406,9 @@ class Server:
         sent_at: float | None = None,
     ) -> None:
         """An HTTP response arrived at ``now`` (any status) to a request sent at
-        ``sent_at``: the server is reachable."""
+        ``sent_at`` (None: a probe of what it is): the server is reachable."""
+        if sent_at is not None:
+            self.generation_answered = True
         limits = self.dialect.provider_limits(headers)
         if limits is not None:
             self._provider_limits = (limits, now)

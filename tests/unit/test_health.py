@@ -225,3 +225,27 @@ def test_metrics_are_read_after_work_that_came_and_went_between_two_looks() -> N
             nursery.cancel_scope.cancel()
 
     trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_server_of_no_known_kind_gets_a_few_bulk_sequences_until_it_answers() -> None:
+    # A hosted endpoint's first answer says its rate limits: a first burst of the
+    # whole bulk limit would meet them blind. Realtime is not held.
+    from llmbatch._servers.kinds import DIALECTS
+    from llmbatch._servers.server import FIRST_ANSWER_BULK
+
+    now = [0.0]
+    _, (hosted, vllm) = fleet(2, now)
+    vllm.dialect = DIALECTS[0]  # a server that said it is vLLM
+    full = hosted.controller.limit
+    assert full > FIRST_ANSWER_BULK
+    assert (hosted.bulk_limit, vllm.bulk_limit) == (FIRST_ANSWER_BULK, full)
+
+    def control() -> bool:
+        return hosted.control(0.0, blocked=True, realtime_in_flight=0, bulk_in_flight=0)
+
+    assert control()  # the held limit is handed on
+    hosted.on_response(200, {}, 0.1)  # a probe of what it is: not an answer to work
+    assert hosted.bulk_limit == FIRST_ANSWER_BULK
+    hosted.on_response(429, {"retry-after": "1"}, 0.2, sent_at=0.1)  # any answer will do
+    assert hosted.bulk_limit == full
+    assert control()  # and the whole limit handed on at once
