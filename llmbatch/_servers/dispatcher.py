@@ -716,6 +716,7 @@ class Dispatcher:
             )
         ]
         self._outcomes.answered(requests, values, now, prompt_parts, completion_parts)
+        self.server.answered_sequences += size * first.spec.n
         self.server.on_timing(
             first.priority, now - sent_at, max(completion_parts), now, first_token_at
         )

@@ -51,6 +51,8 @@ class MetricsSample:
     tpot_count: float | None = None
     ttft_sum: float | None = None
     ttft_count: float | None = None
+    finished: float | None = None
+    """Requests the engine has finished, in all (vLLM's ``request_success_total``)."""
 
 
 def _number(value: object) -> float | None:
@@ -137,4 +139,5 @@ def parse_metrics(text: str) -> MetricsSample | None:
         tpot_count=found.get("tpot_count"),
         ttft_sum=found.get("ttft_sum"),
         ttft_count=found.get("ttft_count"),
+        finished=found.get("finished"),
     )

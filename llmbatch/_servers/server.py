@@ -109,6 +109,14 @@ class Server:
         self.learnt_rate: tuple[int | None, int | None] | None = None
         """Requests and tokens a minute its answers state (``Health`` hands them to the
         scheduler, which paces by them when no ``RateLimit`` was given)."""
+        self.answered_sequences = 0
+        """Sequences whose answers came back from it (streams counted as they end)."""
+        self._finished_last: tuple[float, int] | None = None
+        """The engine's finished requests and this client's answered sequences at the
+        last ``/metrics`` read that had both."""
+        self._unsent = 0
+        """Sequences the engine has finished that this client has not had back, as
+        counted since the first such read."""
         self.generation_answered = False
         """It has answered a request this client sent it (any status)."""
         self._first_gate = False
@@ -312,6 +320,26 @@ class Server:
                 "unknown" if controller.step_time is None else f"{controller.step_time:.4f}s",
             )
         return changed
+
+    def _finished_unsent(self, sample: MetricsSample) -> int:
+        """Sequences the engine has finished that this client has not had back yet:
+        prompts of a batched answer waiting for the batch's last. Counted from read
+        to read (what the engine finished, less what came back), never below 0 (so
+        what was unsent before the first read is forgotten as it comes back) nor
+        above what is in flight (other clients' finished requests cannot make it
+        more). 0 where the server does not count what it finished."""
+        finished = sample.finished
+        if finished is None:
+            return 0
+        last = self._finished_last
+        answered = self.answered_sequences
+        self._finished_last = (finished, answered)
+        if last is None or finished < last[0]:  # (a restarted server counts afresh)
+            self._unsent = 0
+            return 0
+        grown = int(finished - last[0]) - (answered - last[1])
+        self._unsent = min(self.seats.in_flight, max(0, self._unsent + grown))
+        return self._unsent
 
     @property
     def awaits_first_answer(self) -> bool:
@@ -580,7 +608,7 @@ class Server:
             # Read with the gauges, not from the load header: an answer's header is
             # read as its sequence leaves, and a batch's arrive one by one.
             accepted = self.seats.in_flight - load.running - load.waiting
-            controller.on_api_queue(now, max(0, accepted))
+            controller.on_api_queue(now, max(0, accepted - self._finished_unsent(sample)))
         if sample.tpot_count is not None:
             # The histogram is there (even when no token was generated since the last
             # read): the server measures the step time better than answers can.

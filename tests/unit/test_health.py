@@ -249,3 +249,31 @@ def test_a_server_of_no_known_kind_gets_a_few_bulk_sequences_until_it_answers() 
     hosted.on_response(429, {"retry-after": "1"}, 0.2, sent_at=0.1)  # any answer will do
     assert hosted.bulk_limit == full
     assert control()  # and the whole limit handed on at once
+
+
+def test_prompts_a_batched_answer_still_holds_are_not_read_as_an_api_queue() -> None:
+    # 16 sequences in flight in two batches of 8; the engine runs 6 and has finished
+    # 10 it has not sent back (each batch waits for its last prompt): none of it
+    # waits in the API process.
+    from llmbatch._config import Priority
+    from llmbatch._servers.load import Load, MetricsSample
+
+    now = [0.0]
+    _, (a,) = fleet(1, now)
+
+    def read(running: int, finished: float) -> int | None:
+        sample = MetricsSample(load=Load(waiting=0, running=running), finished=finished)
+        unsent = a._finished_unsent(sample)
+        return max(0, a.seats.in_flight - running - unsent)
+
+    a.seats.book(Priority.BATCH, 16, 160)
+    assert read(16, 100.0) == 0  # the first read: the count starts here
+    assert read(6, 110.0) == 0  # 10 finished, none back: not queued anywhere
+    a.seats.book(Priority.BATCH, -8, -80)  # the first batch's answer
+    a.answered_sequences += 8
+    assert read(6, 110.0) == 0  # 2 finished of the second batch wait for the rest
+    a.seats.book(Priority.BATCH, 8, 80)  # a new batch, not yet in the engine
+    assert read(6, 110.0) == 8
+    # Another client's finished requests never make more unsent than is in flight.
+    assert read(0, 10_000.0) == 0
+    assert a._unsent == a.seats.in_flight

@@ -44,6 +44,8 @@ vllm:time_per_output_token_seconds_count{engine="0",model_name="m"} 250.0
 vllm:time_to_first_token_seconds_sum{model_name="m"} 3.0 1700000000000
 vllm:time_to_first_token_seconds_count{model_name="m"} 30.0
 vllm:e2e_request_latency_seconds_bucket{le="1.0",model_name="m"} 5.0
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 40.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 7.0
 process_cpu_seconds_total 3.5
 """
 
@@ -55,6 +57,7 @@ def test_metrics_gauges_are_summed_over_engines_and_latency_totals_kept() -> Non
     # Both names of the inter-token histogram are exported; one is read, not both.
     assert (sample.tpot_sum, sample.tpot_count) == (12.5, 250.0)
     assert (sample.ttft_sum, sample.ttft_count) == (3.0, 30.0)  # (a timestamp followed)
+    assert sample.finished == 47.0  # every finish reason
 
 
 def test_metrics_from_a_server_without_vllms_names_are_none() -> None:

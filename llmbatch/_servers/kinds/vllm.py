@@ -130,6 +130,9 @@ DIALECT = _VLLM(
         "vllm:time_per_output_token_seconds_count": "tpot_count",
         "vllm:time_to_first_token_seconds_sum": "ttft_sum",
         "vllm:time_to_first_token_seconds_count": "ttft_count",
+        # Requests finished by the engine (every finish reason): against what the
+        # client has had back, the prompts a batched answer still waits to send.
+        "vllm:request_success_total": "finished",
     },
 )
 """vLLM's rules."""
