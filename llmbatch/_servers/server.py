@@ -70,9 +70,9 @@ METRICS_INTERVAL = 0.5
 DETECT_TIMEOUT = 2.0
 #: A generation shorter than this says little about the server's step time.
 MIN_TOKENS_FOR_STEP_SAMPLE = 4
-#: Bulk sequences a server of no known kind (a hosted endpoint, a proxy) is sent until
-#: it first answers one: its answers say its rate limits, which a first burst of a
-#: whole bulk limit would meet blind. Realtime is not held.
+#: Bulk sequences a hosted endpoint (a model list owned by no engine llmbatch knows)
+#: is sent until it first answers one: its answers say its rate limits, which a first
+#: burst of a whole bulk limit would meet blind. Realtime is not held.
 FIRST_ANSWER_BULK = 8
 
 
@@ -119,6 +119,9 @@ class Server:
         counted since the first such read."""
         self.generation_answered = False
         """It has answered a request this client sent it (any status)."""
+        self.provider_owned = False
+        """Its model list names an owner that is no engine llmbatch knows: a hosted
+        endpoint or a proxy in front of one."""
         self._first_gate = False
         """Whether the bulk limit last handed on was held for the first answer."""
         self.learnt_remaining: tuple[float | None, float | None] | None = None
@@ -343,9 +346,10 @@ class Server:
 
     @property
     def awaits_first_answer(self) -> bool:
-        """A server of no known kind that has not answered a request yet: bulk is
-        held to :data:`FIRST_ANSWER_BULK` until its answer says its rate limits."""
-        return self.dialect is GENERIC and not self.generation_answered
+        """A hosted endpoint (:attr:`provider_owned`) that has not answered a request
+        yet: bulk is held to :data:`FIRST_ANSWER_BULK` until its answer says its rate
+        limits."""
+        return self.provider_owned and not self.generation_answered
 
     @property
     def bulk_limit(self) -> int:
@@ -527,6 +531,9 @@ class Server:
         about itself (its release; SGLang: how it orders priorities; llama.cpp: its
         slots). ``_servers`` has the rules and their sources."""
         dialect = kind_from_models(models) or GENERIC
+        # An owner named that is no engine's (OpenAI's "system", a provider's, a
+        # proxy's): a hosted endpoint, whose rate limits its first answer will say.
+        self.provider_owned = dialect is GENERIC and any(m.get("owned_by") for m in models)
         info = None if dialect.info_path is None else await self._get_json(dialect.info_path)
         self.dialect = dialect
         self.version = dialect.version(info)

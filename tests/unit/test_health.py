@@ -227,18 +227,22 @@ def test_metrics_are_read_after_work_that_came_and_went_between_two_looks() -> N
     trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-def test_a_server_of_no_known_kind_gets_a_few_bulk_sequences_until_it_answers() -> None:
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_hosted_endpoint_gets_a_few_bulk_sequences_until_it_answers() -> None:
     # A hosted endpoint's first answer says its rate limits: a first burst of the
     # whole bulk limit would meet them blind. Realtime is not held.
-    from llmbatch._servers.kinds import DIALECTS
     from llmbatch._servers.server import FIRST_ANSWER_BULK
 
     now = [0.0]
-    _, (hosted, vllm) = fleet(2, now)
-    vllm.dialect = DIALECTS[0]  # a server that said it is vLLM
+    _, (hosted, vllm, bare) = fleet(3, now)
+    await hosted.detect([{"id": "gpt-4o-mini", "owned_by": "system"}])  # OpenAI's
+    await vllm.detect([{"id": "m", "owned_by": "vllm"}])
+    await bare.detect([{"id": "m"}])  # says nothing of itself: not taken for hosted
     full = hosted.controller.limit
     assert full > FIRST_ANSWER_BULK
-    assert (hosted.bulk_limit, vllm.bulk_limit) == (FIRST_ANSWER_BULK, full)
+    limits = (hosted.bulk_limit, vllm.bulk_limit, bare.bulk_limit)
+    assert limits == (FIRST_ANSWER_BULK, full, full)
 
     def control() -> bool:
         return hosted.control(0.0, blocked=True, realtime_in_flight=0, bulk_in_flight=0)
