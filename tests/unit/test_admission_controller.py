@@ -125,6 +125,10 @@ def test_a_tpot_alone_bounds_the_first_token_too_and_says_it_derived_it() -> Non
     tpot_only = AdmissionController(ceiling=64, max_reserve=1, slo=SLO(tpot=0.05))
     state = tpot_only.state()
     assert state.slo == SLO(tpot=0.05, ttft=DERIVED_TTFT_STEPS * 0.05)
+    # Never under a tenth of a second: where a step is tiny beside a request's fixed
+    # cost, six steps would be under the idle server's own first token.
+    tiny = AdmissionController(ceiling=64, max_reserve=1, slo=SLO(tpot=0.002))
+    assert tiny.state().slo == SLO(tpot=0.002, ttft=0.1)
     assert state.slo_ttft_derived
     stated = AdmissionController(ceiling=64, max_reserve=1, slo=SLO(tpot=0.05, ttft=1.0))
     assert stated.state().slo == SLO(tpot=0.05, ttft=1.0)

@@ -100,10 +100,17 @@ def grid(caps: Iterable[int] = CAPS, batches: Iterable[int] = BATCH_SIZES) -> li
     return [Setting(cap, batch) for cap in caps for batch in sizes]
 
 
-#: The first token's bound the client derives for an SLO stated with ``tpot`` alone,
-#: in per-token times (``ServerStats.slo``; tests/bench/test_frontier.py holds the two
-#: equal, as the bench imports nothing private).
+#: The first token's bound the client derives for an SLO stated with ``tpot`` alone:
+#: this many per-token times, at least DERIVED_TTFT_MIN seconds (``ServerStats.slo``;
+#: tests/bench/test_frontier.py holds them equal, as the bench imports nothing private).
 DERIVED_TTFT_STEPS = 6.0
+DERIVED_TTFT_MIN = 0.1
+
+
+def derived_ttft(tpot: float) -> float:
+    """The first token's bound of an SLO stated with ``tpot`` alone, as the client
+    derives it."""
+    return max(DERIVED_TTFT_MIN, DERIVED_TTFT_STEPS * tpot)
 
 
 def slo_bound(ttft: float, tpot: float, tokens: int = REALTIME_TOKENS) -> float:

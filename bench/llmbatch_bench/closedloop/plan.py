@@ -223,7 +223,7 @@ def frontier(runner: Runner, contenders: list[str]) -> None:
     # With the per-token time alone the controller bounds the first token at what the
     # client derives from it, and every run is judged against that bound.
     tpot_only = c.frontier_slo == "tpot"
-    slo_ttft = sweep.DERIVED_TTFT_STEPS * slo_tpot if tpot_only else c.slo_factor * ttft.p50
+    slo_ttft = sweep.derived_ttft(slo_tpot) if tpot_only else c.slo_factor * ttft.p50
     context = {
         "slo_factor": c.slo_factor,
         "idle_ttft_s": ttft.p50,
