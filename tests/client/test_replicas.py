@@ -22,7 +22,10 @@ from llmbatch.transports import MockResponse, MockTransport
 from llmbatch_server.testing import SimulatorProcess, run_simulator, run_simulators
 
 MODEL = "sim-model"
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.slow_on_trio("simulators started, killed and restarted; backend-free logic"),
+]
 
 FAST = ("--zero-latency", "--model", MODEL)
 

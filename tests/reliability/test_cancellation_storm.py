@@ -72,6 +72,7 @@ class SlowFakeServer:
             self.open -= 1
 
 
+@pytest.mark.slow_on_trio("4 s of a thousand cancellations; trio's own run stays in CI")
 async def test_cancellation_storm_on_a_mock_transport() -> None:
     rng = random.Random(11)
     server = SlowFakeServer(seed=12)
