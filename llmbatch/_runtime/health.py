@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Collection
+from typing import TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -29,6 +30,8 @@ from llmbatch._servers.server import METRICS_INTERVAL, Server
 __all__ = ["Health"]
 
 logger = logging.getLogger("llmbatch")
+
+_N = TypeVar("_N", int, float)
 
 #: A server whose step time is this many times its peers' median is ejected (sent
 #: nothing) until a health probe and a trial batch re-admit it.
@@ -101,7 +104,7 @@ class Health:
             left = server.learnt_remaining
             if left is not None:
                 server.learnt_remaining = None
-                remaining = _lower_left(remaining, left)
+                remaining = _lower(remaining, left)
             if server.cooldown_until != -math.inf:
                 if now < server.cooldown_until:
                     seats.sendable = 0  # a 429 asked to wait: nothing goes before it ends
@@ -260,27 +263,14 @@ class Health:
                 server.eject(now, f"step time {step:.3f}s vs {median:.3f}s on its peers")
 
 
-def _lower_left(
-    a: tuple[float | None, float | None] | None, b: tuple[float | None, float | None]
-) -> tuple[float | None, float | None]:
-    """Each of ``a`` and ``b``, the lower where both say it."""
-    if a is None:
-        return b
-
-    def low(x: float | None, y: float | None) -> float | None:
-        return y if x is None else x if y is None else min(x, y)
-
-    return low(a[0], b[0]), low(a[1], b[1])
-
-
 def _lower(
-    a: tuple[int | None, int | None] | None, b: tuple[int | None, int | None]
-) -> tuple[int | None, int | None]:
-    """Each limit of ``a`` and ``b``, the lower where both state it."""
+    a: tuple[_N | None, _N | None] | None, b: tuple[_N | None, _N | None]
+) -> tuple[_N | None, _N | None]:
+    """Each of ``a`` and ``b`` (requests, tokens), the lower where both state it."""
     if a is None:
         return b
 
-    def low(x: int | None, y: int | None) -> int | None:
+    def low(x: _N | None, y: _N | None) -> _N | None:
         return y if x is None else x if y is None else min(x, y)
 
     return low(a[0], b[0]), low(a[1], b[1])
