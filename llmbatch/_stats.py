@@ -38,8 +38,9 @@ class Inference:
     name: str
     """``"queue"`` (the server's queue is real), ``"api_queue"`` (a queue in its API
     process is real), ``"seats"`` (what it runs at once), ``"step_time"``,
-    ``"slo_unreachable"`` or ``"slo_auto"`` (the default SLO's per-token target,
-    seconds)."""
+    ``"slo_unreachable"``, ``"slo_floor"`` (the bulk limit an SLO's cuts stop at: one
+    sequence, or a larger one tried and found faster for realtime) or ``"slo_auto"``
+    (the default SLO's per-token target, seconds)."""
     value: float | None
     """The belief now: seats, the step time in seconds, 1.0 for a real queue or an
     unreachable SLO, the most sequences the API process held; None when nothing is

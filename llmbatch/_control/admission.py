@@ -46,6 +46,10 @@ The rule (documented in docs/concepts.md#closed-loop-admission):
   HTTP request costs the API server a fixed amount: slices too small would queue
   bulk and realtime alike there), so each step carries about the prefill the limit
   needs and no wave forms (``pace``);
+- under an SLO, cuts stop at a floor: one sequence, unless the limit the cuts began
+  from was tried once the SLO looked out of reach there and found faster for
+  realtime (``_control/floor.py``: on some servers one bulk sequence is not their
+  fastest setting);
 - with the default ``slo="auto"``, the SLO above is one the client sets itself: 3x
   the latency it measured on the idle server, once realtime calls are seen, and none
   while they are not (``_control/auto.py``; docs/concepts.md, "The default SLO");
@@ -70,6 +74,7 @@ from typing import Literal
 from llmbatch._config import SLO
 from llmbatch._control.auto import MIN_TTFT, AutoTarget, Phase
 from llmbatch._control.evidence import Capacity, Persistence
+from llmbatch._control.floor import FloorTrial
 from llmbatch._stats import Inference
 
 __all__ = ["AdmissionController", "ControllerState", "Pace"]
@@ -347,6 +352,10 @@ class AdmissionController:
         self._answers_since_cut = AIM_HOLD
         self.slo_unreachable = False
         """At the floor and still over the SLO at the last update (see ControllerState)."""
+        self.floor_trial = FloorTrial()
+        """Under an SLO: the limit cuts stop at (one sequence, or a faster one tried)."""
+        self._cuts_began: float | None = None
+        """The limit the latest run of SLO cuts started from (None: the SLO held)."""
 
     # -- samples ---------------------------------------------------------------------
 
@@ -372,6 +381,7 @@ class AdmissionController:
         self._standing = Persistence()
         self._fresh = 0
         self._probe_until = self._next_probe = None
+        self.floor_trial.reset()
 
     def on_sent(self, now: float, prompts: int, prompt_tokens: int = 0, bulk: bool = False) -> None:
         """The client sent the server ``prompts`` sequences at ``now``, of about
@@ -421,15 +431,23 @@ class AdmissionController:
             if self.auto is not None:
                 self.auto.on_realtime_ttft(seconds)
 
-    def on_realtime_answer(self, ttft: float | None, tpot: float | None) -> None:
-        """Count a realtime answer against the SLO (what it measured, None if unknown)."""
+    def on_realtime_answer(
+        self, ttft: float | None, tpot: float | None, sent: float | None = None
+    ) -> None:
+        """Count a realtime answer against the SLO (what it measured, None if unknown;
+        ``sent``: when its request went out, where known)."""
         self._realtime_answered = True
         slo = self.slo
         if slo is None:
             return
-        missed = (slo.ttft is not None and ttft is not None and ttft > slo.ttft) or (
-            slo.tpot is not None and tpot is not None and tpot > slo.tpot
-        )
+        ratios = [
+            measured / bound
+            for measured, bound in ((ttft, slo.ttft), (tpot, slo.tpot))
+            if measured is not None and bound
+        ]
+        if ratios and sent is not None:
+            self.floor_trial.on_answer(sent, max(ratios), self._limit)
+        missed = any(ratio > 1.0 for ratio in ratios)
         if missed:
             self.slo_missed += 1
             self._aim_missed += 1
@@ -685,7 +703,18 @@ class AdmissionController:
             self._limit *= 0.5
             self._slow_start = False
         elif self.slo is not None:
-            self._follow_slo(now)
+            trial = self.floor_trial
+            moved = trial.update(
+                now,
+                self._limit,
+                unreachable=self.slo_unreachable,
+                began=self._cuts_began or self._limit,
+            )
+            if moved is not None:
+                self._limit = moved
+                self._slow_start = False
+            if not trial.trying and moved is None:
+                self._follow_slo(now)
         else:
             self._follow_queue(bulk_in_flight)
         self._probe_seats(now)
@@ -777,20 +806,28 @@ class AdmissionController:
         if not ratios:
             return
         ratio = min(ratios)
-        # Said in stats() rather than left as a limit sitting at 1 in silence, once
-        # it lasts: one slow spell at the floor is not a server too slow for the SLO.
+        floor = self.floor_trial.floor
+        # Said in stats() rather than left as a limit sitting at its floor in silence,
+        # once it lasts: one slow spell there is not a server too slow for the SLO.
         self.slo_unreachable = self._at_floor_over.observe(
-            now, ratio < 1.0 and self._limit <= 1.0, self.step_time, ratio
+            now, ratio < 1.0 and self._limit <= floor, self.step_time, ratio
         )
         running = self.running
         if ratio < 1.0:
+            if self._cuts_began is None:
+                self._cuts_began = self._limit
             # The latencies describe what runs on the server now. Sequences already
             # running cannot be recalled (vLLM does not preempt for priority), so the
             # limit shrinks from that count, not again and again while they drain.
+            # Never below the floor: where one sequence was tried against a larger
+            # limit and found slower, the larger one is the floor.
             base = self._limit if running is None else float(running)
-            self._limit = min(self._limit, base * max(MAX_SHRINK, ratio))
+            cut = min(self._limit, base * max(MAX_SHRINK, ratio))
+            self._limit = max(min(floor, self._limit), cut)
             self._slow_start = False
-        elif self._blocked and not held and (running is None or self._fresh >= FRESH_SAMPLES):
+            return
+        self._cuts_began = None
+        if self._blocked and not held and (running is None or self._fresh >= FRESH_SAMPLES):
             # Grow only once the server has run about what the limit allows for a
             # while: before that the step time shows a lighter load than the limit
             # will make, and sequences admitted too many cannot be recalled.
@@ -888,7 +925,7 @@ class AdmissionController:
             "slo_unreachable",
             1.0 if self.slo_unreachable else None,
             "learnt" if self.slo_unreachable else "none",
-            floor.describe("at one sequence, SLO over latency", step)
+            floor.describe(f"at {self.floor_trial.floor:g} sequences, SLO over latency", step)
             if floor.confirmed
             else "the SLO has been held, or bulk is above one sequence",
             floor.dismissed,
@@ -908,7 +945,14 @@ class AdmissionController:
                 else "not measured (the server reports no running and waiting gauges)",
                 api.dismissed,
             )
-        beliefs = (queue_belief, self.capacity.inference(), step_belief, unreachable, api_belief)
+        beliefs = (
+            queue_belief,
+            self.capacity.inference(),
+            step_belief,
+            unreachable,
+            api_belief,
+            self.floor_trial.inference(),
+        )
         auto = self.auto
         if auto is None:
             return beliefs

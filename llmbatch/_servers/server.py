@@ -286,7 +286,7 @@ class Server:
         if tier is Priority.REALTIME:
             if ttft is not None:
                 controller.on_ttft(ttft)
-            controller.on_realtime_answer(ttft, tpot)
+            controller.on_realtime_answer(ttft, tpot, sent=now - latency)
         else:
             controller.on_bulk_answer(tokens)
         if tpot is not None and signals.best(now, STEP_TIME_SOURCES) is source:

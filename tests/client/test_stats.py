@@ -168,6 +168,7 @@ async def test_a_stated_max_num_seqs_is_believed_and_caps_bulk_below_it() -> Non
         "step_time",
         "slo_unreachable",
         "api_queue",
+        "slo_floor",
         "slo_auto",  # the default SLO says what it aims at
     }
     assert server.slo_auto is not None
