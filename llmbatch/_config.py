@@ -300,6 +300,12 @@ class RateLimit:
     its share of the budget (the budget divided by the processes seen sharing it),
     ``"wait"`` sends nothing until Redis answers again. docs/shared-limits.md has
     the details.
+
+    With ``redis_url`` and ``key`` and no numbers, the budget is the one a hosted
+    provider's answers state (docs/hosted.md), learnt as without a ``RateLimit`` and
+    shared the same way: what one process learns, the others use before their own
+    answers say it. Either way, a 429 that asks to wait holds every process sharing
+    the key, not only the one it answered (they see it within a quarter of a second).
     """
 
     requests_per_minute: float | None = None
@@ -312,12 +318,11 @@ class RateLimit:
         for name in ("requests_per_minute", "tokens_per_minute"):
             _check_number("RateLimit", name, getattr(self, name), optional=True)
         _check_shared("RateLimit", self.redis_url, self.key, self.on_redis_error)
-        if self.redis_url is not None and not (self.requests_per_minute or self.tokens_per_minute):
-            raise ConfigError(
-                "RateLimit with redis_url needs requests_per_minute or tokens_per_minute "
-                "(the budget to share)",
-                field="redis_url",
-            )
+
+    @property
+    def stated(self) -> bool:
+        """Whether it states a budget (else it only names where learnt ones are shared)."""
+        return bool(self.requests_per_minute or self.tokens_per_minute)
 
     def __repr__(self) -> str:
         return _shared_repr(self, "requests_per_minute", "tokens_per_minute")

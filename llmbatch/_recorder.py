@@ -14,6 +14,7 @@ from llmbatch._config import Priority
 from llmbatch._stats import (
     Histogram,
     Percentiles,
+    RateStats,
     ServerStats,
     SharedStats,
     Stats,
@@ -306,9 +307,10 @@ class StatsRecorder:
         servers: tuple[ServerStats, ...] = (),
         shared: SharedStats | None = None,
         tenant_counts: Mapping[str, tuple[int, int]] | None = None,
+        rate: RateStats | None = None,
     ) -> Stats:
         """Freeze the counters; ``tenant_counts``: each named tenant's (queued, in
-        flight) now, from the scheduler."""
+        flight) now, from the scheduler; ``rate``: the rate budget in force."""
         uptime = max(0.0, now - self._started_at)
         window, requests_per_second, tokens_per_second = self._rates.per_second(
             now, self._started_at
@@ -344,6 +346,7 @@ class StatsRecorder:
             requests_per_second=requests_per_second,
             servers=servers,
             shared=shared,
+            rate=rate,
             tenants=tenants,
             other_tenants=other_tenants,
             structured=StructuredStats(

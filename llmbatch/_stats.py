@@ -18,6 +18,7 @@ __all__ = [
     "Inference",
     "Percentiles",
     "ProviderLimits",
+    "RateStats",
     "ServerStats",
     "SharedStats",
     "SignalSource",
@@ -372,6 +373,25 @@ class SharedStats(_Snapshot):
     """Sequences held for it in Redis (at least what it has in flight)."""
     seat_sharers: int | None
     """Processes (clients) holding a share of the in-flight budget."""
+    cooldowns_heard: int | None = None
+    """Waits a 429 asked of another process sharing the rate limit's key that held
+    this client too (None: no rate limit shared)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RateStats(_Snapshot):
+    """The rate budget the client paces what it sends by (``Stats.rate``)."""
+
+    requests_per_minute: float | None
+    """HTTP requests a minute it sends at most (None: not limited that way)."""
+    tokens_per_minute: float | None
+    """Tokens a minute (None: not limited that way)."""
+    source: str
+    """``"stated"`` (``rate_limit=``), ``"learnt"`` (a provider's answers' headers
+    stated it: the client spends 95 % of it) or ``"shared"`` (another process sharing
+    the ``RateLimit`` key learnt it)."""
+    evidence: str
+    """Where it comes from, in words."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -418,6 +438,8 @@ class Stats(_Snapshot):
     """Each server's admission state, in the order they were given (one per replica)."""
     shared: SharedStats | None = None
     """The budgets shared through Redis (None: the client shares none)."""
+    rate: RateStats | None = None
+    """The rate budget in force (None: none stated, none learnt)."""
     tenants: Mapping[str, TenantStats] = field(default_factory=dict)
     """Per named tenant (``tenant=``): those named in ``Client(tenants=...)`` always,
     others while active and for five minutes after. Calls without a tenant are in
@@ -471,9 +493,23 @@ def render(stats: Stats) -> str:
         f"bisections {stats.bisections:,}"
     )
     lines.append(f"tokens: {stats.prompt_tokens:,} prompt, {stats.completion_tokens:,} completion")
+    if stats.rate is not None:
+        lines.append(_rate(stats.rate))
     lines.extend(_server(server) for server in stats.servers)
     lines.extend(_tenants(stats))
     return "\n".join(lines)
+
+
+def _rate(rate: RateStats) -> str:
+    limits = [
+        f"{value:,.0f} {unit}/min"
+        for value, unit in (
+            (rate.requests_per_minute, "requests"),
+            (rate.tokens_per_minute, "tokens"),
+        )
+        if value
+    ]
+    return f"rate limit ({rate.source}): {', '.join(limits)}; {rate.evidence}"
 
 
 #: Tenants listed by name in the table (the busiest; the rest are summed).

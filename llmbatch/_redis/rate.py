@@ -72,6 +72,22 @@ class RateLeaser:
         self._member = member
         self._wake = wake
         self._now = clock
+        self._rates = self._caps = self._blocks = self._most = (0.0, 0.0)
+        self._buckets: list[tuple[int, LeasedBucket]] = []
+        self._due = anyio.Event()
+        self.retarget(limit, buckets)
+        self.sharers = 1
+        """Processes seen sharing the budget at the last lease."""
+        self.reachable: bool | None = None
+        """Whether the last call reached Redis (None: not tried yet)."""
+        self._mismatch_told = False
+        self.refusals = 0
+        """Lease calls the budget refused (come back later)."""
+
+    def retarget(self, limit: RateLimit, buckets: RateBuckets) -> None:
+        """Lease at ``limit``'s rates into ``buckets`` from now on (a budget learnt
+        from a provider's answers changed)."""
+        self._limit = limit
         rates = (
             (limit.requests_per_minute or 0.0) / 60.0,
             (limit.tokens_per_minute or 0.0) / 60.0,
@@ -81,7 +97,7 @@ class RateLeaser:
         self._caps = (max(1.0, rates[0]), rates[1])
         self._blocks = (max(1.0, round(rates[0] * BLOCK)), rates[1] * BLOCK)
         self._most = (max(1.0, round(rates[0] * MOST)), rates[1] * MOST)
-        self._buckets: list[tuple[int, LeasedBucket]] = []
+        self._buckets = []
         for index, bucket in enumerate(buckets):
             if bucket is None:
                 continue
@@ -89,14 +105,7 @@ class RateLeaser:
             bucket.low = self._blocks[index] / 2
             bucket.notify = self._poke
             self._buckets.append((index, bucket))
-        self._due = anyio.Event()
-        self.sharers = 1
-        """Processes seen sharing the budget at the last lease."""
-        self.reachable: bool | None = None
-        """Whether the last call reached Redis (None: not tried yet)."""
-        self._mismatch_told = False
-        self.refusals = 0
-        """Lease calls the budget refused (come back later)."""
+        self._poke()
 
     def _poke(self) -> None:
         self._due.set()

@@ -7,7 +7,7 @@ Their keys share a hash tag (``{key}``), so they live in one Redis Cluster slot.
 
 from __future__ import annotations
 
-__all__ = ["RATE_LEASE", "SEAT_LEASE", "rate_keys", "seat_keys"]
+__all__ = ["HOSTED_SHARE", "RATE_LEASE", "SEAT_LEASE", "hosted_keys", "rate_keys", "seat_keys"]
 
 
 def rate_keys(key: str) -> list[str]:
@@ -17,6 +17,11 @@ def rate_keys(key: str) -> list[str]:
         f"llmbatch:{{{key}}}:tokens",
         f"llmbatch:{{{key}}}:rate-sharers",
     ]
+
+
+def hosted_keys(key: str) -> list[str]:
+    """The limits a provider's answers stated, and the end of a 429's wait."""
+    return [f"llmbatch:{{{key}}}:learnt", f"llmbatch:{{{key}}}:cooldown"]
 
 
 def seat_keys(key: str) -> list[str]:
@@ -225,4 +230,27 @@ for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ttl) end
 table.insert(result, contended)
 table.insert(result, tostring(redis.call('ZCARD', KEYS[3])))
 return result
+"""
+
+
+# What processes sharing a rate limit's key tell each other of a hosted provider.
+# KEYS: the learnt limits (a hash: rpm, tpm), the cooldown (a key that expires when
+# the wait does).
+# ARGV: requests and tokens a minute learnt (0, 0: nothing new to say), the wait a
+# 429 asked for in ms (0: none; a longer one already set stays), seconds the learnt
+# limits are kept.
+# Returns: the learnt requests and tokens a minute ("0": none), the ms left of the
+# cooldown (negative: none).
+HOSTED_SHARE = """
+local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
+local wait_ms, keep = tonumber(ARGV[3]), tonumber(ARGV[4])
+if rpm > 0 or tpm > 0 then
+  redis.call('HSET', KEYS[1], 'rpm', rpm, 'tpm', tpm)
+  redis.call('EXPIRE', KEYS[1], keep)
+end
+if wait_ms > 0 and redis.call('PTTL', KEYS[2]) < wait_ms then
+  redis.call('SET', KEYS[2], '1', 'PX', wait_ms)
+end
+local got = redis.call('HMGET', KEYS[1], 'rpm', 'tpm')
+return {got[1] or '0', got[2] or '0', tostring(redis.call('PTTL', KEYS[2]))}
 """

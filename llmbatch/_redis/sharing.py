@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 import anyio
 from anyio.abc import TaskGroup
 
 from llmbatch._clock import Clock
 from llmbatch._config import RateLimit, SharedInFlight, TenantLimits
+from llmbatch._redis.hosted import CoolsDown, HostedSharing
 from llmbatch._redis.in_flight import SeatHolder, SeatLeaser
 from llmbatch._redis.link import RedisLink, require_redis
 from llmbatch._redis.rate import RateBuckets, RateLeaser
@@ -42,6 +43,7 @@ class SharedBudgets:
             require_redis()  # at the call that asks for it, not when the client opens
         self._links: dict[str, RedisLink] = {}
         self.rate: RateLeaser | None = None
+        self.hosted: HostedSharing | None = None
         self.seats: SeatLeaser | None = None
         # Unique per client, readable in Redis (which host and process holds what).
         self._member = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
@@ -56,9 +58,15 @@ class SharedBudgets:
         return link
 
     def start(
-        self, tg: TaskGroup, scheduler: Scheduler, wake: Callable[[], None], clock: Clock
+        self,
+        tg: TaskGroup,
+        scheduler: Scheduler,
+        wake: Callable[[], None],
+        clock: Clock,
+        servers: Callable[[], Collection[CoolsDown]] = tuple,
     ) -> None:
-        """Lease for ``scheduler`` in ``tg`` from now on."""
+        """Lease for ``scheduler`` in ``tg`` from now on (and share what ``servers``'
+        answers say of a hosted provider's limits)."""
 
         def rate(url: str, limit: RateLimit, buckets: RateBuckets) -> RateLeaser:
             leaser = RateLeaser(
@@ -82,9 +90,26 @@ class SharedBudgets:
 
         limit = self._rate_limit
         if limit is not None:
-            assert limit.redis_url is not None
-            assert scheduler.rate is not None
-            self.rate = rate(limit.redis_url, limit, scheduler.rate.buckets)
+            url, key = limit.redis_url, limit.key
+            assert url is not None
+            assert key is not None
+            if scheduler.rate is not None:  # stated numbers
+                self.rate = rate(url, limit, scheduler.rate.buckets)
+
+            def learnt(budget: RateLimit) -> None:
+                # A budget learnt from the provider's answers (here or in another
+                # process): leased from the shared one at its rates.
+                assert scheduler.rate is not None
+                if self.rate is None:
+                    self.rate = rate(url, budget, scheduler.rate.buckets)
+                else:
+                    self.rate.retarget(budget, scheduler.rate.buckets)
+
+            scheduler.on_rate_learnt = learnt
+            self.hosted = HostedSharing(
+                self._link(url), key, scheduler=scheduler, servers=servers, clock=clock, wake=wake
+            )
+            tg.start_soon(self.hosted.run)
         shared_tenants = scheduler.tenants.shared()
         for name, limits in self._tenants.items():
             tenant = shared_tenants[name]
@@ -143,4 +168,5 @@ class SharedBudgets:
             seats_allowed=seats.allowed if seats is not None else None,
             seats_held=seats.held[0] if seats is not None else None,
             seat_sharers=seats.sharers if seats is not None else None,
+            cooldowns_heard=None if self.hosted is None else self.hosted.heard_cooldowns,
         )

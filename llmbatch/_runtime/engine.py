@@ -397,6 +397,7 @@ class Engine:
             servers,
             None if self._shared_stats is None else self._shared_stats(),
             self._scheduler.tenants.counts(),
+            self._scheduler.rate_stats(),
         )
 
     def _signal_progress(self) -> None:

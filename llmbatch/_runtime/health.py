@@ -97,10 +97,12 @@ class Health:
         answers stated."""
         learnt: tuple[int | None, int | None] | None = None
         remaining: tuple[float | None, float | None] | None = None
+        stating: list[str] = []
         for server in live:
             seats = server.seats
             if server.learnt_rate is not None:
                 learnt = _lower(learnt, server.learnt_rate)
+                stating.append(server.replica.base_url)
             left = server.learnt_remaining
             if left is not None:
                 server.learnt_remaining = None
@@ -120,7 +122,8 @@ class Health:
                 tg.start_soon(self._probe, server, wake)
         if learnt is not None:
             # One budget for the client: the servers' lowest stated limits.
-            self._scheduler.learn_rate(*learnt)
+            evidence = f"the rate-limit headers of {', '.join(stating)}"
+            self._scheduler.learn_rate(*learnt, evidence=evidence)
         if remaining is not None:
             # And no more in hand than the latest answers say is left of it.
             self._scheduler.learn_remaining(now, *remaining)

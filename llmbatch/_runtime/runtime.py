@@ -163,7 +163,7 @@ class Runtime:
                 tg.start_soon(engine.run, tg)
             self.task_group = tg
             if self._shared:
-                self._shared.start(tg, scheduler, engine.wake, now)
+                self._shared.start(tg, scheduler, engine.wake, now, lambda: fleet.health.servers)
                 stack.push_async_callback(self._shared.aclose)
             self.map = MapRunner(self._submitter, tg)
             self.engine = engine

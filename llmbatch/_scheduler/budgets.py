@@ -38,6 +38,20 @@ class RateBudget:
             rate = rate_limit.tokens_per_minute / 60.0
             self.tokens = LeasedBucket() if shared else TokenBucket(rate, rate)
 
+    def keep_spent(self, old: RateBudget) -> None:
+        """Take over what ``old`` (the budget this one replaces) has spent: a bucket
+        keeps its level, within the new size; a leased one is kept whole (what it
+        holds was granted by the shared budget)."""
+        for name in ("requests", "tokens"):
+            new_bucket, old_bucket = getattr(self, name), getattr(old, name)
+            if new_bucket is None or old_bucket is None:
+                continue
+            if isinstance(new_bucket, LeasedBucket) and isinstance(old_bucket, LeasedBucket):
+                setattr(self, name, old_bucket)
+            else:
+                new_bucket.level = min(new_bucket.capacity, old_bucket.level)
+                new_bucket.updated = old_bucket.updated
+
     def clamp(self, now: float, requests: float | None, tokens: float | None) -> None:
         """A provider said what is left of its per-second budget (``requests`` and
         ``tokens`` a second's worth, None: not said): each bucket holds no more than

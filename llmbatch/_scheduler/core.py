@@ -57,7 +57,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmbatch._calls.request import Request, State
 from llmbatch._config import (
@@ -74,6 +74,7 @@ from llmbatch._scheduler.queues import Group, TierQueue
 from llmbatch._scheduler.routing import Router
 from llmbatch._scheduler.seats import Seats
 from llmbatch._scheduler.tenants import TenantBook
+from llmbatch._stats import RateStats
 
 __all__ = ["TIERS", "Batch", "Poll", "Scheduler"]
 
@@ -144,9 +145,21 @@ class Scheduler:
         # (deadline, seq, request) for every request with a deadline that has not left
         # the scheduler; entries of finished requests are dropped lazily.
         self._deadlines: list[tuple[float, int, Request]] = []
-        self.rate: RateBudget | None = None if rate_limit is None else RateBudget(rate_limit)
+        stated = rate_limit is not None and rate_limit.stated
+        self.rate: RateBudget | None = RateBudget(rate_limit) if stated and rate_limit else None
         """The rate limits (None: none set, nor learnt)."""
-        self._rate_stated = rate_limit is not None
+        self._rate_stated = stated
+        self.rate_shared = rate_limit if rate_limit is not None and rate_limit.redis_url else None
+        """Where rate limits are shared with other processes (Redis and a key), if
+        anywhere: a learnt budget is leased from there too."""
+        self._rate_in_force = rate_limit if stated else None
+        """The budget ``rate`` holds, as numbers."""
+        self._rate_said: tuple[str, str] | None = (
+            ("stated", "rate_limit= given to the client") if stated else None
+        )
+        """The rate budget's source and evidence, for stats()."""
+        self.on_rate_learnt: Callable[[RateLimit], None] | None = None
+        """Told each budget learnt where it is shared (it leases the new rates)."""
         self.rate_learnt: tuple[int | None, int | None] | None = None
         """Requests and tokens a minute a server's answers stated, in force when no
         ``RateLimit`` was given (None: none learnt)."""
@@ -326,24 +339,51 @@ class Scheduler:
             self._deadlines = [e for e in self._deadlines if e[2].state != _FINISHED]
             heapq.heapify(self._deadlines)
 
-    def learn_rate(self, requests_per_minute: int | None, tokens_per_minute: int | None) -> None:
+    def learn_rate(
+        self,
+        requests_per_minute: int | None,
+        tokens_per_minute: int | None,
+        *,
+        source: str = "learnt",
+        evidence: str = "",
+    ) -> None:
         """A server's answers state its rate limits (a hosted provider's headers): they
         pace what is sent, as a ``RateLimit`` of those numbers would, unless one was
-        given (then it is kept as given). A change of the numbers takes effect at once."""
+        given (then it is kept as given). A change of the numbers takes effect at once.
+        ``source`` and ``evidence``: where they come from, for stats()."""
         learnt = (requests_per_minute or None, tokens_per_minute or None)
         if self._rate_stated or learnt == self.rate_learnt or learnt == (None, None):
             return
         self.rate_learnt = learnt
+        spent = f"paced at {LEARNT_SHARE:.0%} of it"
+        self._rate_said = (source, f"{evidence}; {spent}" if evidence else spent)
         rpm, tpm = (None if x is None else max(1, int(x * LEARNT_SHARE)) for x in learnt)
-        fresh = RateBudget(RateLimit(requests_per_minute=rpm, tokens_per_minute=tpm), refunds=False)
+        shared = self.rate_shared
+        limit = (
+            RateLimit(requests_per_minute=rpm, tokens_per_minute=tpm)
+            if shared is None
+            else replace(shared, requests_per_minute=rpm, tokens_per_minute=tpm)
+        )
+        fresh = RateBudget(limit, refunds=False)
+        self._rate_in_force = limit
         old = self.rate
         if old is not None:
-            # What was spent stays spent: a bucket keeps its level, within the new size.
-            for new_bucket, old_bucket in zip(fresh.buckets, old.buckets, strict=True):
-                if new_bucket is not None and old_bucket is not None:
-                    new_bucket.level = min(new_bucket.capacity, old_bucket.level)
-                    new_bucket.updated = old_bucket.updated
+            fresh.keep_spent(old)
         self.rate = fresh
+        if shared is not None and self.on_rate_learnt is not None:
+            self.on_rate_learnt(limit)
+
+    def rate_stats(self) -> RateStats | None:
+        """The rate budget in force, where it comes from (None: none)."""
+        limit, said = self._rate_in_force, self._rate_said
+        if limit is None or said is None:
+            return None
+        return RateStats(
+            requests_per_minute=limit.requests_per_minute,
+            tokens_per_minute=limit.tokens_per_minute,
+            source=said[0],
+            evidence=said[1],
+        )
 
     def learn_remaining(self, now: float, requests: float | None, tokens: float | None) -> None:
         """A server's answer said what is left of its per-second budget (a second's

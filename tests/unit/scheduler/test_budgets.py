@@ -302,3 +302,48 @@ def test_a_learnt_budget_pays_what_the_provider_counted_beyond_the_estimate() ->
     assert learnt.tokens.level == 54  # a learnt one pays the provider's count
     learnt.correct(40, 20, counted=30)  # an overestimate: nothing back
     assert learnt.tokens.level == 54
+
+
+def test_a_shared_key_without_numbers_leases_what_is_learnt() -> None:
+    # RateLimit(redis_url, key) alone: no budget until a provider's answers state one;
+    # then it is a leased one at the learnt rates, and the leaser is told of each.
+    told: list[RateLimit] = []
+    s = scheduler(RateLimit(redis_url="redis://127.0.0.1:1", key="k"))
+    s.on_rate_learnt = told.append
+    assert s.rate is None
+    assert s.rate_stats() is None
+    s.learn_rate(6000, 90_000, evidence="the rate-limit headers of http://h/v1")
+    assert s.rate is not None
+    requests, tokens = s.rate.buckets
+    assert isinstance(requests, LeasedBucket)
+    assert isinstance(tokens, LeasedBucket)
+    assert [(t.requests_per_minute, t.tokens_per_minute, t.key) for t in told] == [
+        (5700, 85_500, "k")
+    ]
+    stats = s.rate_stats()
+    assert stats is not None
+    assert (stats.requests_per_minute, stats.tokens_per_minute, stats.source) == (
+        5700,
+        85_500,
+        "learnt",
+    )
+    assert stats.evidence == "the rate-limit headers of http://h/v1; paced at 95% of it"
+    # New numbers keep the leased stock: what the shared budget granted stays granted.
+    requests.credit(7.0, 0.0)
+    s.learn_rate(3000, 90_000, source="shared", evidence="learnt by another process")
+    assert s.rate.requests is requests
+    assert told[-1].requests_per_minute == 2850
+    stats = s.rate_stats()
+    assert stats is not None
+    assert stats.source == "shared"
+
+
+def test_a_stated_budget_is_not_replaced_by_what_is_learnt_and_says_it_was_stated() -> None:
+    told: list[RateLimit] = []
+    s = scheduler(SHARED)
+    s.on_rate_learnt = told.append
+    s.learn_rate(6000, None)
+    assert told == []
+    stats = s.rate_stats()
+    assert stats is not None
+    assert (stats.requests_per_minute, stats.source) == (600, "stated")
