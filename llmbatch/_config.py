@@ -283,8 +283,9 @@ class RateLimit:
     Both are token buckets refilled continuously, holding at most one second's worth
     (so a burst never exceeds about one second of budget). Batches leave in tier
     order: when the budget is short, realtime goes first and nothing overtakes it.
-    A batch larger than one second's token budget still goes once the bucket is
-    full, and the overdraft delays what follows, so the average holds.
+    A batch takes at most one second's token budget; a single request larger than
+    that still goes once the bucket is full, and the overdraft delays what follows,
+    so the average holds.
 
     With ``redis_url`` and ``key``, every process (and every client) that names the
     same key shares one budget, kept in Redis (``pip install 'llmbatch[redis]'``):

@@ -369,6 +369,7 @@ class Scheduler:
         old = self.rate
         if old is not None:
             fresh.keep_spent(old)
+            fresh.count_scale = old.count_scale
         self.rate = fresh
         if shared is not None and self.on_rate_learnt is not None:
             self.on_rate_learnt(limit)
@@ -663,8 +664,13 @@ class Scheduler:
         limit = min(policy.max_batch_size, room_seqs, group.head().spec.max_batch)
         tier = self._tiers[priority]
         step = seats.batch_prefill
+        most: float = policy.max_batch_tokens
+        if self.rate is not None:
+            most = min(most, self.rate.batch_room())
         if tier.tenanted and len(tier.families[group.family]) > 1:
-            return self._plan_mixed(tier, group, limit, room_tokens, busy, (paced, first), step)
+            return self._plan_mixed(
+                tier, group, limit, room_tokens, busy, (paced, first), step, most
+            )
         measure = pace is not None or step != math.inf
         count = tokens = prefill = 0
         for request in group.items:
@@ -673,7 +679,7 @@ class Scheduler:
             if count >= limit:
                 break
             cost = request.est_tokens
-            over_batch = count and tokens + cost > policy.max_batch_tokens
+            over_batch = count and tokens + cost > most
             # An oversize request may go alone, but only onto an otherwise idle server.
             over_room = tokens + cost > room_tokens and (count or busy)
             prompt = request.prefill_tokens if measure else 0
@@ -696,11 +702,13 @@ class Scheduler:
         busy: bool,
         paced: tuple[float, float],
         step: float = math.inf,
+        most: float = math.inf,
     ) -> tuple[int, int, list[Request]]:
         """A batch from ``first``'s family: each place goes to the tenant served least
         for its weight so far (counting what this batch already gives it), ``first``
         winning ties; within a tenant, oldest first. ``paced``: the prompt tokens its
-        pace lets go, for a second request on and for the first."""
+        pace lets go, for a second request on and for the first; ``most``: the most
+        estimated tokens a batch may take beside the policy's (a rate budget's)."""
         policy = tier.policy
         book = self.tenants
         members = tier.families[first.family]
@@ -718,7 +726,7 @@ class Scheduler:
         while heads and len(taken) < limit:
             served, order, queued, request, weight = heads[0]
             cost = request.est_tokens
-            over_batch = taken and tokens + cost > policy.max_batch_tokens
+            over_batch = taken and tokens + cost > min(most, policy.max_batch_tokens)
             over_room = tokens + cost > room_tokens and (taken or busy)
             measure = pace_room != math.inf or step != math.inf
             prompt = request.prefill_tokens if measure else 0

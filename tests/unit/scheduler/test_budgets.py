@@ -11,6 +11,7 @@ from factories import make_request as make
 from llmbatch import BatchPolicy, Limits, Priority, RateLimit
 from llmbatch._scheduler import Scheduler
 from llmbatch._scheduler.buckets import LeasedBucket, TokenBucket
+from llmbatch._scheduler.budgets import RateBudget
 
 RT, NORMAL = Priority.REALTIME, Priority.NORMAL
 SHARED = RateLimit(requests_per_minute=600, redis_url="redis://127.0.0.1:1", key="k")
@@ -347,3 +348,50 @@ def test_a_stated_budget_is_not_replaced_by_what_is_learnt_and_says_it_was_state
     stats = s.rate_stats()
     assert stats is not None
     assert (stats.requests_per_minute, stats.source) == (600, "stated")
+
+
+BIG = BatchPolicy(max_batch_size=64, max_wait=0.0, send_when_idle=False)
+
+
+def test_a_batch_takes_no_more_than_a_second_of_the_token_budget() -> None:
+    # 600 tokens a minute: 10 a second. Requests of 8 estimated tokens (a short
+    # prompt and max_tokens=6) go one to a batch, so that no batch sent on a full
+    # bucket is over the provider's per-second limit; before, all four went as one
+    # batch of 32 once the bucket was full.
+    s = Scheduler(
+        policies={p: BIG for p in Priority},
+        limits=Limits(),
+        rate_limit=RateLimit(tokens_per_minute=600),
+    )
+    requests = [make(NORMAL, prompt="hi", max_tokens=6) for _ in range(4)]
+    for request in requests:
+        s.add(request)
+    assert requests[0].est_tokens == 7
+    sizes = [len(batch.requests) for batch in s.poll(0.0).batches]
+    assert sizes == [1]
+    # A single request larger than a second's worth still goes, alone.
+    lone = Scheduler(
+        policies={p: BIG for p in Priority},
+        limits=Limits(),
+        rate_limit=RateLimit(tokens_per_minute=60),
+    )
+    lone.add(make(NORMAL, prompt="hi", max_tokens=6))
+    assert len(lone.poll(0.0).batches) == 1
+
+
+def test_a_learnt_budget_charges_what_the_provider_counts_once_it_has_seen_it() -> None:
+    # The provider counts 30 tokens where the client estimates 20 (a chat template's
+    # tokens): after a few answers every charge is scaled to its count, and a batch
+    # holds what a second's worth pays for in those terms.
+    budget = RateBudget(RateLimit(tokens_per_minute=60_000), refunds=False)
+    assert budget.charge(20) == 20
+    assert budget.batch_room() == pytest.approx(1000)
+    for _ in range(30):
+        budget.correct(20, 25, counted=30)
+    assert budget.count_scale == pytest.approx(1.5, abs=0.01)
+    assert budget.charge(20) == 30
+    assert budget.batch_room() == pytest.approx(1000 / 1.5, rel=0.01)
+    # A stated budget (refunds) charges the estimate and gives back what was unused.
+    stated = RateBudget(RateLimit(tokens_per_minute=60_000))
+    stated.correct(20, 25, counted=30)
+    assert stated.count_scale == 1.0
