@@ -39,9 +39,11 @@ class RateBudget:
         paid only when each answer came back: a bucket's worth of requests sent at
         once would be that much over the provider's limit (on the simulator playing
         OpenAI's limiter, 13-15 of every burst of 60 were refused)."""
-        self.second = (rate_limit.tokens_per_minute or math.inf) / 60.0
-        """A second's worth of the token budget (``inf``: tokens are not limited)."""
         shared = rate_limit.redis_url is not None
+        self.second = (rate_limit.tokens_per_minute or math.inf) / 60.0 * (0.5 if shared else 1.0)
+        """The most a batch may take of the token budget: a second's worth (``inf``:
+        tokens are not limited), half of it where the budget is shared (the most a
+        lease holds), so that processes sharing it send in turns of half a second."""
         self.requests: TokenBucket | None = None
         self.tokens: TokenBucket | None = None
         # At most one second's worth in a bucket caps any burst (a shared budget caps

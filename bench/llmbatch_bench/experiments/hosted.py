@@ -2,11 +2,17 @@
 
     python -m llmbatch_bench.experiments.hosted --json out.json
     python -m llmbatch_bench.experiments.hosted --conversations 3000 --rpm 6000 --tpm 90000
+    python -m llmbatch_bench.experiments.hosted --processes 2 --third-party 0.5
 
-No ``RateLimit`` is stated: whatever the client does about the limit it learns from
-the answers. Each HTTP answer's status is recorded by the wire log's transport
-around llmbatch's own, so the report counts the 429s per second as the server gave them,
-and every conversation's outcome.
+No ``RateLimit`` numbers are stated: whatever the client does about the limit it
+learns from the answers. With ``--processes N`` the conversations are split over N
+worker processes that share ``RateLimit(redis_url=..., key=...)`` through a real
+redis-server (what one learns, the others use; a 429's wait holds them all). With
+``--third-party F`` another process, an app that knows nothing of llmbatch's key,
+spends F of both limits (its own stated ``RateLimit``) for as long as the map runs:
+the map's processes see it only through the provider's ``remaining``. Each HTTP
+answer's status is recorded by the wire log's transport around llmbatch's own, so
+the report counts the 429s as the server gave them, and every conversation's outcome.
 """
 
 from __future__ import annotations
@@ -15,64 +21,251 @@ import argparse
 import asyncio
 import collections
 import json
+import subprocess
 import sys
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import llmbatch
 from llmbatch_bench.closedloop.wirelog import RecordingTransport, aiohttp_transport
 from llmbatch_server.testing import run_simulator
 
+__all__ = ["main"]
+
 #: Seconds after which the steady rate is measured (the issue's first 10 s).
 STEADY_AFTER = 10.0
 
 
-async def _run(url: str, conversations: int, max_tokens: int, rpm: int, tpm: int) -> dict[str, Any]:
+async def _run_client(
+    url: str,
+    conversations: int,
+    max_tokens: int,
+    rate_limit: llmbatch.RateLimit | None,
+    *,
+    first: int = 0,
+    seconds: float | None = None,
+    stop: asyncio.Event | None = None,
+) -> dict[str, Any]:
+    """One client's map (until ``seconds`` pass or ``stop`` is set, if given); its
+    POSTs as (sent, done, outcome) in epoch seconds."""
     transport = RecordingTransport(aiohttp_transport())
-    origin = time.monotonic()
-    async with llmbatch.Client(url, transport=transport) as client:
-        inputs: list[Any] = [
-            [{"role": "user", "content": f"question {i} please"}] for i in range(conversations)
-        ]
+    epoch = time.time() - time.monotonic()
+    answered = failed = 0
+    async with llmbatch.Client(url, transport=transport, rate_limit=rate_limit) as client:
+        inputs: Iterator[Any] = (
+            [{"role": "user", "content": f"question {i} please"}]
+            for i in range(first, first + conversations)
+        )
         started = time.perf_counter()
-        results = await client.map(inputs, max_tokens=max_tokens)
+
+        async def drain() -> None:
+            nonlocal answered, failed
+            async for _, result in client.map_unordered(inputs, max_tokens=max_tokens):
+                if result.error is None:
+                    answered += 1
+                else:
+                    failed += 1
+
+        mapping = asyncio.ensure_future(drain())
+        waits: set[asyncio.Future[Any]] = {mapping}
+        if stop is not None:
+            waits.add(asyncio.ensure_future(stop.wait()))
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        for waiting in waits:
+            waiting.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
         wall = time.perf_counter() - started
         stats = client.stats()
-        server = stats.servers[0]
-    posts = [e for e in transport.log if e.method == "POST"]
-    per_second: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0])
-    for e in posts:
-        per_second[int(e.done - origin)][0 if e.outcome == "200" else 1] += 1
-    refused = sum(1 for e in posts if e.outcome == "429")
-    answered = sum(r.error is None for r in results)
-    # The binding limit in conversations a second: requests, or tokens as the
-    # provider counts them (the prompt's, from the usage, and max_tokens).
-    per_conversation = stats.prompt_tokens / max(1, answered) + max_tokens
-    binding = min(rpm / 60, tpm / 60 / per_conversation)
-    ok_times = sorted(e.done - origin for e in posts if e.outcome == "200")
-    steady = [t for t in ok_times if t >= STEADY_AFTER]
-    steady_rate = (len(steady) - 1) / (steady[-1] - steady[0]) if len(steady) > 1 else None
+    server = stats.servers[0]
+    shared = stats.shared
     return {
-        "conversations": conversations,
-        "wall_s": round(wall, 2),
+        "posts": [
+            [e.sent + epoch, e.done + epoch, e.outcome] for e in transport.log if e.method == "POST"
+        ],
         "answered": answered,
-        "failed": sum(r.error is not None for r in results),
-        "http_requests": len(posts),
-        "http_429": refused,
-        "share_429": round(refused / max(1, len(posts)), 4),
-        "conversations_per_s": round(conversations / wall, 2),
-        "binding_per_s": round(binding, 2),
-        "steady_per_s": None if steady_rate is None else round(steady_rate, 2),
-        "steady_share": None if steady_rate is None else round(steady_rate / binding, 3),
-        "http_429_first_second": sum(
-            1 for e in posts if e.outcome == "429" and e.done - origin < 1
-        ),
-        "per_second_ok_429": {str(k): v for k, v in sorted(per_second.items())},
+        "failed": failed,
+        "wall_s": round(wall, 2),
+        "prompt_tokens": stats.prompt_tokens,
+        "rate": None if stats.rate is None else stats.rate.model_dump(mode="json"),
+        "cooldowns_heard": None if shared is None else shared.cooldowns_heard,
         "provider_limits": None
         if server.provider_limits is None
         else server.provider_limits.model_dump(mode="json"),
     }
+
+
+def _summary(
+    reports: list[dict[str, Any]],
+    third: dict[str, Any] | None,
+    *,
+    conversations: int,
+    max_tokens: int,
+    rpm: int,
+    tpm: int,
+    share: float,
+) -> dict[str, Any]:
+    """The map's processes together: 429s, the rate after the first 10 s against
+    what the limit leaves them (``share`` of it: all of it but a third party's)."""
+    posts = [p for r in reports for p in r["posts"]]
+    origin = min(p[0] for p in posts)
+    answered = sum(r["answered"] for r in reports)
+    refused = sum(1 for p in posts if p[2] == "429")
+    per_second: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for sent, _, outcome in posts:
+        per_second[int(sent - origin)][0 if outcome == "200" else 1] += 1
+    # The binding limit in conversations a second: requests, or tokens as the
+    # provider counts them (the prompt's, from the usage, and max_tokens).
+    prompt_tokens = sum(r["prompt_tokens"] for r in reports)
+    per_conversation = prompt_tokens / max(1, answered) + max_tokens
+    binding = share * min(rpm / 60, tpm / 60 / per_conversation)
+    ok_times = sorted(p[1] - origin for p in posts if p[2] == "200")
+    steady = [t for t in ok_times if t >= STEADY_AFTER]
+    steady_rate = (len(steady) - 1) / (steady[-1] - steady[0]) if len(steady) > 1 else None
+    wall = max(p[1] for p in posts) - origin
+    out: dict[str, Any] = {
+        "conversations": conversations,
+        "processes": len(reports),
+        "wall_s": round(wall, 2),
+        "answered": answered,
+        "failed": sum(r["failed"] for r in reports),
+        "http_requests": len(posts),
+        "http_429": refused,
+        "share_429": round(refused / max(1, len(posts)), 4),
+        "conversations_per_s": round(answered / wall, 2),
+        "binding_per_s": round(binding, 2),
+        "steady_per_s": None if steady_rate is None else round(steady_rate, 2),
+        "steady_share": None if steady_rate is None else round(steady_rate / binding, 3),
+        "http_429_first_second": sum(1 for p in posts if p[2] == "429" and p[1] - origin < 1),
+        "per_second_ok_429": {str(k): v for k, v in sorted(per_second.items())},
+        "per_process_ok_429": [
+            {
+                str(k): v
+                for k, v in sorted(
+                    collections.Counter((int(p[0] - origin), p[2]) for p in r["posts"]).items()
+                )
+            }
+            for r in reports
+        ]
+        if len(reports) > 1
+        else None,
+        "rates": [r["rate"] for r in reports],
+        "cooldowns_heard": [r["cooldowns_heard"] for r in reports],
+        "provider_limits": reports[0]["provider_limits"],
+    }
+    if third is not None:
+        theirs = third["posts"]
+        out["third_party"] = {
+            "share": round(1 - share, 3),
+            "answered": third["answered"],
+            "http_requests": len(theirs),
+            "http_429": sum(1 for p in theirs if p[2] == "429"),
+        }
+    return out
+
+
+def _spawn(args: list[str], *, stdin: int | None = None) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "llmbatch_bench.experiments.hosted", "--worker", *args]
+    return subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, text=True)
+
+
+def _report(worker: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    stdout, _ = worker.communicate(timeout=timeout)
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if worker.returncode != 0 or not lines:
+        raise RuntimeError(f"a worker failed (exit {worker.returncode})")
+    report: dict[str, Any] = json.loads(lines[-1])
+    return report
+
+
+def _worker(args: argparse.Namespace) -> int:
+    rate_limit = None
+    if args.third_rpm or args.third_tpm:
+        rate_limit = llmbatch.RateLimit(
+            requests_per_minute=args.third_rpm or None, tokens_per_minute=args.third_tpm or None
+        )
+    elif args.redis_url:
+        rate_limit = llmbatch.RateLimit(redis_url=args.redis_url, key=args.key)
+
+    async def run() -> dict[str, Any]:
+        stop = asyncio.Event()
+        if args.until_stdin_closes:
+            # The third party: it stops, and says what it did, when the map is done
+            # (its parent closes its stdin then).
+            reader = asyncio.StreamReader()
+            await asyncio.get_running_loop().connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(reader), sys.stdin
+            )
+
+            async def watch() -> None:
+                await reader.read()
+                stop.set()
+
+            watching = asyncio.ensure_future(watch())
+        report = await _run_client(
+            args.base_url,
+            args.conversations,
+            args.max_tokens,
+            rate_limit,
+            first=args.first,
+            seconds=args.seconds,
+            stop=stop,
+        )
+        if args.until_stdin_closes:
+            watching.cancel()
+        return report
+
+    print(json.dumps(asyncio.run(run())), flush=True)
+    return 0
+
+
+def _measure(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
+    share = 1.0 - args.third_party
+    if args.processes == 1 and not args.third_party:
+        report = asyncio.run(_run_client(base_url, args.conversations, args.max_tokens, None))
+        return _summary(
+            [report], None, conversations=args.conversations, max_tokens=args.max_tokens,
+            rpm=args.rpm, tpm=args.tpm, share=share,
+        )  # fmt: skip
+    from contextlib import ExitStack
+
+    from llmbatch_server.redis_process import run_redis
+
+    with ExitStack() as stack:
+        common = ["--base-url", base_url, "--max-tokens", str(args.max_tokens)]
+        redis: list[str] = []
+        if args.processes > 1:
+            server = stack.enter_context(run_redis())
+            redis = ["--redis-url", server.url, "--key", f"hosted-{uuid.uuid4().hex[:8]}"]
+        third = None
+        if args.third_party:
+            # For as long as the map runs (an hour at most).
+            third = _spawn([
+                *common, "--conversations", str(10**9), "--first", str(10**8),
+                "--seconds", "3600", "--until-stdin-closes",
+                "--third-rpm", str(round(args.third_party * args.rpm)),
+                "--third-tpm", str(round(args.third_party * args.tpm)),
+            ], stdin=subprocess.PIPE)  # fmt: skip
+            time.sleep(3.0)  # it is spending when the map starts
+        part = -(-args.conversations // args.processes)
+        workers = []
+        for i in range(args.processes):
+            count = min(part, args.conversations - i * part)
+            workers.append(
+                _spawn([*common, *redis, "--conversations", str(count), "--first", str(i * part)])
+            )
+        reports = [_report(w, timeout=3600) for w in workers]
+        third_report = None
+        if third is not None:
+            assert third.stdin is not None
+            third.stdin.close()
+            third.stdin = None  # (closed: communicate() leaves it be)
+            third_report = _report(third, timeout=60)
+    return _summary(
+        reports, third_report, conversations=args.conversations, max_tokens=args.max_tokens,
+        rpm=args.rpm, tpm=args.tpm, share=share,
+    )  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -89,18 +282,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="openai",
         help="whose rate-limit headers the simulator sends (default: openai)",
     )
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="worker processes sharing a RateLimit key through Redis (default: 1, in process)",
+    )
+    p.add_argument(
+        "--third-party",
+        type=float,
+        default=0.0,
+        help="the share of both limits another app spends meanwhile (default: 0)",
+    )
     p.add_argument("--speed", default="50", help="the simulator's speed (default: 50)")
     p.add_argument("--json", help="write the result here")
+    # A worker process's own arguments (internal).
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--base-url", help=argparse.SUPPRESS)
+    p.add_argument("--redis-url", help=argparse.SUPPRESS)
+    p.add_argument("--key", help=argparse.SUPPRESS)
+    p.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--third-rpm", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--third-tpm", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--until-stdin-closes", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.worker:
+        return _worker(args)
+    if args.processes < 1 or not 0 <= args.third_party < 1:
+        p.error("--processes must be at least 1 and --third-party within [0, 1)")
     sim_args = [
         "--speed", args.speed, "--no-chat-batch",
         "--rate-limit-rpm", str(args.rpm), "--rate-limit-tpm", str(args.tpm),
         "--rate-limit-headers", args.headers,
     ]  # fmt: skip
     with run_simulator(*sim_args) as sim:
-        result = asyncio.run(
-            _run(sim.base_url, args.conversations, args.max_tokens, args.rpm, args.tpm)
-        )
+        result = _measure(args, sim.base_url)
     result["command"] = " ".join(
         ["python -m llmbatch_bench.experiments.hosted", *(argv or sys.argv[1:])]
     )

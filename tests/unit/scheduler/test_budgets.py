@@ -395,3 +395,12 @@ def test_a_learnt_budget_charges_what_the_provider_counts_once_it_has_seen_it() 
     stated = RateBudget(RateLimit(tokens_per_minute=60_000))
     stated.correct(20, 25, counted=30)
     assert stated.count_scale == 1.0
+
+
+def test_a_shared_budget_lets_a_batch_take_half_a_second_of_it() -> None:
+    # Processes sharing a budget send in turns of half a second (the most a lease
+    # holds), not one whole second's worth each at once: those met at the provider.
+    shared = RateBudget(RateLimit(tokens_per_minute=60_000, redis_url="redis://h", key="k"))
+    local = RateBudget(RateLimit(tokens_per_minute=60_000))
+    assert shared.batch_room() == pytest.approx(500)
+    assert local.batch_room() == pytest.approx(1000)
