@@ -128,6 +128,7 @@ def test_load_stays_zero_without_tracking() -> None:
         assert http.get("/load").json() == {"server_load": 0}
 
 
+@pytest.mark.slow  # a simulator of its own and a 2 s outage (CI's slow stage)
 def test_outage_by_flag_refuses_then_recovers() -> None:
     with run_simulator(
         "--outage-mode", "refuse", "--outage-after", "1.5", "--outage-seconds", "1.5"

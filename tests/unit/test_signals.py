@@ -53,12 +53,15 @@ SERVERS = [
         {"load_header", "metrics_gauges", "answer_latency"},
         "answer_latency",
         id="gauges-only",
+        # A real simulator each, ~4 s: the other kinds run in CI's slow stage.
+        marks=pytest.mark.slow,
     ),
     pytest.param(
         ("--metrics", "none", "--no-load-header"),
         {"answer_latency"},
         "answer_latency",
         id="reports-nothing",
+        marks=pytest.mark.slow,
     ),
 ]
 
