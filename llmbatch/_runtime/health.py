@@ -55,6 +55,8 @@ class Health:
         self._now = clock
         self._on_back = on_back
         self._servers: dict[int, Server] = {}
+        self._refused: dict[int, int] = {}
+        """Each server's 429s as last seen."""
         self._senders: dict[int, Dispatcher] = {}
 
     def join(self, server: Server, sender: Dispatcher) -> None:
@@ -98,8 +100,12 @@ class Health:
         learnt: tuple[int | None, int | None] | None = None
         remaining: tuple[float | None, float | None] | None = None
         stating: list[str] = []
+        refused = False
         for server in live:
             seats = server.seats
+            if server.refused != self._refused.get(server.index, 0):
+                self._refused[server.index] = server.refused
+                refused = True
             if server.learnt_rate is not None:
                 learnt = _lower(learnt, server.learnt_rate)
                 stating.append(server.replica.base_url)
@@ -127,6 +133,9 @@ class Health:
         if remaining is not None:
             # And no more in hand than the latest answers say is left of it.
             self._scheduler.learn_remaining(now, *remaining)
+        # A 429 with a learnt budget: others spend the same key (the budget is slowed
+        # down, and speeds up again while none comes).
+        self._scheduler.rate_answered(now, refused=refused)
 
     def control(self, now: float, live: list[Server], blocked: frozenset[int]) -> bool:
         """Feed each server's controller and apply its limit; True if one grew."""

@@ -17,6 +17,15 @@ from llmbatch._scheduler.buckets import LeasedBucket, TokenBucket
 __all__ = ["RateBudget", "SharedAllowance", "settle_credit"]
 
 
+#: A learnt budget's rate after 429s: cut to this share of itself (the 429s of one
+#: burst, within CUT_SPACING seconds, count once), never below SLOWEST of the rate
+#: learnt; raised by RAISE of it every second from RAISE_AFTER seconds after the last.
+CUT = 0.75
+CUT_SPACING = 1.0
+SLOWEST = 0.1
+RAISE = 0.05
+RAISE_AFTER = 3.0
+
 #: How fast the provider's count over the client's estimate is learnt (an EWMA weight
 #: per answer), and the range it is held to.
 COUNT_WEIGHT = 0.2
@@ -26,7 +35,17 @@ COUNT_RANGE = (0.5, 4.0)
 class RateBudget:
     """The requests-per-minute and tokens-per-minute buckets (either may be unset)."""
 
-    __slots__ = ("count_scale", "refunds", "requests", "second", "tokens")
+    __slots__ = (
+        "_base",
+        "_cut_until",
+        "_raise_at",
+        "count_scale",
+        "refunds",
+        "requests",
+        "second",
+        "speed",
+        "tokens",
+    )
 
     def __init__(self, rate_limit: RateLimit, *, refunds: bool = True) -> None:
         self.refunds = refunds
@@ -54,11 +73,45 @@ class RateBudget:
         if rate_limit.tokens_per_minute:
             rate = rate_limit.tokens_per_minute / 60.0
             self.tokens = LeasedBucket() if shared else TokenBucket(rate, rate)
+        self._base = tuple(0.0 if b is None else b.rate for b in self.buckets)
+        self.speed = 1.0
+        """Without refunds (a learnt budget): the share of its rate the client spends
+        now, cut by 429s (others spend the same key) and raised while none comes."""
+        self._cut_until = self._raise_at = -math.inf
+
+    def refused(self, now: float) -> None:
+        """A 429 came: slow down (once for the 429s of one burst)."""
+        if self.refunds or now < self._cut_until:
+            return
+        self._cut_until = now + CUT_SPACING
+        self._raise_at = now + RAISE_AFTER
+        self._set_speed(max(SLOWEST, self.speed * CUT))
+
+    def recover(self, now: float) -> None:
+        """No 429 came lately: speed up again, a step a second, up to the whole rate."""
+        if self.refunds or self.speed >= 1.0 or now < self._raise_at:
+            return
+        self._raise_at = now + 1.0
+        self._set_speed(min(1.0, self.speed + RAISE))
+
+    def _set_speed(self, speed: float) -> None:
+        self.speed = speed
+        for bucket, base in zip(self.buckets, self._base, strict=True):
+            if bucket is None or isinstance(bucket, LeasedBucket) or not base:
+                continue
+            bucket.rate = base * speed
+            bucket.capacity = max(1.0, bucket.rate) if bucket is self.requests else bucket.rate
+            bucket.level = min(bucket.level, bucket.capacity)
 
     def keep_spent(self, old: RateBudget) -> None:
         """Take over what ``old`` (the budget this one replaces) has spent: a bucket
         keeps its level, within the new size; a leased one is kept whole (what it
-        holds was granted by the shared budget)."""
+        holds was granted by the shared budget); and what it learnt of the
+        provider's count and of others spending the same key."""
+        self.count_scale = old.count_scale
+        self._cut_until, self._raise_at = old._cut_until, old._raise_at
+        if old.speed != 1.0:
+            self._set_speed(old.speed)
         for name in ("requests", "tokens"):
             new_bucket, old_bucket = getattr(self, name), getattr(old, name)
             if new_bucket is None or old_bucket is None:
@@ -88,7 +141,7 @@ class RateBudget:
         budget pays for. Providers enforce a minute's limit per second; a larger batch,
         sent once the bucket is full, would be over their limit by the difference
         (a single request larger than that still goes alone)."""
-        return self.second / self.count_scale
+        return self.second * self.speed / self.count_scale
 
     def charge(self, tokens: int) -> int:
         """What a batch the client estimates at ``tokens`` costs the token budget."""

@@ -369,10 +369,21 @@ class Scheduler:
         old = self.rate
         if old is not None:
             fresh.keep_spent(old)
-            fresh.count_scale = old.count_scale
         self.rate = fresh
         if shared is not None and self.on_rate_learnt is not None:
             self.on_rate_learnt(limit)
+
+    def rate_answered(self, now: float, *, refused: bool) -> None:
+        """Whether a 429 came since the last call: a learnt budget slows down for it
+        (another process or app spends the same key) and speeds up again while none
+        comes (:meth:`RateBudget.refused`). A stated ``RateLimit`` is kept as given."""
+        rate = self.rate
+        if self._rate_stated or rate is None:
+            return
+        if refused:
+            rate.refused(now)
+        else:
+            rate.recover(now)
 
     def rate_stats(self) -> RateStats | None:
         """The rate budget in force, where it comes from (None: none)."""

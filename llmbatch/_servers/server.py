@@ -125,6 +125,8 @@ class Server:
         self._first_gate = False
         """Whether the bulk limit last handed on was held for the first answer."""
         self.learnt_remaining: tuple[float | None, float | None] | None = None
+        self.refused = 0
+        """Answers with status 429 (over the provider's rate) so far."""
         """What the latest answer said is left of those limits, in a second's worth
         of requests and tokens, until ``Health`` hands it to the scheduler (None:
         nothing new)."""
@@ -448,6 +450,7 @@ class Server:
             if learnt is not None:
                 self.learnt_remaining = _per_second_left(limits, learnt)
         if status == 429:
+            self.refused += 1
             wait = retry_after(headers)
             if wait:
                 # Every batch for this server waits it out, not only the one refused:

@@ -148,6 +148,28 @@ def test_the_lowest_limits_the_servers_state_pace_the_client() -> None:
     assert scheduler.rate.tokens is None
 
 
+def test_a_429_slows_a_learnt_budget_down_once_and_quiet_speeds_it_up() -> None:
+    now = [0.0]
+    health, (a,) = fleet(1, now)
+    limits = {
+        "x-ratelimit-limit-requests": "600",
+        "x-ratelimit-remaining-requests": "599",
+        "x-ratelimit-reset-requests": "100ms",
+    }
+    a.on_response(200, limits, 0.0, sent_at=0.0)
+    health.sync(0.0, health.live(), tg=None, wake=lambda: None)  # type: ignore[arg-type]
+    rate = health._scheduler.rate
+    assert rate is not None
+    assert rate.speed == 1.0
+    a.on_response(429, limits, 0.1, sent_at=0.0)
+    health.sync(0.1, health.live(), tg=None, wake=lambda: None)  # type: ignore[arg-type]
+    health.sync(0.2, health.live(), tg=None, wake=lambda: None)  # type: ignore[arg-type]
+    assert rate.speed == pytest.approx(0.75)  # once: no new 429 at the second look
+    for k in range(1, 40):
+        health.sync(0.2 + k, health.live(), tg=None, wake=lambda: None)  # type: ignore[arg-type]
+    assert rate.speed == 1.0
+
+
 def test_what_an_answer_says_is_left_caps_what_the_client_holds() -> None:
     # Another process spends the same key: the provider's per-second bucket holds 6
     # of its 10 requests and 200 of its 1,500 tokens; the client's learnt buckets,

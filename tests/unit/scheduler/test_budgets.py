@@ -404,3 +404,34 @@ def test_a_shared_budget_lets_a_batch_take_half_a_second_of_it() -> None:
     local = RateBudget(RateLimit(tokens_per_minute=60_000))
     assert shared.batch_room() == pytest.approx(500)
     assert local.batch_room() == pytest.approx(1000)
+
+
+def test_a_learnt_budget_slows_down_for_429s_and_speeds_up_while_none_come() -> None:
+    # Another app spends the same key: 429s come though the client keeps to what it
+    # learnt. The 429s of one burst cut the rate once; it comes back a step a second
+    # from 3 s after the last.
+    budget = RateBudget(RateLimit(requests_per_minute=600, tokens_per_minute=60_000), refunds=False)
+    requests, tokens = budget.buckets
+    assert requests is not None
+    assert tokens is not None
+    budget.refused(10.0)
+    budget.refused(10.5)  # the same burst
+    assert budget.speed == pytest.approx(0.75)
+    assert (requests.rate, tokens.rate) == (pytest.approx(7.5), pytest.approx(750))
+    assert tokens.capacity == pytest.approx(750)  # a second's worth of the new rate
+    assert budget.batch_room() == pytest.approx(750)
+    budget.refused(11.2)  # another burst
+    assert budget.speed == pytest.approx(0.5625)
+    budget.recover(13.0)  # too soon
+    assert budget.speed == pytest.approx(0.5625)
+    for second in range(15, 40):
+        budget.recover(float(second))
+    assert budget.speed == 1.0
+    assert tokens.rate == pytest.approx(1000)
+    # Never below a tenth; a stated budget (refunds) is kept as given.
+    for at in range(50, 80, 2):
+        budget.refused(float(at))
+    assert budget.speed == pytest.approx(0.1)
+    stated = RateBudget(RateLimit(tokens_per_minute=60_000))
+    stated.refused(1.0)
+    assert stated.speed == 1.0
