@@ -361,8 +361,10 @@ class Engine:
                 else:
                     reason = "the client closed before the request finished"
                 self._outcomes.cancelled(request, reason)
-            if scheduler.has_queued:
-                self.wake()  # the freed seats may let queued requests go
+            if scheduler.has_queued or self._health.has_news():
+                # The freed seats may let queued requests go; a provider's limits or
+                # a 429 the answer brought are taken in at the next turn.
+                self.wake()
             self._signal_progress()
 
     # -- shutdown --------------------------------------------------------------------

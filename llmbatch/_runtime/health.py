@@ -64,6 +64,10 @@ class Health:
         self._servers[server.index] = server
         self._senders[server.index] = sender
 
+    def has_news(self) -> bool:
+        """Whether a server's answers said something of its limits since the last sync."""
+        return any(server.news for server in self._servers.values())
+
     @property
     def servers(self) -> Collection[Server]:
         """Every server that joined, in the scheduler's order (removed ones stay,
@@ -103,6 +107,7 @@ class Health:
         refused = False
         for server in live:
             seats = server.seats
+            server.news = False
             if server.refused != self._refused.get(server.index, 0):
                 self._refused[server.index] = server.refused
                 refused = True

@@ -127,6 +127,10 @@ class Server:
         self.learnt_remaining: tuple[float | None, float | None] | None = None
         self.refused = 0
         """Answers with status 429 (over the provider's rate) so far."""
+        self.news = False
+        """A provider's limits or a 429 came since the health policy last looked: the
+        engine's loop should turn, even with nothing queued (an idle client's
+        stats() and the processes sharing its key learn of them then)."""
         """What the latest answer said is left of those limits, in a second's worth
         of requests and tokens, until ``Health`` hands it to the scheduler (None:
         nothing new)."""
@@ -445,12 +449,14 @@ class Server:
             self.generation_answered = True
         limits = self.dialect.provider_limits(headers)
         if limits is not None:
+            self.news = True
             self._provider_limits = (limits, now)
             self.learnt_rate = learnt = _per_minute(limits)
             if learnt is not None:
                 self.learnt_remaining = _per_second_left(limits, learnt)
         if status == 429:
             self.refused += 1
+            self.news = True
             wait = retry_after(headers)
             if wait:
                 # Every batch for this server waits it out, not only the one refused:
