@@ -84,10 +84,9 @@ class HostedSharing:
         wait_ms = 0
         if until > self._waited_until and until > now:
             wait_ms = math.ceil((until - now) * 1000)
+        rpm_said, tpm_said = new or (None, None)
         reply = await self._link.run(
-            HOSTED_SHARE,
-            self._keys,
-            [(new or (0, 0))[0] or 0, (new or (0, 0))[1] or 0, wait_ms, KEEP],
+            HOSTED_SHARE, self._keys, [rpm_said or 0, tpm_said or 0, wait_ms, KEEP]
         )
         if new is not None:
             self._said = new
