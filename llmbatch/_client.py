@@ -41,6 +41,7 @@ from llmbatch._config import (
     DEFAULT_TIMEOUT,
     BatchPolicy,
     Limits,
+    Price,
     Priority,
     PriorityLike,
     RateLimit,
@@ -60,11 +61,12 @@ from llmbatch._models import ChatCompletion, Completion, Embedding, Result
 from llmbatch._observers import Observer
 from llmbatch._progress import ProgressLike, make_tracker
 from llmbatch._replicas import Replica
-from llmbatch._runtime.config import ClientConfig, check_observer
+from llmbatch._runtime.config import ClientConfig, check_max_cost, check_observer
 from llmbatch._runtime.endpoints import Endpoints
 from llmbatch._runtime.map import MapInput, MapRunner, check_inputs, check_map_options, kinds_of
 from llmbatch._runtime.runtime import Runtime, State
 from llmbatch._runtime.submitter import Submitter
+from llmbatch._spending.ledger import SpendingLedger
 from llmbatch._stats import Stats
 from llmbatch._transports.base import Transport
 
@@ -129,6 +131,12 @@ class Client:
     ``observers=[...]`` lists :class:`Observer` objects that see every request and
     HTTP request as it happens (an exporter's hook; :meth:`add_observer` adds one
     later).
+    ``prices={"model": Price(input=..., output=...)}`` states what tokens cost
+    (dollars per million; otherwise the ``genai-prices`` catalogue's for a hosted
+    provider, with ``llmbatch[prices]`` installed): ``stats()`` then counts dollars
+    by tier, tenant and model. ``max_cost=`` dollars is a spending limit: once it
+    is spent no new request goes, and the rest fail with
+    :class:`SpendingLimitReached` (docs/hosted.md).
     Bad configuration raises :class:`ConfigError` (a :class:`ConfigTypeError`, also a
     ``TypeError``, for a value of the wrong type).
     """
@@ -157,6 +165,8 @@ class Client:
         tenants: Mapping[str, TenantLimits] | None = None,
         send_tenant_as_user: bool = True,
         observers: Sequence[Observer] = (),
+        prices: Mapping[str, Price] | None = None,
+        max_cost: float | None = None,
     ) -> None:
         config = ClientConfig.build(
             base_url=base_url,
@@ -179,6 +189,8 @@ class Client:
             tenants=tenants,
             send_tenant_as_user=send_tenant_as_user,
             observers=observers,
+            prices=prices,
+            max_cost=max_cost,
         )
         self._setup(config, Runtime(config), config.call_defaults, view=False)
 
@@ -689,10 +701,10 @@ class Client:
         0.2 s and once at the end.
         """
         await self._open_on_first_use()
-        runner, tier, size, tracker, options = self._map_call(
+        runner, tier, size, tracker, options, spending = self._map_call(
             inputs, window, progress, _with_model(params, response_model, max_reasks)
         )
-        return await runner.collect(inputs, tier, size, options, tracker)
+        return await runner.collect(inputs, tier, size, options, tracker, spending)
 
     @overload
     def map_unordered(
@@ -755,10 +767,12 @@ class Client:
             return self._open_then_map_unordered(
                 inputs, window, progress, _with_model(params, response_model, max_reasks)
             )
-        runner, tier, size, tracker, options = self._map_call(
+        runner, tier, size, tracker, options, spending = self._map_call(
             inputs, window, progress, _with_model(params, response_model, max_reasks)
         )
-        return runner.iterate(inputs, tier, size, options, ordered=False, tracker=tracker)
+        return runner.iterate(
+            inputs, tier, size, options, ordered=False, tracker=tracker, spending=spending
+        )
 
     async def _open_then_map_unordered(
         self,
@@ -828,10 +842,12 @@ class Client:
         input is too large for :meth:`map`'s list.
         """
         await self._open_on_first_use()
-        runner, tier, size, tracker, options = self._map_call(
+        runner, tier, size, tracker, options, spending = self._map_call(
             inputs, window, progress, _with_model(params, response_model, max_reasks)
         )
-        results = runner.iterate(inputs, tier, size, options, ordered=True, tracker=tracker)
+        results = runner.iterate(
+            inputs, tier, size, options, ordered=True, tracker=tracker, spending=spending
+        )
         async with contextlib.aclosing(results):
             async for _index, result in results:
                 yield result
@@ -847,9 +863,9 @@ class Client:
         window: int | None,
         progress: ProgressLike,
         params: Mapping[str, Any],
-    ) -> tuple[MapRunner, Priority, int, Any, dict[str, Any]]:
-        """Check a map call's arguments at the call site; its tier, and its options
-        (the view's defaults filled in) without the tier."""
+    ) -> tuple[MapRunner, Priority, int, Any, dict[str, Any], tuple[SpendingLedger, ...]]:
+        """Check a map call's arguments at the call site; its tier, its options (the
+        view's defaults filled in) without the tier, and its own spending limit."""
         submitter = self._runtime.submitter()
         runner = self._runtime.map
         assert runner is not None
@@ -862,8 +878,14 @@ class Client:
         options = dict(params) if defaults is None else defaults.fill(params)
         priority = options.pop("priority", None)
         tier = parse_priority("batch" if priority is None else priority)
+        max_cost = check_max_cost(options.pop("max_cost", None))
         check_map_options(submitter.specs, tier, options, kinds_of(inputs))
-        return runner, tier, size, make_tracker(progress, inputs, submitter.now), options
+        spending: tuple[SpendingLedger, ...] = ()
+        if max_cost is not None:
+            submitter.check_priced(options.get("model") or self.model)
+            spending = (SpendingLedger(max_cost, "map"),)
+        tracker = make_tracker(progress, inputs, submitter.now)
+        return runner, tier, size, tracker, options, spending
 
     def stats(self) -> Stats:
         """An immutable snapshot of queues, outcomes, batches, latencies and tokens.

@@ -30,6 +30,7 @@ __all__ = [
     "SLO",
     "BatchPolicy",
     "Limits",
+    "Price",
     "Priority",
     "PriorityLike",
     "RateLimit",
@@ -525,6 +526,43 @@ def _shared_repr(config: RateLimit | SharedInFlight, *fields: str) -> str:
         shown.append(f"redis_url={redact_url(config.redis_url)!r}")
         shown.append(f"key={config.key!r}, on_redis_error={config.on_redis_error!r}")
     return f"{type(config).__name__}({', '.join(shown)})"
+
+
+@config_class
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Price:
+    """What a model's tokens cost, in dollars per million tokens.
+
+    - ``input``: prompt tokens (a chat template's included, as the usage counts them).
+    - ``output``: generated tokens, every choice's.
+    - ``cached_input``: prompt tokens the server read from its prompt cache, where the
+      usage reports them (``prompt_tokens_details.cached_tokens``); None: they cost
+      ``input``.
+
+    Given as ``Client(prices={"gpt-4o-mini": Price(input=0.15, output=0.60,
+    cached_input=0.075)})``; a price stated there wins over the catalogue's
+    (``pip install 'llmbatch[prices]'``, docs/hosted.md).
+    """
+
+    input: float
+    output: float
+    cached_input: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("input", "output"):
+            _check_number("Price", name, getattr(self, name), strict=False)
+        _check_number("Price", "cached_input", self.cached_input, strict=False, optional=True)
+
+    def cost(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
+        """Dollars for one usage: ``cached_tokens`` are those of ``prompt_tokens`` read
+        from the prompt cache."""
+        cached = min(max(0, cached_tokens), prompt_tokens)
+        cached_rate = self.input if self.cached_input is None else self.cached_input
+        return (
+            (prompt_tokens - cached) * self.input
+            + cached * cached_rate
+            + completion_tokens * self.output
+        ) / 1_000_000
 
 
 @config_class

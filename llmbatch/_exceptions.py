@@ -17,6 +17,7 @@ The tree::
     └── RequestError               a request that was accepted and then failed
         ├── DeadlineExceeded (TimeoutError)  its ``timeout`` ran out, queued or in flight
         ├── RequestCancelled       the caller went away, or the client closed before it ran
+        ├── SpendingLimitReached   its ``max_cost`` is spent: it was not sent
         ├── StructuredOutputError  an answer still not valid for ``response_model`` after
         │   │                      its re-asks
         │   └── OutputTruncatedError  cut by ``max_tokens`` before it was complete
@@ -78,6 +79,7 @@ __all__ = [
     "ServerInfoError",
     "ServerOutageError",
     "ServiceUnavailableError",
+    "SpendingLimitReached",
     "StructuredOutputError",
     "TimeoutException",
     "TransportError",
@@ -206,6 +208,38 @@ class DeadlineExceeded(RequestError, TimeoutError):
 
 class RequestCancelled(RequestError):
     """The caller went away, or the client closed before the request finished."""
+
+
+class SpendingLimitReached(RequestError):
+    """A ``max_cost`` (the client's, or a map's or job's) has no room left for this
+    request: what was spent, with what is in flight settled, leaves less than the
+    request could cost. It was not sent; what was in flight settled as usual.
+
+    ``scope`` says whose limit (``"client"``, ``"map"``), ``limit`` its dollars,
+    ``spent`` the dollars spent under it so far, ``estimate`` the most this request
+    could cost (its prompt's estimated tokens and ``max_tokens`` for every choice).
+    In ``llmbatch run`` such items are not written: run the job again, with a higher
+    limit, to send them.
+    """
+
+    def __init__(self, *, scope: str, limit: float, spent: float, estimate: float) -> None:
+        self.scope = scope
+        self.limit = limit
+        self.spent = spent
+        self.estimate = estimate
+        super().__init__(
+            f"the {scope}'s max_cost of {usd(limit)} is reached: {usd(spent)} spent, and "
+            f"this request could cost up to {usd(estimate)}; it was not sent"
+        )
+
+
+def usd(dollars: float) -> str:
+    """Dollars as a person reads them: cents from a cent up; below, to the millionth
+    (one request of a small model costs millionths)."""
+    if dollars >= 0.01 or dollars == 0:
+        return f"${dollars:,.2f}"
+    shown = f"{dollars:.6f}".rstrip("0")
+    return "<$0.000001" if shown == "0." else f"${shown}"
 
 
 class StructuredOutputError(RequestError):

@@ -12,11 +12,13 @@ from collections.abc import Mapping, Sequence
 
 from llmbatch._config import Priority
 from llmbatch._stats import (
+    Cost,
     Histogram,
     Percentiles,
     RateStats,
     ServerStats,
     SharedStats,
+    SpendingStats,
     Stats,
     StructuredStats,
     TenantStats,
@@ -115,6 +117,46 @@ class _Rates:
         return window, done / window, tokens / window
 
 
+class _Paid:
+    """Tokens paid for and their dollars (a :class:`Cost` being counted)."""
+
+    __slots__ = ("answers", "cached", "completion", "dollars", "prompt", "unpriced")
+
+    def __init__(self) -> None:
+        self.answers = self.prompt = self.cached = self.completion = self.unpriced = 0
+        self.dollars = 0.0
+
+    def add(
+        self, answers: int, prompt: int, cached: int, completion: int, dollars: float | None
+    ) -> None:
+        self.answers += answers
+        self.prompt += prompt
+        self.cached += cached
+        self.completion += completion
+        if dollars is None:
+            self.unpriced += answers
+        else:
+            self.dollars += dollars
+
+    def frozen(self) -> Cost:
+        return Cost(
+            answers=self.answers,
+            prompt_tokens=self.prompt,
+            cached_tokens=self.cached,
+            completion_tokens=self.completion,
+            dollars=self.dollars,
+            unpriced=self.unpriced,
+        )
+
+
+def _total(parts: Sequence[_Paid]) -> Cost:
+    total = _Paid()
+    for part in parts:
+        total.add(part.answers, part.prompt, part.cached, part.completion, part.dollars)
+        total.unpriced += part.unpriced
+    return total.frozen()
+
+
 class _TierCounters:
     __slots__ = (
         "cancelled",
@@ -122,6 +164,7 @@ class _TierCounters:
         "failed",
         "latency",
         "latency_buckets",
+        "paid",
         "queue_wait",
         "queue_wait_buckets",
         "retried",
@@ -129,6 +172,7 @@ class _TierCounters:
 
     def __init__(self) -> None:
         self.done = self.failed = self.retried = self.cancelled = 0
+        self.paid = _Paid()
         self.queue_wait: deque[float] = deque(maxlen=SAMPLE_WINDOW)
         self.latency: deque[float] = deque(maxlen=SAMPLE_WINDOW)
         self.queue_wait_buckets = _Buckets(QUEUE_WAIT_BOUNDS)
@@ -136,10 +180,11 @@ class _TierCounters:
 
 
 class _TenantCounters:
-    __slots__ = ("cancelled", "completion", "done", "failed", "last", "latency", "prompt")
+    __slots__ = ("cancelled", "completion", "done", "failed", "last", "latency", "paid", "prompt")
 
     def __init__(self) -> None:
         self.done = self.failed = self.cancelled = self.prompt = self.completion = 0
+        self.paid = _Paid()
         self.latency: deque[float] = deque(maxlen=TENANT_SAMPLE_WINDOW)
         self.last = 0.0
 
@@ -154,6 +199,7 @@ class _TenantCounters:
             prompt_tokens=self.prompt,
             completion_tokens=self.completion,
             latency=_percentiles(self.latency),
+            cost=self.paid.frozen(),
         )
 
 
@@ -180,6 +226,7 @@ class StatsRecorder:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self._rates = _Rates()
+        self._models: dict[str, _Paid] = {}
         self.validated = 0
         self.reasked = 0
         self.structured_failed = 0
@@ -223,6 +270,31 @@ class StatsRecorder:
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += completion_tokens
         self._rates.add(now, completion_tokens, len(latencies))
+
+    def paid(
+        self,
+        priority: Priority,
+        model: str,
+        answers: int,
+        tokens: tuple[int, int, int],
+        dollars: float | None,
+    ) -> None:
+        """One batch's answers were paid for: their (prompt, cached, completion)
+        tokens, and their dollars (None: their model has no price)."""
+        prompt, cached, completion = tokens
+        self._tiers[priority].paid.add(answers, prompt, cached, completion, dollars)
+        by_model = self._models.get(model)
+        if by_model is None:
+            by_model = self._models[model] = _Paid()
+        by_model.add(answers, prompt, cached, completion, dollars)
+
+    def tenant_paid(
+        self, name: str, counts: tuple[int, int, int, int], dollars: float | None, now: float
+    ) -> None:
+        """The answers among them that were one tenant's: (answers, prompt, cached and
+        completion tokens), and their dollars."""
+        for counters in self._tenant_counters(name, now):
+            counters.paid.add(*counts, dollars)
 
     def tenant_answered(
         self,
@@ -308,6 +380,7 @@ class StatsRecorder:
         shared: SharedStats | None = None,
         tenant_counts: Mapping[str, tuple[int, int]] | None = None,
         rate: RateStats | None = None,
+        spending: SpendingStats | None = None,
     ) -> Stats:
         """Freeze the counters; ``tenant_counts``: each named tenant's (queued, in
         flight) now, from the scheduler; ``rate``: the rate budget in force."""
@@ -329,6 +402,7 @@ class StatsRecorder:
                     latency=_percentiles(t.latency),
                     queue_wait_histogram=t.queue_wait_buckets.frozen(),
                     latency_histogram=t.latency_buckets.frozen(),
+                    cost=t.paid.frozen(),
                 )
                 for p, t in self._tiers.items()
             },
@@ -352,4 +426,7 @@ class StatsRecorder:
             structured=StructuredStats(
                 validated=self.validated, reasked=self.reasked, failed=self.structured_failed
             ),
+            cost=_total([t.paid for t in self._tiers.values()]),
+            models={name: paid.frozen() for name, paid in sorted(self._models.items())},
+            spending=spending,
         )

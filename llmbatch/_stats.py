@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from llmbatch._config import SLO, Priority
+from llmbatch._exceptions import usd
 
 __all__ = [
     "OTHER_TENANTS",
@@ -145,6 +146,39 @@ class Histogram(_Snapshot):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Cost(_Snapshot):
+    """The tokens the server was paid for, and what they cost.
+
+    Every answer counts, its caller's or not (one whose caller left while it was in
+    flight was still generated), and every attempt of a structured call."""
+
+    answers: int = 0
+    """Requests answered (each a prompt or a conversation)."""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    """Of the prompt tokens, those read from the server's prompt cache, where its
+    usage says (``prompt_tokens_details.cached_tokens``)."""
+    completion_tokens: int = 0
+    dollars: float = 0.0
+    """What they cost at their models' prices (answers of models without one: 0)."""
+    unpriced: int = 0
+    """Answers of a model with no price (state one: ``Client(prices=...)``)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SpendingStats(_Snapshot):
+    """The client's spending limit (``max_cost``)."""
+
+    max_cost: float
+    spent: float
+    """Dollars spent under it (what the answers cost)."""
+    reserved: float
+    """Dollars reserved by requests queued or in flight: the most they may cost."""
+    held: int
+    """Requests waiting for the reservations to settle."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TierStats(_Snapshot):
     """One tier's counters."""
 
@@ -171,6 +205,8 @@ class TierStats(_Snapshot):
     """Every queue wait since the client opened (``queue_wait`` is recent ones)."""
     latency_histogram: Histogram
     """Every successful request's latency since the client opened."""
+    cost: Cost = Cost()
+    """The tier's tokens paid for and their dollars, since the client opened."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -191,6 +227,8 @@ class TenantStats(_Snapshot):
     named: bool = False
     """Named in ``Client(tenants=...)``: its counters are kept for good (others' are
     forgotten once idle, and summed in ``Stats.other_tenants`` as well)."""
+    cost: Cost = Cost()
+    """Its tokens paid for and their dollars."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -449,6 +487,12 @@ class Stats(_Snapshot):
     opened (what Prometheus exports as ``tenant="other"``; None: no such tenant yet)."""
     structured: StructuredStats = StructuredStats()
     """Answers validated, re-asked and failed for ``response_model`` calls."""
+    cost: Cost = Cost()
+    """Every tier's tokens paid for and their dollars, since the client opened."""
+    models: Mapping[str, Cost] = field(default_factory=dict)
+    """The same by model (as the requests named it)."""
+    spending: SpendingStats | None = None
+    """The client's ``max_cost``: spent and reserved (None: no limit)."""
 
     @property
     def server(self) -> ServerStats | None:
@@ -495,9 +539,33 @@ def render(stats: Stats) -> str:
     lines.append(f"tokens: {stats.prompt_tokens:,} prompt, {stats.completion_tokens:,} completion")
     if stats.rate is not None:
         lines.append(_rate(stats.rate))
+    lines.extend(_cost(stats))
     lines.extend(_server(server) for server in stats.servers)
     lines.extend(_tenants(stats))
     return "\n".join(lines)
+
+
+def _cost(stats: Stats) -> list[str]:
+    """``cost: $1.23 (by model: a $1.20, b $0.03)`` and the spending limit, where
+    some answer was priced or a limit is set."""
+    lines = []
+    cost = stats.cost
+    if cost.answers > cost.unpriced:
+        models = ", ".join(
+            f"{name or '(none)'} {usd(c.dollars) if c.answers > c.unpriced else 'no price'}"
+            for name, c in stats.models.items()
+        )
+        cached = (
+            f", {cost.cached_tokens:,} of the prompt tokens cached" if cost.cached_tokens else ""
+        )
+        lines.append(f"cost: {usd(cost.dollars)}{cached} (by model: {models})")
+    spending = stats.spending
+    if spending is not None:
+        lines.append(
+            f"max_cost {usd(spending.max_cost)}: {usd(spending.spent)} spent, "
+            f"{usd(spending.reserved)} reserved in flight, {spending.held:,} waiting"
+        )
+    return lines
 
 
 def _rate(rate: RateStats) -> str:

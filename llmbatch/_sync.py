@@ -43,6 +43,7 @@ from llmbatch._config import (
     DEFAULT_TIMEOUT,
     BatchPolicy,
     Limits,
+    Price,
     PriorityLike,
     RateLimit,
     RetryPolicy,
@@ -105,6 +106,8 @@ class SyncClient:
         tenants: Mapping[str, TenantLimits] | None = None,
         send_tenant_as_user: bool = True,
         observers: Sequence[Observer] = (),
+        prices: Mapping[str, Price] | None = None,
+        max_cost: float | None = None,
     ) -> None:
         self._client = Client(**_arguments(locals()))
         self._portal_context: AbstractContextManager[BlockingPortal] | None = None

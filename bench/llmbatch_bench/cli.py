@@ -8,6 +8,7 @@ llmbatch-bench --scenario dropin,embed          # openai's client vs the drop-in
 llmbatch-bench --scenario slo,saturate,outage,control --smoke   # closed loop, short
 llmbatch-bench --scenario replicas              # four simulators: routing and failover
 llmbatch-bench --scenario frontier --url URL    # static settings swept, the controller judged
+llmbatch-bench --scenario hosted                # a provider's limiter: llmbatch vs AsyncOpenAI
 llmbatch-bench --scale                          # all, plus 1M prompts through map_unordered
 """
 
@@ -287,6 +288,23 @@ def _configure(p: argparse.ArgumentParser) -> None:
         type=float,
         help="seconds of realtime arrivals in the SLO run (0 leaves it out)",
     )
+    hosted = p.add_argument_group(
+        "hosted",
+        "a hosted provider's rate limiter, played by the simulator: llmbatch "
+        "beside AsyncOpenAI with openai's retries under a semaphore of 64",
+    )
+    hosted.add_argument(
+        "--hosted-conversations",
+        type=int,
+        help="chat conversations of each map (default 3,000; --smoke 300)",
+    )
+    hosted.add_argument("--hosted-rpm", type=int, help="the limiter's requests a minute (6,000)")
+    hosted.add_argument("--hosted-tpm", type=int, help="the limiter's tokens a minute (90,000)")
+    hosted.add_argument(
+        "--hosted-headers",
+        choices=("openai", "anthropic", "together"),
+        help="whose rate-limit headers the limiter sends (default openai)",
+    )
     hot = p.add_argument_group(
         "hot path (overhead, chat, embed, single, burst, dropin, transport, scale)",
         "These run against a zero-latency server and measure llmbatch's own cost.",
@@ -475,6 +493,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         overhead_url=args.overhead_url,
         **closed,
         **fleet,
+        **_hosted(args),
         max_in_flight=args.max_in_flight,
         priority_scheduling=args.priority_scheduling,
         isolate=not args.in_process,
@@ -540,6 +559,16 @@ def _given(args: argparse.Namespace, name: str) -> Any:
     if value is None:
         value = SMOKE[name] if args.smoke and name in SMOKE else getattr(_DEFAULTS, name)
     return tuple(value) if isinstance(value, list | tuple) else value
+
+
+def _hosted(args: argparse.Namespace) -> dict[str, Any]:
+    """The hosted fields: given options, else ``--smoke``'s, else the defaults."""
+    names = ("hosted_conversations", "hosted_rpm", "hosted_tpm", "hosted_headers")
+    out = {name: _given(args, name) for name in names}
+    for name in names[:3]:
+        if out[name] < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    return out
 
 
 def _fleet(args: argparse.Namespace) -> dict[str, Any]:

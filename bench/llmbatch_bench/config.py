@@ -28,6 +28,7 @@ __all__ = [
     "CLOSED_SIM_ARGS",
     "DEFAULT_SIM_ARGS",
     "EXTRA_SCENARIOS",
+    "HOSTED_SCENARIOS",
     "HOT_SCENARIOS",
     "HOT_SIM_ARGS",
     "REPLICAS_SIM_ARGS",
@@ -41,16 +42,22 @@ __all__ = [
 SERVER_SCENARIOS = ("sweep", "bulk", "ceiling", "bulk-chat", "mixed")
 CLOSED_SCENARIOS = ("slo", "saturate", "frontier", "outage", "control")
 REPLICA_SCENARIOS = ("replicas",)
+#: A hosted provider's limiter (the simulator playing it): llmbatch beside AsyncOpenAI.
+HOSTED_SCENARIOS = ("hosted",)
 HOT_SCENARIOS = ("overhead", "chat", "embed", "single", "burst", "dropin", "transport", "scale")
 #: What "all" (the default) leaves out: scenarios without a target (bulk-chat, the
 #: chat batch route against one request per chat; embed needs a
 #: server with /v1/embeddings), diagnostics, the long 1M-prompt run, the
 #: replicas scenario (four simulators at a time, minutes), the frontier (a sweep of
-#: static settings, tens of minutes) and the ceiling (vLLM's offline engine: it
-#: needs --vllm).
-EXTRA_SCENARIOS = ("bulk-chat", "ceiling", "frontier", "replicas", "embed", "transport", "scale")
+#: static settings, tens of minutes), the ceiling (vLLM's offline engine: it
+#: needs --vllm) and hosted (two maps paced by a limiter, minutes).
+EXTRA_SCENARIOS = (
+    "bulk-chat", "ceiling", "frontier", "replicas", "hosted", "embed", "transport", "scale",
+)  # fmt: skip
 #: Every scenario, in the order a run takes them.
-SCENARIOS = (*SERVER_SCENARIOS, *CLOSED_SCENARIOS, *REPLICA_SCENARIOS, *HOT_SCENARIOS)
+SCENARIOS = (
+    *SERVER_SCENARIOS, *CLOSED_SCENARIOS, *REPLICA_SCENARIOS, *HOSTED_SCENARIOS, *HOT_SCENARIOS,
+)  # fmt: skip
 #: The simulator's calibrated default profile, 100x faster so a full run takes minutes.
 DEFAULT_SIM_ARGS = ("--speed", "100")
 #: The closed-loop scenarios' simulator: 10x faster than the modelled GPU, slow enough
@@ -131,6 +138,13 @@ class BenchConfig:
     outage_restart: float = 20.0
     #: Seconds of bulk alone, with realtime arrivals, of a 503 outage, of recovery.
     control_phases: tuple[float, float, float, float] = (8.0, 12.0, 6.0, 12.0)
+    # -- hosted (each contender starts a simulator playing the limiter) ------------------
+    #: Chat conversations of each map (max_tokens 16), and the limiter's requests and
+    #: tokens a minute and header family (``openai``, ``anthropic``, ``together``).
+    hosted_conversations: int = 3_000
+    hosted_rpm: int = 6_000
+    hosted_tpm: int = 90_000
+    hosted_headers: str = "openai"
     # -- replicas (each job starts its own simulators) ---------------------------------
     replicas_sim_args: tuple[str, ...] = REPLICAS_SIM_ARGS
     #: Replicas of the fleet (the throughput job compares them with one).
@@ -210,4 +224,5 @@ SMOKE: dict[str, Any] = {
     "replicas_failover_n": 2_000,
     "replicas_slo_warmup": 3.0,
     "replicas_slo_duration": 4.0,
+    "hosted_conversations": 300,
 }

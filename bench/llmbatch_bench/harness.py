@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from llmbatch import __version__
-from llmbatch_bench import ceiling
+from llmbatch_bench import ceiling, hosted
 from llmbatch_bench.closedloop import plan as closedplan
 from llmbatch_bench.closedloop.targets import evaluate_closed
 from llmbatch_bench.config import (
@@ -69,6 +69,7 @@ def run_bench(
         "hot_server": None,
         "replicas_server": None,
         "ceiling": None,
+        "hosted": None,
     }
     main = [s for s in SERVER_SCENARIOS if s in config.scenarios]
     hot = [s for s in HOT_SCENARIOS if s in config.scenarios]
@@ -100,6 +101,8 @@ def run_bench(
         # A stand-in: every job carries its simulators' arguments and starts them.
         placeholder = ServerInfo("http://127.0.0.1:0/v1", "llmbatch-sim", sim_args=own)
         replicaplan.replicas(_Runner(config, placeholder, runs, notes, progress), own)
+    if "hosted" in config.scenarios:
+        servers["hosted"] = _hosted(config, progress)
     if hot:
         with _hot_server(config) as zero:
             progress(f"hot-path server: {zero.base_url} sim_args={zero.sim_args}")
@@ -135,6 +138,21 @@ def run_bench(
             for t in (*evaluate(runs, config.scenarios), *closed_targets, *fleet_targets)
         ],
     }
+
+
+def _hosted(config: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Each contender's chat map against a simulator of its own playing the limiter."""
+    args = hosted.defaults(
+        conversations=config.hosted_conversations,
+        rpm=config.hosted_rpm,
+        tpm=config.hosted_tpm,
+        headers=config.hosted_headers,
+    )
+    progress(
+        f"hosted: {args.conversations:,} conversations a map, {args.rpm:,} requests and "
+        f"{args.tpm:,} tokens a minute ({args.headers}'s headers)"
+    )
+    return hosted.compare(args, hosted.CONTENDERS, command="llmbatch-bench --scenario hosted")
 
 
 def _describe(server: ServerInfo, url: str | None) -> dict[str, Any]:

@@ -70,6 +70,7 @@ def render(report: Mapping[str, Any]) -> str:
         _mixed(report),
         *report_closed.sections(report),
         *report_replicas.sections(report),
+        _hosted(report),
         *report_hot.sections(report),
         _targets(report),
     ]
@@ -209,6 +210,47 @@ def _labelled(run: Run, runs: list[Run]) -> str:
     if sum(1 for r in runs if r["label"] == label) < 2:
         return str(label)
     return f"{label} (round {run['extra'].get('round', '?')})"
+
+
+def _hosted(report: Mapping[str, Any]) -> str:
+    """llmbatch beside AsyncOpenAI against the limiter: 429s, conversations lost, the
+    rate after the first 10 s against the binding limit."""
+    results = report.get("hosted")
+    if not results:
+        return ""
+    names = {"llmbatch": "llmbatch (no RateLimit)", "asyncopenai": "AsyncOpenAI (8 retries, 64)"}
+    rows = []
+    for name, r in results.items():
+        rows.append(
+            [
+                names.get(name, name),
+                f"{r['answered']:,}/{r['conversations']:,}",
+                f"{r['http_requests']:,}",
+                f"{r['http_429']:,} ({100 * r['share_429']:.1f} %)",
+                f"{r['http_429_first_second']:,}",
+                num(r["steady_per_s"]),
+                "-" if r["steady_share"] is None else f"{r['steady_share']:.3f}x",
+                num(r["wall_s"], 1),
+            ]
+        )
+    headers = [
+        "client",
+        "answered",
+        "HTTP requests",
+        "429s",
+        "429s in the first second",
+        "conversations/s after 10 s",
+        "vs the binding limit",
+        "wall s",
+    ]
+    any_result = next(iter(results.values()))
+    note = (
+        f"A chat map (max_tokens 16) against `llmbatch-server sim {any_result['simulator']}`, "
+        f"each client against a fresh limiter; the binding limit is "
+        f"{any_result['binding_per_s']} conversations a second (requests, or tokens as the "
+        "provider counts them)."
+    )
+    return section("Hosted endpoints: a provider's limiter", table(headers, rows), note)
 
 
 def _medians(runs: list[Run], ceiling: float | None = None) -> str:

@@ -19,6 +19,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from llmbatch._calls.spec import CallSpec, Kind
 from llmbatch._exceptions import LLMBatchError
+from llmbatch._spending.ledger import SpendingLedger
 
 __all__ = ["CallSpec", "Flight", "Kind", "Request", "State"]
 
@@ -37,6 +38,8 @@ class State:
     """Left the scheduler: answered, or removed because its caller went away."""
     HELD = 5
     """Held back by its tenant's limits (``TenantLimits``), before its tier's queue."""
+    SPENDING = 6
+    """Held until its spending limits (``max_cost``) have room for what it may cost."""
 
 
 class Request:
@@ -60,6 +63,7 @@ class Request:
         "done",
         "enqueued_at",
         "error",
+        "est_cost",
         "est_tokens",
         "flight",
         "group_key",
@@ -76,9 +80,11 @@ class Request:
         "quota",
         "reasks",
         "replica",
+        "reserved",
         "retried",
         "seq",
         "spec",
+        "spending",
         "state",
         "value",
     )
@@ -136,6 +142,12 @@ class Request:
         the server has refused one as too long."""
         self.index = 0
         """A map item's position in the inputs."""
+        self.spending: tuple[SpendingLedger, ...] = ()
+        """The spending limits it counts against (the client's, its map's)."""
+        self.est_cost = 0.0
+        """The most it may cost, in dollars (with ``spending``): reserved while it runs."""
+        self.reserved = False
+        """Its ``est_cost`` is reserved under its spending limits (until it settles)."""
         self.metadata: object = None
         """A map item's metadata, handed back in its Result."""
         self.kept: Any = None

@@ -106,7 +106,12 @@ class TextParams(CallParams, CompletionFields, ChatFields, total=False):
 
 
 class MapParams(CallParams, CompletionFields, ChatFields, EmbeddingFields, total=False):
-    """What a map takes for its items (a dict item may override each one)."""
+    """What a map takes for its items (a dict item may override each one, except
+    ``max_cost``, which is the map's)."""
+
+    max_cost: float | None
+    """Dollars this map may spend (beside the client's ``max_cost``): once spent, the
+    items not yet sent fail with :class:`SpendingLimitReached`."""
 
 
 OWN_OPTIONS = keys_of(CallParams) | {"response_model", "max_reasks"}

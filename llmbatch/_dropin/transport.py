@@ -34,6 +34,7 @@ from llmbatch._exceptions import (
     RequestCancelled,
     RequestError,
     ServerOutageError,
+    SpendingLimitReached,
     TimeoutException,
 )
 from llmbatch._models import ChatCompletion, Completion, Embedding
@@ -162,6 +163,18 @@ async def answer(
         return _error_response(request, 429, None, str(exc))
     except InvalidRequestError as exc:
         return _error_response(request, 400, None, str(exc))
+    except SpendingLimitReached as exc:
+        # As OpenAI answers a spent quota: a 429 whose code says so (openai raises
+        # RateLimitError), and not to be retried (x-should-retry, which it honours).
+        body = {
+            "error": {
+                "message": str(exc),
+                "type": "insufficient_quota",
+                "param": None,
+                "code": "insufficient_quota",
+            }
+        }
+        return httpx.Response(429, json=body, headers={"x-should-retry": "false"}, request=request)
     except (ConnectError, ServerOutageError) as exc:
         raise httpx.ConnectError(str(exc), request=request) from exc
     except TimeoutException as exc:

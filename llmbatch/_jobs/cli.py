@@ -33,8 +33,8 @@ from typing import Any
 import anyio
 
 from llmbatch._calls.validate import check_tenant
-from llmbatch._config import DEFAULT_LIMITS, Priority
-from llmbatch._exceptions import InvalidRequestError
+from llmbatch._config import DEFAULT_LIMITS, Price, Priority
+from llmbatch._exceptions import InvalidRequestError, usd
 from llmbatch._jobs.output import OutputError
 from llmbatch._jobs.runner import JobConfig, JobRejected, JobSummary, run_job
 from llmbatch._jobs.shards import InputError
@@ -159,6 +159,22 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="tokens per minute at most, estimated (default: no limit)",
     )
     job = parser.add_argument_group("job")
+    job.add_argument(
+        "--max-cost",
+        type=_positive_float,
+        metavar="DOLLARS",
+        help="spend at most this much: once it is spent no new line is sent, what is in "
+        "flight settles, and the rest stay undone for a rerun; needs the model's price "
+        "(--price, or the genai-prices catalogue for a hosted provider) (default: no limit)",
+    )
+    job.add_argument(
+        "--price",
+        type=_price,
+        metavar="IN,OUT[,CACHED]",
+        help="dollars per million prompt and completion tokens (and cached prompt "
+        "tokens), for the cost in the summary and --max-cost (default: the genai-prices "
+        "catalogue's, for a hosted provider, where installed)",
+    )
     job.add_argument(
         "--response-model",
         metavar="MODULE:CLASS",
@@ -345,7 +361,28 @@ def _config(args: argparse.Namespace, progress: ProgressLike) -> JobConfig:
         progress=progress,
         response_model=import_target(args.response_model) if args.response_model else None,
         max_reasks=args.max_reasks,
+        max_cost=args.max_cost,
+        price=args.price,
     )
+
+
+def _price(text: str) -> Price:
+    """``--price IN,OUT[,CACHED]``: dollars per million tokens."""
+    parts = text.split(",")
+    try:
+        numbers = [float(part) for part in parts]
+        if len(numbers) not in (2, 3):
+            raise ValueError
+        return Price(
+            input=numbers[0],
+            output=numbers[1],
+            cached_input=numbers[2] if len(numbers) == 3 else None,
+        )
+    except (ValueError, InvalidRequestError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected IN,OUT or IN,OUT,CACHED, dollars per million tokens >= 0 "
+            "(e.g. 0.15,0.60)"
+        ) from None
 
 
 def import_target(spec: str) -> object:
@@ -398,6 +435,9 @@ def handle_ray(args: argparse.Namespace) -> int:
 
     if args.input.resolve() == args.output.resolve():
         return _fail(EXIT_USAGE, "INPUT and OUTPUT must be different")
+    if args.max_cost is not None:
+        # Each actor has its own client: one limit would need a ledger they share.
+        return _fail(EXIT_USAGE, "--max-cost is not supported with --ray yet")
     options = RayOptions(
         address=args.ray_address,
         actors=args.concurrency,
@@ -446,7 +486,7 @@ def format_summary(s: JobSummary) -> str:
         f"llmbatch run: {s.done:,} done, {s.failed:,} failed, {s.retried:,} retried, "
         f"{s.already_done:,} already in the output, {s.malformed:,} malformed skipped; "
         f"{s.wall_time:.1f} s ({rate:,.0f}/s); tokens {s.prompt_tokens:,} prompt + "
-        f"{s.completion_tokens:,} completion"
+        f"{s.completion_tokens:,} completion" + ("" if s.cost is None else f"; cost {usd(s.cost)}")
     )
 
 

@@ -20,6 +20,7 @@ from llmbatch._config import (
     DEFAULT_LIMITS,
     DEFAULT_RETRY_POLICY,
     Limits,
+    Price,
     Priority,
     RateLimit,
     RetryPolicy,
@@ -32,7 +33,9 @@ from llmbatch._exceptions import (
     PermissionDeniedError,
     RequestError,
     ServerInfoError,
+    SpendingLimitReached,
     UnknownModelError,
+    usd,
 )
 from llmbatch._jobs.format import SchemaLine, answer_of, result_record
 from llmbatch._jobs.input import PendingInputs, scan_input
@@ -78,6 +81,10 @@ class JobConfig:
     response_model: object = None
     """Validate each answer into this type (``--response-model``)."""
     max_reasks: int | None = None
+    max_cost: float | None = None
+    """Dollars the run may spend (``--max-cost``); the lines it leaves stay undone."""
+    price: Price | None = None
+    """What the job's tokens cost (``--price``; else the catalogue's, if installed)."""
 
 
 @dataclass(slots=True)
@@ -93,6 +100,10 @@ class JobSummary:
     retried: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cost: float | None = None
+    """Dollars this run's answers cost (None: no price known for the model)."""
+    over_budget: int = 0
+    """Lines left unsent because ``--max-cost`` was spent (a rerun sends them)."""
     wall_time: float = 0.0
     stopped: str | None = None
     """Why the job stopped before the end (then a rerun resumes it)."""
@@ -224,6 +235,8 @@ async def _run(
         priority_scheduling=config.send_priority,
         slo=config.slo,
         on_close="cancel",
+        prices=None if config.price is None else {"*": config.price},
+        max_cost=config.max_cost,
     )
     async with client:
         async for _index, result in client.map_unordered(
@@ -237,9 +250,22 @@ async def _run(
             if isinstance(result.error, JOB_FATAL):
                 summary.stopped, summary.hint = stop_reason(result.error, config)
                 break
+            if isinstance(result.error, SpendingLimitReached):
+                summary.over_budget += 1  # not written: a rerun sends it, as after Ctrl-C
+                continue
             _record(result, out, summary)
+        stats = client.stats()
         # The client's count leaves out the extra requests of a 400 bisection.
-        summary.retried = client.stats().tiers[config.priority].retried
+        summary.retried = stats.tiers[config.priority].retried
+        if stats.cost.answers > stats.cost.unpriced:
+            summary.cost = stats.cost.dollars
+    if summary.over_budget and summary.stopped is None:
+        spent = "" if summary.cost is None else f" ({usd(summary.cost)} spent)"
+        summary.stopped = f"--max-cost {usd(config.max_cost or 0)} was reached{spent}"
+        summary.hint = (
+            f"{summary.over_budget:,} line(s) were not sent; rerun with a higher --max-cost "
+            "to resume"
+        )
 
 
 def _record(result: Result[Any], out: OutputFile, summary: JobSummary) -> None:

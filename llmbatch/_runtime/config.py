@@ -24,6 +24,7 @@ from llmbatch._config import (
     SLO,
     BatchPolicy,
     Limits,
+    Price,
     Priority,
     RateLimit,
     RetryPolicy,
@@ -72,6 +73,10 @@ class ClientConfig:
     """A call's tenant goes to the server as OpenAI's ``user`` (unless it has one)."""
     observers: tuple[Observer, ...] = ()
     """What sees the client's requests as they happen (``llmbatch.Observer``)."""
+    prices: Mapping[str, Price] = dataclasses.field(default_factory=dict)
+    """Stated prices by model name (``"*"``: every model not named)."""
+    max_cost: float | None = None
+    """Dollars the client may spend (None: no limit)."""
 
     @classmethod
     def build(
@@ -97,6 +102,8 @@ class ClientConfig:
         tenants: object = None,
         send_tenant_as_user: object = True,
         observers: object = (),
+        prices: object = None,
+        max_cost: object = None,
     ) -> ClientConfig:
         """Check every argument; raises :class:`ConfigError` (or
         :class:`ConfigTypeError`) naming the first that is wrong."""
@@ -201,6 +208,8 @@ class ClientConfig:
             tenants=_tenants(tenants),
             send_tenant_as_user=send_tenant_as_user,
             observers=check_observers(observers),
+            prices=_prices(prices),
+            max_cost=check_max_cost(max_cost),
         )
 
     def headers(self, api_key: str | None) -> dict[str, str]:
@@ -243,6 +252,38 @@ class ClientConfig:
                 self.policies[tier].max_batch_size for tier in (Priority.NORMAL, Priority.BATCH)
             ),
         )
+
+
+def _prices(prices: object) -> dict[str, Price]:
+    """``prices=``: model names (or ``"*"``) to :class:`Price`."""
+    if prices is None:
+        return {}
+    if not isinstance(prices, Mapping):
+        raise ConfigTypeError("prices must be a mapping of model name to Price", field="prices")
+    for name, price in prices.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigTypeError(f"prices: {name!r} is not a model name", field="prices")
+        if not isinstance(price, Price):
+            raise ConfigTypeError(
+                f"prices[{name!r}] must be a Price, got {type(price).__name__}", field="prices"
+            )
+    return dict(prices)
+
+
+def check_max_cost(max_cost: object) -> float | None:
+    """``max_cost=`` (the client's, a map's or a job's): dollars > 0, or None."""
+    if max_cost is None:
+        return None
+    if isinstance(max_cost, bool) or not isinstance(max_cost, (int, float)):
+        raise ConfigTypeError(
+            f"max_cost must be a number of dollars or None, got {type(max_cost).__name__}",
+            field="max_cost",
+        )
+    if not math.isfinite(max_cost) or max_cost <= 0:
+        raise ConfigError(
+            f"max_cost must be a finite number > 0, got {max_cost!r}", field="max_cost"
+        )
+    return float(max_cost)
 
 
 def _tenants(tenants: object) -> dict[str, TenantLimits]:

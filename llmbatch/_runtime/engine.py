@@ -31,12 +31,13 @@ from llmbatch._calls.request import Flight, Request
 from llmbatch._clock import Clock
 from llmbatch._config import Priority
 from llmbatch._control.breaker import BreakerState
-from llmbatch._exceptions import DeadlineExceeded, RequestError
+from llmbatch._exceptions import DeadlineExceeded, RequestError, SpendingLimitReached
 from llmbatch._recorder import StatsRecorder
 from llmbatch._runtime.health import Health
 from llmbatch._scheduler import Batch, Scheduler
 from llmbatch._servers.server import Server
-from llmbatch._stats import SharedStats, Stats
+from llmbatch._spending.ledger import SpendingLedger
+from llmbatch._stats import SharedStats, SpendingStats, Stats
 
 __all__ = ["Engine"]
 
@@ -65,8 +66,11 @@ class Engine:
         *,
         clock: Clock = time.monotonic,
         shared_stats: Callable[[], SharedStats | None] | None = None,
+        spending: SpendingLedger | None = None,
     ) -> None:
         self._now = clock
+        self._spending = spending
+        """The client's spending limit (``max_cost``), shown in stats()."""
         self._scheduler = scheduler
         self._stats = stats
         self._outcomes = outcomes
@@ -144,7 +148,12 @@ class Engine:
             # finds the server back.
             self._outcomes.failed(request, self._health.outage_error(request))
             return None
-        if self._scheduler.add(request, nowait=nowait, must_wait=more):
+        try:
+            due = self._scheduler.add(request, nowait=nowait, must_wait=more)
+        except SpendingLimitReached as exc:
+            self._outcomes.failed(request, exc)
+            return None
+        if due:
             if request.priority is Priority.REALTIME and not more:
                 return self._due(request if inline else None)
             self.wake()
@@ -238,6 +247,8 @@ class Engine:
             poll = scheduler.poll(now, flush=self.flushing)
             for request in poll.expired:
                 self.expire(request)
+            for request, error in poll.refused:
+                self._outcomes.failed(request, error)
             kept = None
             for batch in poll.batches:
                 breaker = health.server(batch.replica).breaker
@@ -400,6 +411,18 @@ class Engine:
             None if self._shared_stats is None else self._shared_stats(),
             self._scheduler.tenants.counts(),
             self._scheduler.rate_stats(),
+            self._spending_stats(),
+        )
+
+    def _spending_stats(self) -> SpendingStats | None:
+        ledger = self._spending
+        if ledger is None:
+            return None
+        return SpendingStats(
+            max_cost=ledger.limit,
+            spent=ledger.spent,
+            reserved=ledger.reserved,
+            held=self._scheduler.spending.live,
         )
 
     def _signal_progress(self) -> None:

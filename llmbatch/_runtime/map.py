@@ -42,6 +42,7 @@ from llmbatch._exceptions import (
 from llmbatch._models import Result, make_result
 from llmbatch._progress import PROGRESS_INTERVAL, ProgressTracker
 from llmbatch._runtime.submitter import Submitter
+from llmbatch._spending.ledger import SpendingLedger
 
 __all__ = ["MapInput", "MapRunner", "check_map_options", "kinds_of", "map_spec"]
 
@@ -107,6 +108,8 @@ class _Run:
         back to be corrected (None)."""
         self.trace_parent: object = None
         """The caller's trace context, for the items' spans (when tracing is on)."""
+        self.spending: tuple[SpendingLedger, ...] = ()
+        """The map's own spending limit (``max_cost``), if it has one."""
         self._room = anyio.Event()
         self._feeder_waiting = False
         self._news = anyio.Event()
@@ -183,8 +186,16 @@ class MapRunner:
         self._submitter = submitter
         self._tg = task_group
 
-    def _run(self, window: int, tracker: ProgressTracker | None, *, collect: bool) -> _Run:
+    def _run(
+        self,
+        window: int,
+        tracker: ProgressTracker | None,
+        spending: tuple[SpendingLedger, ...],
+        *,
+        collect: bool,
+    ) -> _Run:
         run = _Run(window, tracker, collect=collect, structured=self._structured)
+        run.spending = spending
         observers = self._submitter.observers
         if observers.on:
             run.trace_parent = observers.capture()
@@ -219,9 +230,10 @@ class MapRunner:
         window: int,
         params: Mapping[str, Any],
         tracker: ProgressTracker | None,
+        spending: tuple[SpendingLedger, ...] = (),
     ) -> list[Result[Any]]:
         """Every input's result, in input order (``map``)."""
-        run = self._run(window, tracker, collect=True)
+        run = self._run(window, tracker, spending, collect=True)
         scope = anyio.CancelScope()
         self._tg.start_soon(self._feed, scope, run, inputs, priority, params)
         try:
@@ -254,9 +266,10 @@ class MapRunner:
         *,
         ordered: bool,
         tracker: ProgressTracker | None,
+        spending: tuple[SpendingLedger, ...] = (),
     ) -> AsyncGenerator[_Item, None]:
         """Yield ``(index, result)`` as items finish, or in input order if ``ordered``."""
-        run = self._run(window, tracker, collect=False)
+        run = self._run(window, tracker, spending, collect=False)
         # The feeder lives in the client's task group, not in this generator, so no
         # task group ever spans a yield; leaving the loop early cancels the feeder.
         scope = anyio.CancelScope()
@@ -395,7 +408,7 @@ class MapRunner:
                 spec = map_spec(
                     submitter.specs, kind, options.pop("priority", priority), {**params, **options}
                 )
-            request = submitter.request(spec, payload, run.trace_parent)
+            request = submitter.request(spec, payload, run.trace_parent, run.spending)
         except LLMBatchError as exc:
             run.emit(index, make_result(index, None, exc, metadata))
             return

@@ -34,7 +34,7 @@ from anyio.abc import TaskGroup
 from llmbatch._calls.outcome import Outcomes
 from llmbatch._calls.spec import SpecCache
 from llmbatch._clock import loop_clock
-from llmbatch._exceptions import ClientClosedError
+from llmbatch._exceptions import ClientClosedError, ConfigError
 from llmbatch._observers import Observers
 from llmbatch._recorder import StatsRecorder
 from llmbatch._redis.sharing import SharedBudgets
@@ -45,6 +45,8 @@ from llmbatch._runtime.fleet import Fleet
 from llmbatch._runtime.map import MapRunner
 from llmbatch._runtime.submitter import Submitter
 from llmbatch._scheduler import Scheduler
+from llmbatch._spending.ledger import SpendingLedger
+from llmbatch._spending.prices import PriceBook
 from llmbatch._stats import Stats
 
 __all__ = ["Runtime", "State"]
@@ -115,7 +117,11 @@ class Runtime:
         try:
             now = loop_clock()
             stats = StatsRecorder(now(), frozenset(config.tenants))
-            outcomes = Outcomes(stats, self.observers)
+            prices = PriceBook(config.prices, config.replicas[0].base_url)
+            spending = (
+                None if config.max_cost is None else SpendingLedger(config.max_cost, "client")
+            )
+            outcomes = Outcomes(stats, self.observers, prices)
             scheduler = Scheduler(
                 policies=config.policies,
                 limits=config.limits,
@@ -132,6 +138,15 @@ class Runtime:
             )
             stack.push_async_callback(fleet.aclose)
             self.model, self.max_model_len = await fleet.open(config.replicas, self.model)
+            await prices.prepare([self.model])
+            if spending is not None and self.model is not None and not prices.price(self.model):
+                raise ConfigError(
+                    f"max_cost needs the price of model {self.model!r}: state it with "
+                    f"prices={{{self.model!r}: llmbatch.Price(input=..., output=...)}} (dollars "
+                    "per million tokens), or install 'llmbatch[prices]' for a hosted "
+                    "provider's",
+                    field="max_cost",
+                )
             engine = Engine(
                 scheduler,
                 stats,
@@ -139,6 +154,7 @@ class Runtime:
                 fleet.health,
                 clock=now,
                 shared_stats=self._shared.stats if self._shared else None,
+                spending=spending,
             )
             engine.servers_changed()
             self.fleet = fleet
@@ -154,7 +170,13 @@ class Runtime:
                 version=version,
             )
             self._submitter = Submitter(
-                engine, specs, clock=now, loop=loop, observers=self.observers
+                engine,
+                specs,
+                clock=now,
+                loop=loop,
+                observers=self.observers,
+                prices=prices,
+                spending=() if spending is None else (spending,),
             )
             if loop is not None:
                 tg = await self._start_host(loop, engine)

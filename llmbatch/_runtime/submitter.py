@@ -17,9 +17,13 @@ from llmbatch._calls.spec import CallSpec, SpecCache
 from llmbatch._calls.structured import Reask, Verdict, check_answer
 from llmbatch._calls.validate import TOKEN_OVERHEAD, check_messages, check_prompt, input_bytes
 from llmbatch._clock import Clock
+from llmbatch._config import Price
+from llmbatch._exceptions import InvalidRequestError
 from llmbatch._observers import Observers
 from llmbatch._runtime.engine import Engine
 from llmbatch._scheduler import Batch
+from llmbatch._spending.ledger import SpendingLedger
+from llmbatch._spending.prices import PriceBook
 
 __all__ = ["Submitter"]
 
@@ -39,17 +43,30 @@ class Submitter:
         clock: Clock,
         loop: asyncio.AbstractEventLoop | None,
         observers: Observers,
+        prices: PriceBook | None = None,
+        spending: tuple[SpendingLedger, ...] = (),
     ) -> None:
         self.engine = engine
         self.specs = specs
         self.now = clock
         self._loop = loop
         self.observers = observers
+        self.prices = prices
+        """Each model's price (for what a spending limit reserves)."""
+        self.spending = spending
+        """The client's spending limit, which every request counts against (or none)."""
         self._hot = HotPrefixes()
 
-    def request(self, spec: CallSpec, payload: object, parent: object = None) -> Request:
+    def request(
+        self,
+        spec: CallSpec,
+        payload: object,
+        parent: object = None,
+        spending: tuple[SpendingLedger, ...] = (),
+    ) -> Request:
         """One request for a prompt (``spec.kind == "completion"``) or a conversation;
-        ``parent``: the trace context to record it under (default: the current one)."""
+        ``parent``: the trace context to record it under (default: the current one);
+        ``spending``: a map's or job's spending limit, beside the client's."""
         max_model_len = self.specs.context_of(spec.model)
         if spec.kind != "chat":
             name = "prompt" if spec.kind == "completion" else "input"
@@ -66,6 +83,9 @@ class Submitter:
             request = Request(spec, None, messages, est_tokens, self.now())
         if spec.tenant is not None:
             self.engine.check_tenant_size(request)
+        ledgers = self.spending + spending if spending else self.spending
+        if ledgers:
+            self._estimate_cost(request, ledgers)
         if self.engine.routing:
             self._key(request)
         if self.observers.on:
@@ -80,6 +100,31 @@ class Submitter:
                     # fit still batch, until the server refuses one as too long.)
                     request.travel_alone()
         return request
+
+    def check_priced(self, model: str | None) -> Price:
+        """``model``'s price, or :class:`InvalidRequestError` saying how to give one (a
+        spending limit cannot be kept without it)."""
+        price = None if self.prices is None else self.prices.price(model)
+        if price is None:
+            raise InvalidRequestError(
+                f"max_cost needs the price of model {model!r}: state it with "
+                f"Client(prices={{{model!r}: llmbatch.Price(input=..., output=...)}}) "
+                "(dollars per million tokens), or install 'llmbatch[prices]' for a hosted "
+                "provider's",
+                field="max_cost",
+            )
+        return price
+
+    def _estimate_cost(self, request: Request, ledgers: tuple[SpendingLedger, ...]) -> None:
+        """What ``request`` may cost at most, which its spending limits reserve: a
+        prompt token per byte (no tokenizer makes more) and ``max_tokens`` for every
+        choice. An estimate of the usual four bytes a token would let the spend pass
+        the limit by what it missed; this one settles for less, never for more."""
+        spec = request.spec
+        price = self.check_priced(spec.model)
+        request.spending = ledgers
+        prompt = input_bytes(request.prompt, request.messages) + TOKEN_OVERHEAD
+        request.est_cost = price.cost(prompt, spec.max_tokens * spec.n)
 
     def _key(self, request: Request) -> None:
         """A prompt whose prefix recurs batches with its kind and carries its prefix
@@ -141,7 +186,10 @@ class Submitter:
         """The request that sends an answer back to be corrected: same options, the
         same deadline, the same place in a map. Raises if it is not valid (a
         conversation grown past the context)."""
-        follow = self.request(request.spec, reask.payload)
+        # Under the same spending limits: the client's come first, then its map's.
+        follow = self.request(
+            request.spec, reask.payload, spending=request.spending[len(self.spending) :]
+        )
         follow.deadline = request.deadline
         follow.reasks = request.reasks + 1
         follow.prior_attempts = request.prior_attempts + request.attempts

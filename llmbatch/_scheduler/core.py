@@ -68,11 +68,12 @@ from llmbatch._config import (
     RateLimit,
     TenantLimits,
 )
-from llmbatch._exceptions import QueueFull
+from llmbatch._exceptions import LLMBatchError, QueueFull
 from llmbatch._scheduler.budgets import RateBudget, SharedAllowance, settle_credit
 from llmbatch._scheduler.queues import Group, TierQueue
 from llmbatch._scheduler.routing import Router
 from llmbatch._scheduler.seats import Seats
+from llmbatch._scheduler.spending import SpendingHold
 from llmbatch._scheduler.tenants import TenantBook
 from llmbatch._stats import RateStats
 
@@ -112,6 +113,8 @@ class Poll:
     next_wakeup: float | None = None
     blocked_replicas: frozenset[int] = frozenset()
     """The replicas whose bulk limit held it back (seats free, but not for bulk)."""
+    refused: list[tuple[Request, LLMBatchError]] = field(default_factory=list)
+    """Held requests a spending limit can no longer take, with their errors."""
 
 
 #: The share of a learnt rate limit the client spends: the provider's buckets and the
@@ -172,6 +175,8 @@ class Scheduler:
         """The last poll's next wake-up: an add that needs an earlier one asks for a poll."""
         self.tenants = TenantBook(tenants)
         """Every active tenant's fair-share position, limits and held requests."""
+        self.spending = SpendingHold()
+        """Requests held until their spending limits have room."""
 
     # -- queue -----------------------------------------------------------------------
 
@@ -180,6 +185,8 @@ class Scheduler:
         or held back by their tenant's limits)."""
         tier = self._tiers[priority]
         held = self.tenants.held_count(priority) if self.tenants.holding else 0
+        if self.spending.live:
+            held += self.spending.count(priority)
         return tier.size + tier.waiting_live + held
 
     @property
@@ -190,8 +197,10 @@ class Scheduler:
     @property
     def has_queued(self) -> bool:
         """Something is queued, waiting for room or held (a freed seat may let it go)."""
-        return bool(self.tenants.holding) or any(
-            t.size or t.waiting_live for t in self._tiers.values()
+        return (
+            bool(self.tenants.holding)
+            or self.spending.live > 0
+            or any(t.size or t.waiting_live for t in self._tiers.values())
         )
 
     def add(self, request: Request, *, nowait: bool = False, must_wait: bool = False) -> bool:
@@ -205,7 +214,15 @@ class Scheduler:
         filled a batch, or carries a deadline earlier than the next planned wake-up.
         Otherwise the planned wake-up covers it, which spares the driver a poll per
         request.
+
+        A request with spending limits first reserves what it may cost, or is held
+        until they have room, or raises :class:`SpendingLimitReached` (nothing held)
+        where they never will.
         """
+        if request.spending and not request.reserved and not self.spending.enter(request):
+            if request.deadline is not None:
+                self._track_deadline(request)
+            return False
         book = self.tenants
         name = request.spec.tenant
         if name is not None:
@@ -264,6 +281,9 @@ class Scheduler:
             request.state = _FINISHED
         elif state == _HELD:
             self.tenants.unhold(request)
+        elif state == State.SPENDING:
+            self.spending.unhold(request)
+            return True
         else:
             return False
         if request.quota is not None:
@@ -281,6 +301,7 @@ class Scheduler:
                 yield from (r for r in group.items if r.state == _QUEUED)
             yield from (r for r in tier.waiting if r.state == _WAITING)
         yield from list(self.tenants.held_requests())
+        yield from list(self.spending.requests())
 
     def _admit(self, tier: TierQueue, now: float) -> None:
         """Move callers waiting for room into the queue, one per free place, in
@@ -530,6 +551,12 @@ class Scheduler:
         their in-flight capacity there. (A server's ``sendable`` says whether it
         takes batches: not while it is unavailable, one while it may be back.)"""
         expired = self._expire(now) if self._deadlines else []
+        refused: list[tuple[Request, LLMBatchError]] = []
+        if self.spending.live:
+            going, spent = self.spending.release()
+            refused.extend(spent)
+            for request in going:
+                self.add(request, must_wait=True)
         book = self.tenants
         if book.holding:
             for request in book.admissible(now):
@@ -604,7 +631,7 @@ class Scheduler:
             if tier.waiting_live:
                 self._admit(tier, now)
         self._planned = self._next_wakeup(now, rate_wakeup)
-        return Poll(batches, expired, self._planned, frozenset(limit_blocked))
+        return Poll(batches, expired, self._planned, frozenset(limit_blocked), refused)
 
     def _has_seat(self, priority: Priority) -> bool:
         """Some server takes batches now and has a seat for ``priority``, and the

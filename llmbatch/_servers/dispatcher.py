@@ -68,6 +68,7 @@ from llmbatch._servers.wire import (
     parse_embeddings,
     priority_refused,
     prompt_cap,
+    split_cached,
     split_usage,
     too_long,
 )
@@ -410,6 +411,7 @@ class Dispatcher:
             decoder.created,
             [(decoder.choice(chat=chat),)],
             decoder.usage,
+            cached=decoder.cached,
         )
         self._deliver([request], answers, first_token_at=first_token_at)
 
@@ -715,7 +717,14 @@ class Dispatcher:
                 requests, answers.choices, prompt_parts, completion_parts, strict=True
             )
         ]
-        self._outcomes.answered(requests, values, now, prompt_parts, completion_parts)
+        cached = None
+        if answers.cached:
+            cached = (
+                [answers.cached]
+                if size == 1
+                else split_cached(answers.cached, prompt_parts, usage[0])
+            )
+        self._outcomes.answered(requests, values, now, prompt_parts, completion_parts, cached)
         self.server.answered_sequences += size * first.spec.n
         self.server.on_timing(
             first.priority, now - sent_at, max(completion_parts), now, first_token_at

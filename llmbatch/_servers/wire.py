@@ -39,6 +39,7 @@ __all__ = [
     "parse_completions",
     "parse_embeddings",
     "priority_refused",
+    "split_cached",
     "split_usage",
     "too_long",
 ]
@@ -105,6 +106,9 @@ class Answers:
     usage: RawUsage
     """The response's usage (prompt, completion, total, estimated=False)."""
     system_fingerprint: str | None = None
+    cached: int = 0
+    """Of its prompt tokens, those the server read from its prompt cache, where its
+    usage says (``prompt_tokens_details.cached_tokens``): they may cost less."""
 
 
 def _load(content: bytes) -> Any:
@@ -123,6 +127,14 @@ def _usage(data: Mapping[str, Any]) -> RawUsage:
     except (TypeError, ValueError, AttributeError) as exc:
         raise RemoteProtocolError(f"the server sent a malformed usage: {raw!r}") from exc
     return (prompt, completion, total, False)
+
+
+def cached_tokens(data: Mapping[str, Any]) -> int:
+    """``usage.prompt_tokens_details.cached_tokens`` (0: not said, or not a count)."""
+    usage = data.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, Mapping) else None
+    cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) and cached > 0 else 0
 
 
 def _header(data: Any) -> tuple[str, str, int]:
@@ -168,7 +180,9 @@ def parse_completions(content: bytes, requests: Sequence[Request]) -> Answers:
     data = _load(content)
     id_, model, created = _header(data)
     choices = _demultiplex(data.get("choices"), len(requests), requests[0].spec.n)
-    return Answers(id_, model, created, choices, _usage(data), _fingerprint(data))
+    return Answers(
+        id_, model, created, choices, _usage(data), _fingerprint(data), cached_tokens(data)
+    )
 
 
 def parse_chat(content: bytes, n: int = 1) -> Answers:
@@ -178,7 +192,9 @@ def parse_chat(content: bytes, n: int = 1) -> Answers:
     choices = _demultiplex(data.get("choices"), 1, n)
     if not all(isinstance(c.get("message"), Mapping) for c in choices[0]):
         raise RemoteProtocolError("the server sent a chat choice without a message")
-    return Answers(id_, model, created, choices, _usage(data), _fingerprint(data))
+    return Answers(
+        id_, model, created, choices, _usage(data), _fingerprint(data), cached_tokens(data)
+    )
 
 
 def parse_embeddings(content: bytes, requests: Sequence[Request]) -> Answers:
@@ -188,7 +204,7 @@ def parse_embeddings(content: bytes, requests: Sequence[Request]) -> Answers:
     items = _demultiplex(data.get("data"), len(requests), 1)
     if not all("embedding" in item[0] for item in items):
         raise RemoteProtocolError("the server sent an embedding without its vector")
-    return Answers(id_, model, created, items, _usage(data))
+    return Answers(id_, model, created, items, _usage(data), None, cached_tokens(data))
 
 
 def parse_chat_batch(content: bytes, requests: Sequence[Request]) -> Answers:
@@ -198,7 +214,9 @@ def parse_chat_batch(content: bytes, requests: Sequence[Request]) -> Answers:
     choices = _demultiplex(data.get("choices"), len(requests), 1)
     if not all(isinstance(c[0].get("message"), Mapping) for c in choices):
         raise RemoteProtocolError("the server sent a chat choice without a message")
-    return Answers(id_, model, created, choices, _usage(data), _fingerprint(data))
+    return Answers(
+        id_, model, created, choices, _usage(data), _fingerprint(data), cached_tokens(data)
+    )
 
 
 # -- usage apportioning --------------------------------------------------------------
@@ -236,6 +254,23 @@ def _input_chars(request: Request) -> int:
         return len(request.prompt)
     messages = request.messages or ()
     return sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
+
+
+def split_cached(cached: int, prompts: Sequence[int], prompt_total: int) -> list[int]:
+    """Apportion a batch's cached prompt tokens by each request's prompt tokens,
+    summing exactly to ``cached`` (never more than a request's prompt)."""
+    if prompt_total <= 0:
+        return [0] * len(prompts)
+    cached = min(cached, prompt_total)
+    parts = [cached * p // prompt_total for p in prompts]
+    short = cached - sum(parts)
+    for i in sorted(range(len(prompts)), key=lambda i: prompts[i] - parts[i], reverse=True):
+        if short <= 0:
+            break
+        if parts[i] < prompts[i]:
+            parts[i] += 1
+            short -= 1
+    return parts
 
 
 def split_usage(
@@ -399,6 +434,7 @@ class StreamDecoder:
         self.created = 0
         self.role = "assistant"
         self.usage: RawUsage = (0, 0, 0, False)
+        self.cached = 0
         self.done = False
         """``data: [DONE]`` arrived."""
 
@@ -465,6 +501,7 @@ class StreamDecoder:
                 self.finish_reason = finish
         if event.get("usage"):
             self.usage = _usage(event)
+            self.cached = cached_tokens(event)
         if not self._chunks:
             return text
         chunk: Chunk = make_chunk(self._kind, event, text)

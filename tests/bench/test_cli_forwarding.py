@@ -125,3 +125,13 @@ def test_prompt_shapes_have_their_lengths_and_realtime_stays_standard(
     assert lengths[9] > 20 * standard  # ... and one long
     with pytest.raises(ValueError, match="unknown prompt shape"):
         jobs.use_prompts("huge")
+
+
+def test_the_hosted_scenario_takes_its_limiter_and_a_short_form() -> None:
+    full = _config(["--scenario", "hosted"])
+    assert (full.hosted_conversations, full.hosted_rpm, full.hosted_tpm) == (3000, 6000, 90000)  # type: ignore[attr-defined]
+    short = _config(["--scenario", "hosted", "--smoke", "--hosted-headers", "together"])
+    assert short.hosted_conversations == 300  # type: ignore[attr-defined]
+    assert short.hosted_headers == "together"  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="--hosted-tpm must be >= 1"):
+        _config(["--scenario", "hosted", "--hosted-tpm", "0"])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmbatch_bench.experiments import hosted
+from llmbatch_bench import hosted
 from llmbatch_server.redis_process import redis_server_path
 
 

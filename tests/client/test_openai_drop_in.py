@@ -176,6 +176,32 @@ async def test_the_tenant_header_names_the_tenant_and_its_limits_hold(
     assert "strict" in str(refused[0])
 
 
+async def test_a_spent_max_cost_answers_as_openai_answers_a_spent_quota(
+    sim: SimulatorProcess,
+) -> None:
+    """A 429 ``insufficient_quota`` that openai's retries leave alone (x-should-retry)."""
+    agent = AsyncOpenAI(
+        base_url=sim.base_url,
+        api_key="unused",
+        max_retries=3,
+        llmbatch_options={
+            "prices": {MODEL: llmbatch.Price(input=1.0, output=1.0)},
+            "max_cost": 0.0001,
+        },
+    )
+    transport = agent._client._transport  # type: ignore[attr-defined]
+    try:
+        with pytest.raises(openai.RateLimitError) as caught:
+            await agent.completions.create(model=MODEL, prompt="x" * 200, max_tokens=100)
+        stats = transport._client.stats()
+    finally:
+        await agent.close()
+    assert caught.value.code == "insufficient_quota"
+    assert "max_cost" in str(caught.value)
+    assert stats.tiers[llmbatch.Priority.NORMAL].failed == 1  # asked once, not retried
+    assert stats.batches_sent == 0
+
+
 async def _gather(*calls: object) -> list[object]:
     """Each call's answer or exception, started together."""
     outcomes: list[object] = [None] * len(calls)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jobfiles import completion_line, id_counts, write_jsonl
+from jobfiles import completion_line, id_counts, read_output, write_jsonl
 
 from llmbatch._jobs import cli
 from llmbatch._jobs.runner import JobSummary
@@ -160,3 +160,36 @@ def test_a_stopped_job_reports_what_was_saved_and_what_remains(
 def test_interrupted_before_the_input_was_checked() -> None:
     message = cli.format_interrupted(JobSummary(), Path("out.jsonl"))
     assert message == "interrupted before anything was sent; rerun the same command to start"
+
+
+def test_a_spent_max_cost_stops_the_job_and_a_higher_one_resumes_it(
+    sim: SimulatorProcess, tmp_path: Path
+) -> None:
+    """$1 a million tokens either way: a line reserves (7-8 prompt bytes + 16 + 8
+    max_tokens) millionths of a dollar and costs what the simulator counts, fewer."""
+    src, out = input_file(tmp_path, 60), tmp_path / "out.jsonl"
+    code, err = finish(job(src, out, sim, "--price", "1,1", "--max-cost", "0.0005"))
+    assert code == cli.EXIT_STOPPED, err
+    saved = sum(id_counts(out).values())
+    assert 0 < saved < 60
+    summary = next(line for line in err if line.startswith("llmbatch run:"))
+    spent = float(re.search(r"cost \$([\d.]+)", summary).group(1))  # type: ignore[union-attr]
+    assert spent <= 0.0005
+    assert err[-2:] == [
+        f"stopped early: --max-cost $0.0005 was reached (${spent:g} spent)",
+        f"to go on: {60 - saved} line(s) were not sent; rerun with a higher --max-cost to resume",
+    ]
+    assert "failed" not in "".join(line for line in err if "error" in line)
+    # What was left unsent was not written as failed: a rerun sends exactly those.
+    code, err = finish(job(src, out, sim, "--price", "1,1", "--max-cost", "1"))
+    assert code == cli.EXIT_OK, err
+    assert id_counts(out) == {f"id-{i}": 1 for i in range(60)}
+    assert all("error" not in record or record["error"] is None for record in read_output(out))
+
+
+def test_a_max_cost_without_a_price_is_a_usage_error(sim: SimulatorProcess, tmp_path: Path) -> None:
+    src, out = input_file(tmp_path, 2), tmp_path / "out.jsonl"
+    code, err = finish(job(src, out, sim, "--max-cost", "1"))
+    assert code == cli.EXIT_USAGE
+    assert "max_cost needs the price of model 'sim-model'" in err[-1]
+    assert out.read_text() == ""

@@ -26,7 +26,15 @@ from llmbatch_server.launcher import VLLMServer
 SERVER_DIR = pathlib.Path(__file__).resolve().parents[2] / "server"
 STARTUP_TIMEOUT = float(os.environ.get("LLMBATCH_VLLM_STARTUP_TIMEOUT", "300"))
 #: Small, CPU-friendly engine settings on top of the latency profile.
-EXTRA_ARGS = ["--enforce-eager", "--max-num-seqs", "16", "--max-model-len", "1024"]
+EXTRA_ARGS = [
+    "--enforce-eager",
+    "--max-num-seqs",
+    "16",
+    "--max-model-len",
+    "1024",
+    # The usage says which prompt tokens the prefix cache served (what they cost).
+    "--enable-prompt-tokens-details",
+]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -71,3 +71,32 @@ async def test_priority_scheduling_with_suggested_limits(vllm_server: RunningSer
         batch = await c.map(["x", "y"], priority="batch", max_tokens=4)
     assert realtime.text is not None
     assert all(r.ok for r in batch)
+
+
+async def test_cost_counts_the_prefix_caches_tokens_at_their_price(
+    vllm_server: RunningServer,
+) -> None:
+    """vLLM reports the prompt tokens its prefix cache served
+    (``--enable-prompt-tokens-details``): a prompt sent twice costs less the second
+    time, at ``cached_input``, and a spending limit settles at what was counted."""
+    prompt = "The quick brown fox jumps over the lazy dog. " + "lorem ipsum dolor " * 40
+    price = llmbatch.Price(input=1.0, output=2.0, cached_input=0.5)
+    async with client(vllm_server, prices={"*": price}, max_cost=1.0) as c:
+        first = await c.complete(prompt, max_tokens=4)
+        second = await c.complete(prompt, max_tokens=4)
+        stats = c.stats()
+    cost = stats.cost
+    assert cost.answers == 2
+    assert cost.cached_tokens >= 128  # at least some blocks of the second were cached
+    prompt_tokens = first.usage.prompt_tokens + second.usage.prompt_tokens
+    completion_tokens = first.usage.completion_tokens + second.usage.completion_tokens
+    assert cost.prompt_tokens == prompt_tokens
+    expected = (
+        (prompt_tokens - cost.cached_tokens) * 1.0
+        + cost.cached_tokens * 0.5
+        + completion_tokens * 2.0
+    ) / 1e6
+    assert cost.dollars == pytest.approx(expected, rel=1e-12)
+    assert stats.spending is not None
+    assert stats.spending.spent == pytest.approx(expected, rel=1e-12)
+    assert stats.spending.reserved == 0.0
