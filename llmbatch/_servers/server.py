@@ -445,9 +445,12 @@ class Server:
     ) -> None:
         """An HTTP response arrived at ``now`` (any status) to a request sent at
         ``sent_at`` (None: a probe of what it is): the server is reachable."""
-        if sent_at is not None:
-            self.generation_answered = True
         limits = self.dialect.provider_limits(headers)
+        if sent_at is not None and (status < 400 or status == 429 or limits is not None):
+            # An answer that says the limits, or that there are none to say. (A 404
+            # for a route the server lacks says nothing: LiteLLM's proxy answers the
+            # chat batch route so, and bulk then went out before any limit was known.)
+            self.generation_answered = True
         if limits is not None:
             self.news = True
             self._provider_limits = (limits, now)
@@ -677,7 +680,8 @@ def _per_minute(limits: ProviderLimits) -> tuple[int | None, int | None] | None:
     """The requests and tokens a minute ``limits`` state (None: neither). Where the
     family states its window, the limit scaled to a minute; where it does not
     (OpenAI's), a limit whose reset is within a minute (a per-day one, Groq's
-    requests, is not spread over the day's minutes)."""
+    requests, is not spread over the day's minutes), or that states no reset
+    (LiteLLM's proxy, whose limits are its deployments' rpm and tpm)."""
     window = limits.window
 
     def of(limit: int | None, reset: float | None) -> int | None:
@@ -685,7 +689,7 @@ def _per_minute(limits: ProviderLimits) -> tuple[int | None, int | None] | None:
             return None
         if window is not None:
             return max(1, round(limit * _MINUTE / window))
-        if reset is None or reset > _MINUTE:
+        if reset is not None and reset > _MINUTE:
             return None
         return limit
 

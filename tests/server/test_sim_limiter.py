@@ -137,3 +137,24 @@ def test_a_simulator_playing_a_provider_answers_with_its_headers_and_429s() -> N
     assert answers[0].headers["x-ratelimit-limit-requests"] == "120"
     assert int(answers[2].headers["retry-after-ms"]) > 0
     assert "Rate limit reached for requests" in answers[2].json()["error"]["message"]
+
+
+def test_limits_stated_without_a_reset_are_a_minutes() -> None:
+    """LiteLLM's proxy states its deployments' rpm and tpm in OpenAI's headers with
+    no reset; a reset longer than a minute (Groq's requests a day) is still not
+    learnt."""
+    from llmbatch._servers.limits import read_limits
+    from llmbatch._servers.server import _per_minute
+
+    litellm = {
+        "x-ratelimit-limit-requests": "600",
+        "x-ratelimit-remaining-requests": "599",
+        "x-ratelimit-limit-tokens": "30000",
+        "x-ratelimit-remaining-tokens": "29986",
+    }
+    limits = read_limits(litellm)
+    assert limits is not None
+    assert _per_minute(limits) == (600, 30_000)
+    daily = read_limits({**litellm, "x-ratelimit-reset-requests": "2h0m0s"})
+    assert daily is not None
+    assert _per_minute(daily) == (None, 30_000)

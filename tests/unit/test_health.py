@@ -272,7 +272,11 @@ async def test_a_hosted_endpoint_gets_a_few_bulk_sequences_until_it_answers() ->
     assert control()  # the held limit is handed on
     hosted.on_response(200, {}, 0.1)  # a probe of what it is: not an answer to work
     assert hosted.bulk_limit == FIRST_ANSWER_BULK
-    hosted.on_response(429, {"retry-after": "1"}, 0.2, sent_at=0.1)  # any answer will do
+    # A 404 for a route it lacks (LiteLLM's proxy and the chat batch route) says
+    # nothing of its limits either.
+    hosted.on_response(404, {}, 0.15, sent_at=0.1)
+    assert hosted.bulk_limit == FIRST_ANSWER_BULK
+    hosted.on_response(429, {"retry-after": "1"}, 0.2, sent_at=0.1)  # a limit's answer
     assert hosted.bulk_limit == full
     assert control()  # and the whole limit handed on at once
 
