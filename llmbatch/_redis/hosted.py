@@ -2,11 +2,14 @@
 the limits its answers' headers state, and a 429's wait.
 
 Every :data:`POLL` seconds each process says what it learnt since it last spoke
-(numbers it had not said or heard before) and the longest wait a 429 asked of it,
-and hears what the others said: limits it has not learnt itself become its budget
-(leased from the shared one: docs/shared-limits.md), and a wait still running holds
-every one of its servers until it ends. A process so hears of another's 429 within a
-poll; what it sent in that time may still meet the limit.
+(numbers it had not said or heard before), the longest wait a 429 asked of it, and
+whether 429s came, and hears what the others said: limits it has not learnt itself
+become its budget (leased from the shared one: docs/shared-limits.md), a wait still
+running holds every one of its servers until it ends, and the speed they all spend
+the budget at, kept in Redis (cut for a burst of 429s, whoever met it, raised while
+none come: another app spends the same key), sets the rate it leases at. A process
+so hears of another's 429 within a poll; what it sent in that time may still meet
+the limit.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import anyio
 from llmbatch._clock import Clock
 from llmbatch._redis.link import RedisLink, SharedBudgetUnreachable
 from llmbatch._redis.scripts import HOSTED_SHARE, hosted_keys
+from llmbatch._scheduler.budgets import CUT, CUT_SPACING, RAISE, RAISE_AFTER, SLOWEST
 from llmbatch._scheduler.core import Scheduler
 
 __all__ = ["CoolsDown", "HostedSharing"]
@@ -33,6 +37,10 @@ POLL = 0.25
 #: Seconds learnt limits stay in Redis after they were last said (a provider's limits
 #: change with its tiers, rarely within a day).
 KEEP = 86_400
+#: The rule a shared learnt budget slows down and speeds up by, as a lone process's
+#: does (budgets.py), for the script: cut, slowest, raise, then milliseconds between
+#: cuts and from the last cut to the first raise.
+SPEED_RULE = (CUT, SLOWEST, RAISE, round(CUT_SPACING * 1000), round(RAISE_AFTER * 1000))
 
 
 class CoolsDown(Protocol):
@@ -85,8 +93,11 @@ class HostedSharing:
         if until > self._waited_until and until > now:
             wait_ms = math.ceil((until - now) * 1000)
         rpm_said, tpm_said = new or (None, None)
+        cut = self._scheduler.take_rate_cut()
         reply = await self._link.run(
-            HOSTED_SHARE, self._keys, [rpm_said or 0, tpm_said or 0, wait_ms, KEEP]
+            HOSTED_SHARE,
+            self._keys,
+            [rpm_said or 0, tpm_said or 0, wait_ms, KEEP, int(cut), *SPEED_RULE],
         )
         if new is not None:
             self._said = new
@@ -94,6 +105,7 @@ class HostedSharing:
             self._waited_until = until
         now = self._now()
         rpm, tpm, left_ms = int(float(reply[0])), int(float(reply[1])), int(reply[2])
+        self._scheduler.set_rate_speed(float(reply[3]))
         heard = (rpm or None, tpm or None)
         if heard != (None, None) and heard != self._said:
             # Another process learnt them (or they changed there first).

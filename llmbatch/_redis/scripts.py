@@ -244,13 +244,32 @@ return result
 HOSTED_SHARE = """
 local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
 local wait_ms, keep = tonumber(ARGV[3]), tonumber(ARGV[4])
+local cut = tonumber(ARGV[5])
+local share, slowest, step = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local spacing, after = tonumber(ARGV[9]), tonumber(ARGV[10])
 if rpm > 0 or tpm > 0 then
   redis.call('HSET', KEYS[1], 'rpm', rpm, 'tpm', tpm)
-  redis.call('EXPIRE', KEYS[1], keep)
 end
 if wait_ms > 0 and redis.call('PTTL', KEYS[2]) < wait_ms then
   redis.call('SET', KEYS[2], '1', 'PX', wait_ms)
 end
+-- The speed every sharer spends the learnt budget at: cut to share of itself for
+-- a burst of 429s (once per spacing, whoever met them), never below slowest;
+-- raised by step a second from after past the last cut.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local state = redis.call('HMGET', KEYS[1], 'speed', 'cut_until', 'raise_at')
+local speed = tonumber(state[1] or '1')
+local cut_until, raise_at = tonumber(state[2] or '0'), tonumber(state[3] or '0')
+if cut > 0 and now >= cut_until then
+  speed = math.max(slowest, speed * share)
+  cut_until, raise_at = now + spacing, now + after
+elseif speed < 1 and now >= raise_at then
+  speed = math.min(1, speed + step)
+  raise_at = now + 1000
+end
+redis.call('HSET', KEYS[1], 'speed', speed, 'cut_until', cut_until, 'raise_at', raise_at)
+redis.call('EXPIRE', KEYS[1], keep)
 local got = redis.call('HMGET', KEYS[1], 'rpm', 'tpm')
-return {got[1] or '0', got[2] or '0', tostring(redis.call('PTTL', KEYS[2]))}
+return {got[1] or '0', got[2] or '0', tostring(redis.call('PTTL', KEYS[2])), tostring(speed)}
 """

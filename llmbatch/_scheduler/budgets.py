@@ -40,6 +40,8 @@ class RateBudget:
         "_cut_until",
         "_raise_at",
         "count_scale",
+        "cut_pending",
+        "leased",
         "refunds",
         "requests",
         "second",
@@ -78,10 +80,21 @@ class RateBudget:
         """Without refunds (a learnt budget): the share of its rate the client spends
         now, cut by 429s (others spend the same key) and raised while none comes."""
         self._cut_until = self._raise_at = -math.inf
+        self.leased = shared
+        """Its buckets are filled from a budget shared through Redis (leases)."""
+        self.cut_pending = False
+        """A leased budget met 429s not yet told to its sharers."""
 
     def refused(self, now: float) -> None:
-        """A 429 came: slow down (once for the 429s of one burst)."""
-        if self.refunds or now < self._cut_until:
+        """A 429 came: slow down (once for the 429s of one burst). A leased budget's
+        speed is the one its sharers keep in Redis: the 429 is told there
+        (:attr:`cut_pending`), and the speed comes back from it."""
+        if self.refunds:
+            return
+        if self.leased:
+            self.cut_pending = True
+            return
+        if now < self._cut_until:
             return
         self._cut_until = now + CUT_SPACING
         self._raise_at = now + RAISE_AFTER
@@ -89,7 +102,7 @@ class RateBudget:
 
     def recover(self, now: float) -> None:
         """No 429 came lately: speed up again, a step a second, up to the whole rate."""
-        if self.refunds or self.speed >= 1.0 or now < self._raise_at:
+        if self.refunds or self.leased or self.speed >= 1.0 or now < self._raise_at:
             return
         self._raise_at = now + 1.0
         self._set_speed(min(1.0, self.speed + RAISE))
@@ -109,6 +122,7 @@ class RateBudget:
         holds was granted by the shared budget); and what it learnt of the
         provider's count and of others spending the same key."""
         self.count_scale = old.count_scale
+        self.cut_pending = old.cut_pending
         self._cut_until, self._raise_at = old._cut_until, old._raise_at
         if old.speed != 1.0:
             self._set_speed(old.speed)

@@ -392,7 +392,7 @@ class Scheduler:
             fresh.keep_spent(old)
         self.rate = fresh
         if shared is not None and self.on_rate_learnt is not None:
-            self.on_rate_learnt(limit)
+            self.on_rate_learnt(_at_speed(limit, fresh.speed))
 
     def rate_answered(self, now: float, *, refused: bool) -> None:
         """Whether a 429 came since the last call: a learnt budget slows down for it
@@ -405,6 +405,27 @@ class Scheduler:
             rate.refused(now)
         else:
             rate.recover(now)
+
+    def take_rate_cut(self) -> bool:
+        """Whether a leased learnt budget met 429s since last asked (to tell the
+        processes sharing it, which slow down together)."""
+        rate = self.rate
+        if rate is None or not rate.cut_pending:
+            return False
+        rate.cut_pending = False
+        return True
+
+    def set_rate_speed(self, speed: float) -> None:
+        """The share of a leased learnt budget its sharers spend now (kept in Redis,
+        cut for 429s and raised while none come): leased at that rate from now on."""
+        rate, limit = self.rate, self._rate_in_force
+        if self._rate_stated or rate is None or not rate.leased or limit is None:
+            return
+        if speed == rate.speed:
+            return
+        rate.speed = speed
+        if self.on_rate_learnt is not None:
+            self.on_rate_learnt(_at_speed(limit, speed))
 
     def rate_stats(self) -> RateStats | None:
         """The rate budget in force, where it comes from (None: none)."""
@@ -869,3 +890,15 @@ class Scheduler:
         if deadlines and (wakeup is None or deadlines[0][0] < wakeup):
             wakeup = deadlines[0][0]
         return wakeup
+
+
+def _at_speed(limit: RateLimit, speed: float) -> RateLimit:
+    """``limit`` spent at ``speed`` of itself (a shared learnt budget slowed by 429s)."""
+    if speed == 1.0:
+        return limit
+    rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
+    return replace(
+        limit,
+        requests_per_minute=None if rpm is None else max(1.0, rpm * speed),
+        tokens_per_minute=None if tpm is None else max(1.0, tpm * speed),
+    )

@@ -162,3 +162,52 @@ async def test_the_longest_wait_said_stands_and_one_heard_is_not_counted_twice(
     finally:
         for _, _, link in sides:
             await link.aclose()
+
+
+async def test_sharers_of_a_learnt_budget_slow_down_together_for_429s(
+    redis_server: RedisProcess,
+) -> None:
+    """A third party on the key: the 429s one process meets slow every process
+    leasing the learnt budget (once per burst, whoever met it), and the speed comes
+    back a step a second from 3 s after the last cut (CUT, RAISE, RAISE_AFTER)."""
+    key = fresh("speed")
+    shared = RateLimit(redis_url=redis_server.url, key=key)
+    sides: list[tuple[Scheduler, HostedSharing, list[RateLimit]]] = []
+    for _ in range(2):
+        scheduler = Scheduler(limits=Limits(), rate_limit=shared)
+        leased: list[RateLimit] = []
+        scheduler.on_rate_learnt = leased.append
+        scheduler.learn_rate(6000, 90_000)
+        sharing = HostedSharing(
+            RedisLink(redis_server.url),
+            key,
+            scheduler=scheduler,
+            servers=lambda: (),
+            clock=time.monotonic,
+            wake=lambda: None,
+        )
+        sides.append((scheduler, sharing, leased))
+    (a, a_sharing, a_leased), (b, b_sharing, b_leased) = sides
+    assert a_leased[-1].requests_per_minute == 5700  # 95 % of what was learnt
+    assert a.rate is not None
+    assert b.rate is not None
+    a.rate_answered(time.monotonic(), refused=True)  # a burst of 429s at a
+    await a_sharing.exchange()
+    await b_sharing.exchange()
+    assert (a.rate.speed, b.rate.speed) == (0.75, 0.75)
+    assert b_leased[-1].requests_per_minute == pytest.approx(5700 * 0.75)
+    assert b_leased[-1].tokens_per_minute == pytest.approx(85_500 * 0.75)
+    assert (b_leased[-1].redis_url, b_leased[-1].key) == (redis_server.url, key)
+    # b meets the same burst within the second: one cut for both, not two.
+    b.rate_answered(time.monotonic(), refused=True)
+    await b_sharing.exchange()
+    await a_sharing.exchange()
+    assert (a.rate.speed, b.rate.speed) == (0.75, 0.75)
+    # No 429 since: from 3 s after the cut, a step a second.
+    await anyio.sleep(3.1)
+    await a_sharing.exchange()
+    await b_sharing.exchange()
+    assert a.rate.speed == pytest.approx(0.8)
+    assert b.rate.speed == pytest.approx(0.8)
+    await b_sharing.exchange()  # within the second: no second step
+    assert b.rate.speed == pytest.approx(0.8)
