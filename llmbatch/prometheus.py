@@ -274,8 +274,44 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
         (*tenant, "kind"),
     )
 
+    cost = counter(
+        "cost_dollars", "Dollars the answers cost at their models' prices, by tier.", ("tier",)
+    )
+    model_tokens = counter(
+        "model_tokens",
+        "Tokens the server was paid for, by model and kind (prompt, cached, completion).",
+        ("model", "kind"),
+    )
+    model_cost = counter(
+        "model_cost_dollars", "Dollars the answers cost, by model (no price: 0).", ("model",)
+    )
+    tenant_cost = counter("tenant_cost_dollars", "Dollars a tenant's answers cost.", tenant)
+    spending = gauge(
+        "max_cost_dollars",
+        "The client's max_cost, and what is spent and reserved under it (state).",
+        ("state",),
+    )
+
     for stats, labels in snapshots:
         own = [labels[n] for n in names]
+        for tier, t in stats.tiers.items():
+            cost.add_metric([*own, tier.value], t.cost.dollars)
+        for model, paid in stats.models.items():
+            for kind, tokens in (
+                ("prompt", paid.prompt_tokens),
+                ("cached", paid.cached_tokens),
+                ("completion", paid.completion_tokens),
+            ):
+                model_tokens.add_metric([*own, model, kind], tokens)
+            model_cost.add_metric([*own, model], paid.dollars)
+        if stats.spending is not None:
+            limits = stats.spending
+            for state, dollars in (
+                ("limit", limits.max_cost),
+                ("spent", limits.spent),
+                ("reserved", limits.reserved),
+            ):
+                spending.add_metric([*own, state], dollars)
         for tier, t in stats.tiers.items():
             at = [*own, tier.value]
             queued.add_metric(at, t.queued)
@@ -335,6 +371,7 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
                 tenant_requests.add_metric([*at, outcome], n)
             tenant_tokens.add_metric([*at, "prompt"], counts.prompt_tokens)
             tenant_tokens.add_metric([*at, "completion"], counts.completion_tokens)
+            tenant_cost.add_metric(at, counts.cost.dollars)
     families: list[Any] = [
         queued,
         in_flight,
@@ -368,6 +405,11 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
         tenant_in_flight,
         tenant_requests,
         tenant_tokens,
+        tenant_cost,
+        cost,
+        model_tokens,
+        model_cost,
+        spending,
     ]
     return families
 

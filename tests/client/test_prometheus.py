@@ -185,3 +185,29 @@ async def test_tenants_named_in_tenants_have_series_the_rest_are_other(
     assert stats.other_tenants.done == 5
     assert sum(t.done for t in stats.tiers.values()) == 27
     assert "tenant team-a" in str(stats)
+
+
+async def test_what_the_answers_cost_is_exported_by_tier_model_and_tenant(
+    sim: SimulatorProcess, exporter: tuple[CollectorRegistry, str]
+) -> None:
+    registry, url = exporter
+    price = llmbatch.Price(input=1.0, output=2.0)
+    tenants = {"team-a": llmbatch.TenantLimits()}
+    async with llmbatch.Client(
+        sim.base_url, slo=None, prices={"*": price}, max_cost=1.0, tenants=tenants
+    ) as client:
+        llmbatch.prometheus.register(client, registry)
+        await client.map([f"prompt {i}" for i in range(20)], max_tokens=3, tenant="team-a")
+        samples = await anyio.to_thread.run_sync(scrape, url)
+        stats = client.stats()
+    model = next(iter(stats.models))
+    dollars = stats.cost.dollars
+    assert dollars > 0
+    assert value(samples, "llmbatch_cost_dollars_total", tier="batch") == dollars
+    assert value(samples, "llmbatch_model_cost_dollars_total", model=model) == dollars
+    assert value(samples, "llmbatch_model_tokens_total", model=model, kind="completion") == (
+        stats.models[model].completion_tokens
+    )
+    assert value(samples, "llmbatch_tenant_cost_dollars_total", tenant="team-a") == dollars
+    assert value(samples, "llmbatch_max_cost_dollars", state="limit") == 1.0
+    assert value(samples, "llmbatch_max_cost_dollars", state="spent") == dollars
