@@ -46,7 +46,7 @@ from llmbatch._runtime.map import MapRunner
 from llmbatch._runtime.submitter import Submitter
 from llmbatch._scheduler import Scheduler
 from llmbatch._spending.ledger import SpendingLedger
-from llmbatch._spending.prices import PriceBook
+from llmbatch._spending.prices import PriceBook, price_needed
 from llmbatch._stats import Stats
 
 __all__ = ["Runtime", "State"]
@@ -140,13 +140,7 @@ class Runtime:
             self.model, self.max_model_len = await fleet.open(config.replicas, self.model)
             await prices.prepare([self.model])
             if spending is not None and self.model is not None and not prices.price(self.model):
-                raise ConfigError(
-                    f"max_cost needs the price of model {self.model!r}: state it with "
-                    f"prices={{{self.model!r}: llmbatch.Price(input=..., output=...)}} (dollars "
-                    "per million tokens), or install 'llmbatch[prices]' for a hosted "
-                    "provider's",
-                    field="max_cost",
-                )
+                raise ConfigError(price_needed(self.model), field="max_cost")
             engine = Engine(
                 scheduler,
                 stats,

@@ -23,7 +23,7 @@ from llmbatch._observers import Observers
 from llmbatch._runtime.engine import Engine
 from llmbatch._scheduler import Batch
 from llmbatch._spending.ledger import SpendingLedger
-from llmbatch._spending.prices import PriceBook
+from llmbatch._spending.prices import PriceBook, price_needed
 
 __all__ = ["Submitter"]
 
@@ -106,13 +106,7 @@ class Submitter:
         spending limit cannot be kept without it)."""
         price = None if self.prices is None else self.prices.price(model)
         if price is None:
-            raise InvalidRequestError(
-                f"max_cost needs the price of model {model!r}: state it with "
-                f"Client(prices={{{model!r}: llmbatch.Price(input=..., output=...)}}) "
-                "(dollars per million tokens), or install 'llmbatch[prices]' for a hosted "
-                "provider's",
-                field="max_cost",
-            )
+            raise InvalidRequestError(price_needed(model), field="max_cost")
         return price
 
     def _estimate_cost(self, request: Request, ledgers: tuple[SpendingLedger, ...]) -> None:

@@ -19,7 +19,7 @@ import anyio.to_thread
 
 from llmbatch._config import Price
 
-__all__ = ["CATALOGUE", "PriceBook"]
+__all__ = ["CATALOGUE", "PriceBook", "price_needed"]
 
 logger = logging.getLogger("llmbatch")
 
@@ -114,3 +114,12 @@ def hosted(base_url: str) -> bool:
         return False
     local = (".local", ".localhost", ".internal", ".lan", ".home.arpa")
     return "." in host and not host.endswith(local)
+
+
+def price_needed(model: str | None) -> str:
+    """What a spending limit without ``model``'s price says, and how to give one."""
+    return (
+        f"max_cost needs the price of model {model!r}: state it with "
+        f"prices={{{model!r}: llmbatch.Price(input=..., output=...)}} (dollars per million "
+        "tokens), or install 'llmbatch[prices]' for a hosted provider's"
+    )
