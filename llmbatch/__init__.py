@@ -32,6 +32,7 @@ if typing.TYPE_CHECKING:
         DEFAULT_TIMEOUT,
         SLO,
         BatchPolicy,
+        Cache,
         Limits,
         Price,
         Priority,
@@ -94,6 +95,7 @@ if typing.TYPE_CHECKING:
     from llmbatch._replicas import Replica
     from llmbatch._runtime.endpoints import Endpoints
     from llmbatch._stats import (
+        CacheStats,
         Cost,
         Histogram,
         Inference,
@@ -128,6 +130,7 @@ _EXPORTS = {
     "Limits": "llmbatch._config",
     "Priority": "llmbatch._config",
     "Price": "llmbatch._config",
+    "Cache": "llmbatch._config",
     "RateLimit": "llmbatch._config",
     "RetryPolicy": "llmbatch._config",
     "SLO": "llmbatch._config",
@@ -195,6 +198,7 @@ _EXPORTS = {
     "SharedStats": "llmbatch._stats",
     "SignalSource": "llmbatch._stats",
     "SpendingStats": "llmbatch._stats",
+    "CacheStats": "llmbatch._stats",
     "Stats": "llmbatch._stats",
     "TenantStats": "llmbatch._stats",
     "TierStats": "llmbatch._stats",
@@ -217,6 +221,8 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "BatchPolicy",
+    "Cache",
+    "CacheStats",
     "ChatChoice",
     "ChatChunkChoice",
     "ChatCompletion",

@@ -10,6 +10,7 @@ the call defaults a view fills in. Each method's keywords (declared once, in
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
@@ -24,6 +25,7 @@ import anyio
 from sniffio import current_async_library
 
 from llmbatch._arguments import checked_arguments
+from llmbatch._cache.codec import replay
 from llmbatch._calls.defaults import CallDefaults, ViewOptions
 from llmbatch._calls.spec import (
     CallSpec,
@@ -40,6 +42,7 @@ from llmbatch._config import (
     DEFAULT_RETRY_POLICY,
     DEFAULT_TIMEOUT,
     BatchPolicy,
+    Cache,
     Limits,
     Price,
     Priority,
@@ -137,6 +140,10 @@ class Client:
     by tier, tenant and model. ``max_cost=`` dollars is a spending limit: once it
     is spent no new request goes, and the rest fail with
     :class:`SpendingLimitReached` (docs/hosted.md).
+    ``cache="answers.db"`` (or a :class:`Cache`) keeps every answer under a key of
+    what was asked: a request asked again is answered from the file, without the
+    server, and identical requests in flight at once share one exchange; a call's
+    ``cache=False`` skips it, ``cache="refresh"`` asks again (docs/caching.md).
     Bad configuration raises :class:`ConfigError` (a :class:`ConfigTypeError`, also a
     ``TypeError``, for a value of the wrong type).
     """
@@ -167,6 +174,7 @@ class Client:
         observers: Sequence[Observer] = (),
         prices: Mapping[str, Price] | None = None,
         max_cost: float | None = None,
+        cache: str | os.PathLike[str] | Cache | None = None,
     ) -> None:
         config = ClientConfig.build(
             base_url=base_url,
@@ -191,6 +199,7 @@ class Client:
             observers=observers,
             prices=prices,
             max_cost=max_cost,
+            cache=cache,
         )
         self._setup(config, Runtime(config), config.call_defaults, view=False)
 
@@ -625,6 +634,10 @@ class Client:
         method = "stream_chunks" if chunks else "stream"
         submitter, spec = await self._spec(kind, method, "realtime", params, stream=True)
         request = submitter.request(spec, prompt)
+        if request.done:  # answered from the response cache
+            for item in replay(request.value, chunks):
+                yield item
+            return
         send, receive = anyio.create_memory_object_stream[Any](64)
         request.deltas = send
         request.chunks = chunks

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
@@ -29,6 +30,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "SLO",
     "BatchPolicy",
+    "Cache",
     "Limits",
     "Price",
     "Priority",
@@ -563,6 +565,68 @@ class Price:
             + cached * cached_rate
             + completion_tokens * self.output
         ) / 1_000_000
+
+
+#: The response cache's default size cap: past it, the entries used longest ago go.
+DEFAULT_CACHE_SIZE = 2 * 1024**3
+_CACHE_URL_SCHEMES = ("redis://", "rediss://", "unix://", "http://", "https://", "s3://")
+
+
+@config_class
+@dataclass(frozen=True, slots=True)
+class Cache:
+    """Where answers are kept, so that a request sent again is answered without the
+    server (docs/caching.md).
+
+    - ``path``: a local file (made readable by its owner only: it holds prompts and
+      answers); several processes may share it. ``Client(cache="answers.db")`` is
+      the same as ``Client(cache=Cache("answers.db"))``.
+    - ``namespace``: part of every key: a new namespace starts afresh without
+      deleting anything (a prompt's revision, an experiment's name).
+    - ``max_size``: bytes the file may hold; past it the entries used longest ago
+      are dropped.
+    """
+
+    path: str | os.PathLike[str]
+    _: KW_ONLY
+    namespace: str = ""
+    max_size: int = DEFAULT_CACHE_SIZE
+
+    def __post_init__(self) -> None:
+        path = self.path
+        if not isinstance(path, str | os.PathLike):
+            raise ConfigTypeError(
+                f"Cache.path must be a str or a path, got {type(path).__name__}", field="path"
+            )
+        text = os.fspath(path)
+        if not isinstance(text, str) or not text:
+            raise ConfigError("Cache.path must name a file", field="path")
+        if text.startswith(_CACHE_URL_SCHEMES):
+            raise ConfigError(
+                f"Cache.path must be a local file, got a URL ({text.split('://')[0]}://...); "
+                "a cache on another machine is not supported yet",
+                field="path",
+            )
+        if not isinstance(self.namespace, str):
+            raise ConfigTypeError(
+                f"Cache.namespace must be a str, got {type(self.namespace).__name__}",
+                field="namespace",
+            )
+        _check_int("Cache", "max_size", self.max_size, 1 << 20)
+
+    @classmethod
+    def of(cls, value: object) -> Cache | None:
+        """A ``cache=`` argument as a :class:`Cache` (None, False: no cache)."""
+        if value is None or value is False:
+            return None
+        if isinstance(value, Cache):
+            return value
+        if isinstance(value, str | os.PathLike):
+            return cls(value)
+        raise ConfigTypeError(
+            f"cache must be a path, a llmbatch.Cache or None, got {type(value).__name__}",
+            field="cache",
+        )
 
 
 @config_class

@@ -225,6 +225,7 @@ class Delivery:
         "dispatched_at",
         "estimated",
         "finished_at",
+        "from_cache",
         "id",
         "model",
         "system_fingerprint",
@@ -244,6 +245,7 @@ class Delivery:
         total_tokens: int | None,
         system_fingerprint: str | None = None,
         bare: BareChoices | None = None,
+        from_cache: bool = False,
     ) -> None:
         self.id = id
         self.system_fingerprint = system_fingerprint
@@ -258,6 +260,9 @@ class Delivery:
         self.bare = bare
         """How the response laid out its choices, when answers may keep only their
         text and finish reason (None: every answer keeps the server's dicts)."""
+        self.from_cache = from_cache
+        """Read from the client's response cache, or shared with an identical request
+        in flight: no HTTP request of its own (docs/caching.md)."""
 
     @classmethod
     def of(
@@ -375,6 +380,13 @@ class _Answer(_Record):
         return make_usage(
             prompt, completion, prompt + completion if total is None else total, delivery.estimated
         )
+
+    @property
+    def from_cache(self) -> bool:
+        """True when the answer came from the response cache (or from an identical
+        request in flight at the same time): no HTTP request of its own was sent, and
+        nothing was charged for it (docs/caching.md)."""
+        return self._delivery.from_cache
 
     @property
     def timings(self) -> Timings:
@@ -697,6 +709,13 @@ class Result(_Immutable, Generic[T]):
         answer = self.response if self.response is not None else self.value
         text: str | None = getattr(answer, "text", None) if isinstance(answer, _Answer) else None
         return text
+
+    @property
+    def from_cache(self) -> bool:
+        """True when the item's answer came from the response cache (or was shared
+        with an identical item in flight): see :attr:`Completion.from_cache`."""
+        answer = self.response if self.response is not None else self.value
+        return isinstance(answer, _Answer) and answer.from_cache
 
     @property
     def ok(self) -> bool:

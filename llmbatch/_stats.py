@@ -15,6 +15,7 @@ from llmbatch._exceptions import usd
 
 __all__ = [
     "OTHER_TENANTS",
+    "CacheStats",
     "Histogram",
     "Inference",
     "Percentiles",
@@ -163,6 +164,29 @@ class Cost(_Snapshot):
     """What they cost at their models' prices (answers of models without one: 0)."""
     unpriced: int = 0
     """Answers of a model with no price (state one: ``Client(prices=...)``)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CacheStats(_Snapshot):
+    """The response cache since the client opened (``Client(cache=...)``)."""
+
+    path: str
+    namespace: str = ""
+    hits: int = 0
+    """Answers read from the cache: nothing sent, nothing charged."""
+    misses: int = 0
+    """Requests looked up and not found (sent to the server)."""
+    shared: int = 0
+    """Answers shared with an identical request in flight at the same time."""
+    stored: int = 0
+    """Answers written to the cache."""
+    unreadable: int = 0
+    """Entries that could not be read back (dropped and asked again)."""
+    write_errors: int = 0
+    """Batches of answers the file could not take (asked again next time)."""
+    saved: Cost = Cost()
+    """What the hits and shared answers would have cost (their tokens, at the
+    client's prices)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -493,6 +517,8 @@ class Stats(_Snapshot):
     """The same by model (as the requests named it)."""
     spending: SpendingStats | None = None
     """The client's ``max_cost``: spent and reserved (None: no limit)."""
+    cache: CacheStats | None = None
+    """The response cache's hits and what they saved (None: no cache)."""
 
     @property
     def server(self) -> ServerStats | None:
@@ -540,9 +566,22 @@ def render(stats: Stats) -> str:
     if stats.rate is not None:
         lines.append(_rate(stats.rate))
     lines.extend(_cost(stats))
+    if stats.cache is not None:
+        lines.append(_cache(stats.cache))
     lines.extend(_server(server) for server in stats.servers)
     lines.extend(_tenants(stats))
     return "\n".join(lines)
+
+
+def _cache(cache: CacheStats) -> str:
+    """``cache: 900 hits, 100 misses, 3 shared; saved 12,000 tokens ($0.01)``."""
+    saved = cache.saved
+    dollars = f" ({usd(saved.dollars)})" if saved.answers > saved.unpriced else ""
+    return (
+        f"cache: {cache.hits:,} hits, {cache.misses:,} misses, {cache.shared:,} shared in "
+        f"flight, {cache.stored:,} stored; saved "
+        f"{saved.prompt_tokens + saved.completion_tokens:,} tokens{dollars}"
+    )
 
 
 def _cost(stats: Stats) -> list[str]:

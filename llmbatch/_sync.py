@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import copy
 import functools
+import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -42,6 +43,7 @@ from llmbatch._config import (
     DEFAULT_RETRY_POLICY,
     DEFAULT_TIMEOUT,
     BatchPolicy,
+    Cache,
     Limits,
     Price,
     PriorityLike,
@@ -108,6 +110,7 @@ class SyncClient:
         observers: Sequence[Observer] = (),
         prices: Mapping[str, Price] | None = None,
         max_cost: float | None = None,
+        cache: str | os.PathLike[str] | Cache | None = None,
     ) -> None:
         self._client = Client(**_arguments(locals()))
         self._portal_context: AbstractContextManager[BlockingPortal] | None = None

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Mapping
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 from llmbatch._calls.params import check_extra
+from llmbatch._calls.spec import check_cache_mode
 from llmbatch._calls.validate import check_max_retries, check_tenant, check_timeout
 from llmbatch._config import PriorityLike, parse_priority
 from llmbatch._exceptions import (
@@ -43,11 +44,18 @@ class ViewOptions(TypedDict, total=False):
     a view of a view keeps both)."""
     tenant: str | None
     """Who its calls are for (see :meth:`Client.complete`)."""
+    cache: bool | Literal["refresh"] | None
+    """Whether its calls use the client's response cache (``"refresh"``: write only)."""
 
 
 def _model(value: object) -> str | None:
     if value is not None and (not isinstance(value, str) or not value):
         raise InvalidTypeError("model must be a non-empty str or None", field="model")
+    return value
+
+
+def _cache(value: object) -> object:
+    check_cache_mode(value)
     return value
 
 
@@ -59,6 +67,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "timeout": check_timeout,
     "max_retries": check_max_retries,
     "tenant": check_tenant,
+    "cache": _cache,
 }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
@@ -21,7 +21,7 @@ from llmbatch._calls.spec import CallSpec, Kind
 from llmbatch._exceptions import LLMBatchError
 from llmbatch._spending.ledger import SpendingLedger
 
-__all__ = ["CallSpec", "Flight", "Kind", "Request", "State"]
+__all__ = ["CallSpec", "Flight", "Kind", "Request", "Sharing", "State"]
 
 _ids = itertools.count(1)
 
@@ -55,6 +55,8 @@ class Request:
         "_waiter",
         "abandoned",
         "attempts",
+        "cache_key",
+        "caller_left",
         "chunks",
         "created_at",
         "deadline",
@@ -66,6 +68,7 @@ class Request:
         "est_cost",
         "est_tokens",
         "flight",
+        "followers",
         "group_key",
         "index",
         "kept",
@@ -83,9 +86,11 @@ class Request:
         "reserved",
         "retried",
         "seq",
+        "sharing",
         "spec",
         "spending",
         "state",
+        "stored_as",
         "value",
     )
 
@@ -169,6 +174,17 @@ class Request:
         ``response_model`` call's re-ask is a request of its own)."""
         self.prior_attempts = 0
         """HTTP attempts of its call's earlier requests (the asks its re-ask follows)."""
+        self.cache_key: bytes | None = None
+        """Its key in the client's response cache, while identical requests may share
+        its exchange (None: not shared)."""
+        self.stored_as: bytes | None = None
+        """The key its call's answer is stored under (a re-ask's: its first ask's)."""
+        self.sharing: Sharing | None = None
+        """Told when it settles, for the identical requests waiting on it."""
+        self.followers: list[Request] | None = None
+        """Identical requests that wait for its answer rather than send their own."""
+        self.caller_left = False
+        """Its own caller went away while followers still wait for its answer."""
 
     def travel_alone(self) -> None:
         """Join a queue group of its own, so it is sent in a batch of one."""
@@ -257,6 +273,9 @@ class Request:
         if callback is not None:
             self._callback = None
             callback(self)
+        sharing = self.sharing
+        if sharing is not None:
+            sharing.settled(self)
 
     def waiter(self, loop: asyncio.AbstractEventLoop | None) -> Awaitable[None] | None:
         """What to await until settled (None: it is). ``loop``: the running asyncio
@@ -272,6 +291,14 @@ class Request:
         event = anyio.Event()
         self._waiter = event
         return event.wait()
+
+
+class Sharing(Protocol):
+    """What shares a request's outcome with identical ones (the response cache)."""
+
+    def settled(self, request: Request) -> None:
+        """``request`` has its outcome."""
+        ...
 
 
 class Flight:

@@ -50,6 +50,7 @@ __all__ = [
     "DEFAULT_MAX_REASKS",
     "OWN_OPTIONS",
     "BodyDialect",
+    "CacheMode",
     "CallParams",
     "CallSpec",
     "ChatParams",
@@ -60,11 +61,14 @@ __all__ = [
     "ResponseModel",
     "SpecCache",
     "TextParams",
+    "check_cache_mode",
     "check_call",
     "response_model_of",
 ]
 
 Kind = Literal["completion", "chat", "embedding"]
+CacheMode = Literal["use", "off", "refresh"]
+"""What a call asks of the client's response cache."""
 
 
 class CallParams(Fields, total=False):
@@ -87,6 +91,9 @@ class CallParams(Fields, total=False):
     """Query parameters added to the endpoint's URL."""
     tenant: str | None
     """Who the call is for (docs/tenants.md)."""
+    cache: bool | Literal["refresh"] | None
+    """With a client's ``cache``: ``False`` neither reads nor writes it for this call,
+    ``"refresh"`` asks the server and replaces the stored answer (docs/caching.md)."""
 
 
 class CompletionParams(CallParams, CompletionFields, total=False):
@@ -186,6 +193,7 @@ class CallSpec:
     __slots__ = (
         "attempts",
         "body_prefix",
+        "cache",
         "compat_key",
         "headers",
         "kind",
@@ -224,6 +232,7 @@ class CallSpec:
         response_model: ResponseModel | None = None,
         max_reasks: int = DEFAULT_MAX_REASKS,
         max_tokens_given: bool | None = None,
+        cache: CacheMode = "use",
     ) -> None:
         self.kind = kind
         self.priority = priority
@@ -250,6 +259,9 @@ class CallSpec:
         """The type its answers are validated into (None: plain answers)."""
         self.max_reasks = max_reasks
         """How often an answer that fails validation goes back to be corrected."""
+        self.cache: CacheMode = cache
+        """What the client's response cache does for it: ``"use"`` (read, then write),
+        ``"off"``, or ``"refresh"`` (write only)."""
         # Streams never share an HTTP request: each caller reads its own SSE response.
         self.max_batch = 1 if stream else 1024
         # Only requests with the same endpoint, model, parameters and mode share a batch.
@@ -413,6 +425,7 @@ def check_call(
         response_model=structured,
         max_reasks=_max_reasks(own.get("max_reasks")),
         max_tokens_given=max_tokens_given is not None,
+        cache=check_cache_mode(own.get("cache")),
     )
 
 
@@ -433,6 +446,18 @@ def _structured(own: Mapping[str, Any], fields: dict[str, Any]) -> ResponseModel
                 named,
             )
     return structured
+
+
+def check_cache_mode(value: object) -> CacheMode:
+    """A call's ``cache=`` option: True or None (the default) uses the client's cache,
+    False does not, ``"refresh"`` writes without reading."""
+    if value is None or value is True:
+        return "use"
+    if value is False:
+        return "off"
+    if value == "refresh":
+        return "refresh"
+    raise wrong_type("cache", 'True, False or "refresh"', value)
 
 
 def _max_reasks(value: object) -> int:

@@ -23,6 +23,7 @@ from llmbatch._config import (
     DEFAULT_TIMEOUT,
     SLO,
     BatchPolicy,
+    Cache,
     Limits,
     Price,
     Priority,
@@ -76,6 +77,7 @@ class ClientConfig:
     prices: Mapping[str, Price] = dataclasses.field(default_factory=dict)
     """Stated prices by model name (``"*"``: every model not named)."""
     max_cost: float | None = None
+    cache: Cache | None = None
     """Dollars the client may spend (None: no limit)."""
 
     @classmethod
@@ -104,6 +106,7 @@ class ClientConfig:
         observers: object = (),
         prices: object = None,
         max_cost: object = None,
+        cache: object = None,
     ) -> ClientConfig:
         """Check every argument; raises :class:`ConfigError` (or
         :class:`ConfigTypeError`) naming the first that is wrong."""
@@ -210,6 +213,7 @@ class ClientConfig:
             observers=check_observers(observers),
             prices=_prices(prices),
             max_cost=check_max_cost(max_cost),
+            cache=Cache.of(cache),
         )
 
     def headers(self, api_key: str | None) -> dict[str, str]:

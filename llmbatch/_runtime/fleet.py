@@ -94,6 +94,7 @@ class Fleet:
         """The servers that take work, with their dispatchers and health policy."""
         self._transports: list[Transport] = []
         self._model: str | None = None
+        self._listed: Sequence[Server] = ()
 
     # -- opening ---------------------------------------------------------------------
 
@@ -126,6 +127,7 @@ class Fleet:
             model = str(listed[0]["id"])
         max_model_len = _check_model(model, answered)
         self._model = model
+        self._listed = answered
         for server in servers:
             self._join(server)
         if len(servers) > 1 and answered:
@@ -135,6 +137,10 @@ class Fleet:
                 if server.models is None:
                     self._hold_out(server)
         return model, max_model_len
+
+    def model_identity(self, model: str) -> dict[str, object]:
+        """What the servers' model lists said of ``model`` at opening (for cache keys)."""
+        return model_identity(model, self._listed)
 
     def _server(self, replica: Replica, seats: Seats | None = None) -> Server:
         """A server for ``replica``, with ``seats`` (default: new ones, which take no
@@ -258,6 +264,26 @@ class Fleet:
     async def aclose(self) -> None:
         for transport in self._transports:
             await transport.aclose()
+
+
+#: What a model list entry says of the model itself, as a cache key holds it: not
+#: ``created`` (vLLM's is the server's start), nor ``permission`` (fresh ids each time).
+_IDENTITY_FIELDS = ("id", "root", "parent", "revision", "max_model_len")
+
+
+def model_identity(model: str, servers: Sequence[Server]) -> dict[str, object]:
+    """``model`` as the first server that lists it describes it (its ``root``: the
+    weights' path or name, its revision where it states one); its name alone
+    where none lists it."""
+    for server in servers:
+        for entry in server.models or ():
+            if entry.get("id") == model:
+                return {
+                    name: entry[name]
+                    for name in _IDENTITY_FIELDS
+                    if isinstance(entry.get(name), str | int)
+                }
+    return {"id": model}
 
 
 def _check_model(model: str, answered: Sequence[Server]) -> int | None:

@@ -52,6 +52,11 @@ embedding) ``input``, per-item options (``max_tokens``, sampling parameters,
 ``priority``, ``timeout``, ``model``) and ``metadata``."""
 
 _Item = tuple[int, Result[Any]]
+#: An item ready to send: its index, options, prompt (or conversation, or input) and
+#: metadata.
+_Prepared = tuple[int, CallSpec, object, object]
+#: Items looked up in the response cache per query.
+_LOOKUP_CHUNK = 256
 #: The feeder refills once this share of the window is free (but at least one place).
 _REFILL_FRACTION = 8
 _MAX_REFILL = 256
@@ -110,6 +115,9 @@ class _Run:
         """The caller's trace context, for the items' spans (when tracing is on)."""
         self.spending: tuple[SpendingLedger, ...] = ()
         """The map's own spending limit (``max_cost``), if it has one."""
+        self.samples: dict[bytes, int] = {}
+        """With a response cache: how often each sampled request came so far (its next
+        sample index)."""
         self._room = anyio.Event()
         self._feeder_waiting = False
         self._news = anyio.Event()
@@ -220,7 +228,7 @@ class MapRunner:
             return Result(index=index, error=exc, metadata=metadata, response=answer)
         run.outstanding.add(follow)
         follow.on_done(run.on_done)
-        submitter.engine.submit(follow, more=True)
+        submitter.enter(follow)
         return None
 
     async def collect(
@@ -316,9 +324,9 @@ class MapRunner:
             raise run.failure
 
     def _abandon(self, run: _Run) -> None:
-        engine = self._submitter.engine
+        submitter = self._submitter
         for request in list(run.outstanding):
-            engine.abandon(request)
+            submitter.abandon(request)
 
     async def _feed(
         self,
@@ -349,6 +357,9 @@ class MapRunner:
     async def _feed_sync(
         self, run: _Run, iterator: Iterator[Any], priority: Priority, params: Mapping[str, Any]
     ) -> None:
+        if self._submitter.cache is not None:
+            await self._feed_chunks(run, iterator, priority, params)
+            return
         index = 0
         start = self._start
         while True:
@@ -366,11 +377,48 @@ class MapRunner:
             else:
                 return
 
+    async def _feed_chunks(
+        self, run: _Run, iterator: Iterator[Any], priority: Priority, params: Mapping[str, Any]
+    ) -> None:
+        """The feeder with a response cache: items are looked up a chunk at a time."""
+        index = 0
+        prepare = self._prepare
+        while True:
+            if run.free <= 0:
+                await run.wait_for_room()
+            if run.closed:
+                return
+            chunk: list[_Prepared] = []
+            exhausted = True
+            for item in iterator:
+                prepared = prepare(run, index, item, priority, params)
+                index += 1
+                if prepared is not None:
+                    chunk.append(prepared)
+                if run.free <= 0 or len(chunk) >= _LOOKUP_CHUNK:
+                    exhausted = False
+                    break
+            if chunk:
+                self._start_cached(run, chunk)
+            if exhausted:
+                return
+
     def _start(
         self, run: _Run, index: int, item: object, priority: Priority, params: Mapping[str, Any]
     ) -> None:
+        prepared = self._prepare(run, index, item, priority, params)
+        if prepared is not None:
+            if self._submitter.cache is None:
+                self._send(run, *prepared)
+            else:
+                self._start_cached(run, [prepared])
+
+    def _prepare(
+        self, run: _Run, index: int, item: object, priority: Priority, params: Mapping[str, Any]
+    ) -> _Prepared | None:
+        """An item's options checked and its place taken: what :meth:`_send` needs, or
+        None when the item failed (its result is in)."""
         metadata: object = None
-        submitter = self._submitter
         error: LLMBatchError | None = None
         # Plain prompts and conversations take the fast path: no dict to parse.
         options: dict[str, Any] | None = None
@@ -406,9 +454,30 @@ class MapRunner:
             assert spec is not None
             if options:
                 spec = map_spec(
-                    submitter.specs, kind, options.pop("priority", priority), {**params, **options}
+                    self._submitter.specs,
+                    kind,
+                    options.pop("priority", priority),
+                    {**params, **options},
                 )
-            request = submitter.request(spec, payload, run.trace_parent, run.spending)
+        except LLMBatchError as exc:
+            run.emit(index, make_result(index, None, exc, metadata))
+            return None
+        return index, spec, payload, metadata
+
+    def _send(
+        self,
+        run: _Run,
+        index: int,
+        spec: CallSpec,
+        payload: object,
+        metadata: object,
+        key: bytes | None = None,
+    ) -> None:
+        submitter = self._submitter
+        try:
+            request = submitter.request(
+                spec, payload, run.trace_parent, run.spending, key=key, look_up=False
+            )
         except LLMBatchError as exc:
             run.emit(index, make_result(index, None, exc, metadata))
             return
@@ -417,9 +486,51 @@ class MapRunner:
         run.outstanding.add(request)
         request.on_done(run.on_done)
         try:
-            submitter.engine.submit(request, more=True)
+            submitter.enter(request)
         except LLMBatchError as exc:  # pragma: no cover - submit only raises with nowait
             request.set_error(exc)
+
+    def _start_cached(self, run: _Run, items: Sequence[_Prepared]) -> None:
+        """Look a chunk of items up in the response cache in one query: hits are
+        answered at once (before anything is sent), the rest sent with their keys.
+        An item that is a sample (``temperature`` above 0 or unset, no ``seed``)
+        is keyed by how many times its request came before it in this map."""
+        submitter = self._submitter
+        cache = submitter.cache
+        assert cache is not None
+        keys: list[bytes | None] = []
+        wanted: list[bytes] = []
+        samples = run.samples
+        for _index, spec, payload, _metadata in items:
+            key = None
+            if spec.cache != "off":
+                maker = cache.maker(spec)
+                key = maker.key(payload)
+                if key is not None and not maker.deterministic:
+                    sample = samples.get(key, 0)
+                    samples[key] = sample + 1
+                    if sample:
+                        key = maker.key(payload, sample)
+                if key is not None and spec.cache == "use":
+                    wanted.append(key)
+            keys.append(key)
+        found = cache.lookup_many(wanted) if wanted else {}
+        now = submitter.now()
+        for (index, spec, payload, metadata), key in zip(items, keys, strict=True):
+            if key is not None and spec.cache == "use":
+                data = found.get(key)
+                answer = None if data is None else cache.answer(spec, key, data, now)
+                if answer is not None:
+                    if spec.response_model is not None:
+                        result: Result[Any] = Result(
+                            index=index, value=answer.parsed, metadata=metadata, response=answer
+                        )
+                    else:
+                        result = make_result(index, answer, None, metadata)
+                    run.emit(index, result)
+                    continue
+                cache.misses += 1
+            self._send(run, index, spec, payload, metadata, key)
 
     def _spec(
         self, run: _Run, kind: Kind, priority: Priority, params: Mapping[str, Any]

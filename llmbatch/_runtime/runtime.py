@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import enum
+import functools
 import threading
 import warnings
 import weakref
@@ -31,6 +33,7 @@ import anyio
 import sniffio
 from anyio.abc import TaskGroup
 
+from llmbatch._cache.store import CacheStore
 from llmbatch._calls.outcome import Outcomes
 from llmbatch._calls.spec import SpecCache
 from llmbatch._clock import loop_clock
@@ -39,6 +42,7 @@ from llmbatch._observers import Observers
 from llmbatch._recorder import StatsRecorder
 from llmbatch._redis.sharing import SharedBudgets
 from llmbatch._replicas import Replica
+from llmbatch._runtime.caching import AnswerCache
 from llmbatch._runtime.config import ClientConfig
 from llmbatch._runtime.engine import Engine
 from llmbatch._runtime.fleet import Fleet
@@ -86,6 +90,8 @@ class Runtime:
         self.fleet: Fleet | None = None
         self.engine: Engine | None = None
         self.map: MapRunner | None = None
+        self.cache: AnswerCache | None = None
+        """The response cache (None: the client has none)."""
         self.task_group: TaskGroup | None = None
         self._submitter: Submitter | None = None
         self._stack: AsyncExitStack | None = None
@@ -163,6 +169,24 @@ class Runtime:
                 dialect=dialect,
                 version=version,
             )
+            cache = None
+            if config.cache is not None:
+                store = await anyio.to_thread.run_sync(
+                    functools.partial(CacheStore, config.cache.path, max_size=config.cache.max_size)
+                )
+                # Closed before the fleet (the stack unwinds last in, first out):
+                # what the writer holds is committed once nothing more can settle.
+                stack.push_async_callback(anyio.to_thread.run_sync, store.close)
+                cache = AnswerCache(
+                    config.cache,
+                    store,
+                    endpoint=config.replicas[0].base_url,
+                    identity=fleet.model_identity,
+                    prices=prices,
+                    observers=self.observers,
+                    clock=now,
+                )
+            self.cache = cache
             self._submitter = Submitter(
                 engine,
                 specs,
@@ -171,6 +195,7 @@ class Runtime:
                 observers=self.observers,
                 prices=prices,
                 spending=() if spending is None else (spending,),
+                cache=cache,
             )
             if loop is not None:
                 tg = await self._start_host(loop, engine)
@@ -413,8 +438,16 @@ class Runtime:
         if engine is None:
             raise ClientClosedError("stats() is available once the client has been opened")
         if self.state is State.OPEN and self._in_loop is not None:
-            return self._in_loop(engine.snapshot)
-        return engine.snapshot()
+            return self._in_loop(self._snapshot)
+        return self._snapshot()
+
+    def _snapshot(self) -> Stats:
+        engine = self.engine
+        assert engine is not None
+        snapshot = engine.snapshot()
+        if self.cache is not None:
+            snapshot = dataclasses.replace(snapshot, cache=self.cache.stats())
+        return snapshot
 
 
 class _LoopCaller:

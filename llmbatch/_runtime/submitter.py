@@ -12,7 +12,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from llmbatch._calls.prefix import HotPrefixes, prefix_keys
-from llmbatch._calls.request import Request
+from llmbatch._calls.request import Request, State
 from llmbatch._calls.spec import CallSpec, SpecCache
 from llmbatch._calls.structured import Reask, Verdict, check_answer
 from llmbatch._calls.validate import TOKEN_OVERHEAD, check_messages, check_prompt, input_bytes
@@ -20,12 +20,13 @@ from llmbatch._clock import Clock
 from llmbatch._config import Price
 from llmbatch._exceptions import InvalidRequestError
 from llmbatch._observers import Observers
+from llmbatch._runtime.caching import AnswerCache
 from llmbatch._runtime.engine import Engine
 from llmbatch._scheduler import Batch
 from llmbatch._spending.ledger import SpendingLedger
 from llmbatch._spending.prices import PriceBook, price_needed
 
-__all__ = ["Submitter"]
+__all__ = ["Submitter", "answered"]
 
 #: A typical tokenizer's bytes per token on English text (a rough estimate, used only
 #: to decide whether a long prompt goes alone).
@@ -45,6 +46,7 @@ class Submitter:
         observers: Observers,
         prices: PriceBook | None = None,
         spending: tuple[SpendingLedger, ...] = (),
+        cache: AnswerCache | None = None,
     ) -> None:
         self.engine = engine
         self.specs = specs
@@ -56,6 +58,10 @@ class Submitter:
         self.spending = spending
         """The client's spending limit, which every request counts against (or none)."""
         self._hot = HotPrefixes()
+        self.cache = cache
+        """The client's response cache (None: none)."""
+        if cache is not None:
+            cache.resubmit = self._resubmit
 
     def request(
         self,
@@ -63,10 +69,25 @@ class Submitter:
         payload: object,
         parent: object = None,
         spending: tuple[SpendingLedger, ...] = (),
+        *,
+        key: bytes | None = None,
+        look_up: bool = True,
     ) -> Request:
         """One request for a prompt (``spec.kind == "completion"``) or a conversation;
         ``parent``: the trace context to record it under (default: the current one);
-        ``spending``: a map's or job's spending limit, beside the client's."""
+        ``spending``: a map's or job's spending limit, beside the client's.
+
+        With a response cache, a stored answer comes back as a request settled
+        already (nothing else done for it: not validated, counted or observed);
+        ``look_up=False``: the caller looked ``key`` up already (a map's chunk)."""
+        cache = self.cache
+        if cache is not None and look_up and spec.cache != "off":
+            key = cache.maker(spec).key(payload)
+            if key is not None and spec.cache == "use":
+                now = self.now()
+                answer = cache.lookup(spec, key, now)
+                if answer is not None:
+                    return answered(spec, answer, now)
         max_model_len = self.specs.context_of(spec.model)
         if spec.kind != "chat":
             name = "prompt" if spec.kind == "completion" else "input"
@@ -99,6 +120,12 @@ class Submitter:
                     # start, so it cannot fail a batch. (Longer prompts that probably
                     # fit still batch, until the server refuses one as too long.)
                     request.travel_alone()
+        if key is not None:
+            assert cache is not None
+            request.stored_as = key
+            request.sharing = cache  # told when it settles: its answer is stored
+            if not spec.stream:  # a stream's caller reads its own exchange
+                request.cache_key = key
         return request
 
     def check_priced(self, model: str | None) -> Price:
@@ -172,6 +199,9 @@ class Submitter:
         if verdict.ok:
             stats.validated += 1
             object.__setattr__(answer, "_parsed", verdict.parsed)
+            cache = self.cache
+            if cache is not None and request.stored_as is not None and not answer.from_cache:
+                cache.keep(request.stored_as, request.spec, answer)
         elif verdict.error is not None:
             stats.structured_failed += 1
         return verdict
@@ -189,6 +219,7 @@ class Submitter:
         follow.prior_attempts = request.prior_attempts + request.attempts
         follow.index = request.index
         follow.metadata = request.metadata
+        follow.stored_as = request.stored_as  # the answer is the first ask's
         self.engine.stats.reasked += 1
         return follow
 
@@ -218,6 +249,10 @@ class Submitter:
         """Submit ``request``; what to await until it is settled (None: it is). A
         lone realtime call that may go at once is sent by what this returns, in the
         awaiting task (``Engine.send_inline``)."""
+        if request.done:  # answered from the cache
+            return None
+        if request.cache_key is not None and self.cache is not None and self.cache.follow(request):
+            return request.waiter(self._loop)  # an identical request is in flight
         alone = self.engine.submit(request, nowait=nowait, inline=not request.spec.stream)
         if alone is not None:
             return self._send_inline(alone, request)
@@ -230,12 +265,34 @@ class Submitter:
         if waiting is not None:
             await waiting
 
+    def enter(self, request: Request) -> None:
+        """Queue a map's ``request`` (more follow it), or let it follow an identical
+        one in flight."""
+        if request.cache_key is not None and self.cache is not None and self.cache.follow(request):
+            return
+        self.engine.submit(request, more=True)
+
+    def _resubmit(self, request: Request) -> None:
+        """Send a request that followed one which failed for a reason not its own."""
+        self.enter(request)
+
     def stop_waiting(self, request: Request) -> None:
         """The caller is done waiting: if ``request`` is not settled (the caller was
         cancelled), it leaves its queue, or its HTTP exchange if it was the last one
         waiting on it."""
         if not request.done:
-            self.engine.abandon(request)
+            self.abandon(request)
+
+    def abandon(self, request: Request) -> None:
+        """``request``'s caller went away: the engine drops it, unless identical
+        requests still wait on its exchange."""
+        cache = self.cache
+        if cache is not None and request.cache_key is not None:
+            dropped = cache.leave(request)
+            if dropped is not None:
+                self.engine.abandon(dropped)
+            return
+        self.engine.abandon(request)
 
     @staticmethod
     def outcome(request: Request) -> Any:
@@ -243,3 +300,11 @@ class Submitter:
         if request.error is not None:
             raise request.error
         return request.value
+
+
+def answered(spec: CallSpec, answer: object, now: float) -> Request:
+    """A request settled with a stored ``answer``: what a hit hands the caller."""
+    request = Request(spec, None, None, 0, now)
+    request.state = State.FINISHED
+    request.set_value(answer)
+    return request
