@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import httpx
@@ -291,3 +292,30 @@ def test_the_sync_drop_in_batches_calls_from_many_threads(sim: SimulatorProcess)
     normal = stats.tiers[llmbatch.Priority.NORMAL]
     assert normal.done == 64 + 1 + 2
     assert stats.batches_sent < 64  # the threads' calls shared HTTP requests
+
+
+async def test_a_cached_answer_comes_back_as_openais_type(
+    sim: SimulatorProcess, tmp_path: Path
+) -> None:
+    """With a response cache a repeated call is answered from the file, unchanged in
+    shape: the same text, usage and finish reason, no second request to the server."""
+    wire = Recorder()
+    path = str(tmp_path) + "/answers.db"
+    client = AsyncOpenAI(
+        base_url=sim.base_url,
+        api_key="unused",
+        llmbatch_options={"transport": wire, "cache": path},
+    )
+    try:
+        first = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0
+        )
+        again = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0
+        )
+    finally:
+        await client.close()
+    assert isinstance(again, openai.types.chat.ChatCompletion)
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert again.usage == first.usage and again.choices[0].finish_reason == "length"
+    assert wire.posts == 1
