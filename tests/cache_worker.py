@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import llmbatch
 
@@ -19,10 +20,9 @@ async def main() -> None:
     parser.add_argument("prompts", help="a JSON file of prompts")
     parser.add_argument("--start-at", type=float, default=0.0)
     args = parser.parse_args()
-    with open(args.prompts, encoding="utf-8") as file:
-        prompts = json.load(file)
-    while time.time() < args.start_at:  # the processes start their maps together
-        await asyncio.sleep(0.001)
+    prompts = json.loads(Path(args.prompts).read_text(encoding="utf-8"))
+    # The processes start their maps together.
+    await asyncio.sleep(max(0.0, args.start_at - time.time()))
     async with llmbatch.Client(args.url, cache=args.cache) as client:
         results = await client.map(prompts, temperature=0, max_tokens=8)
         stats = client.stats()

@@ -50,8 +50,15 @@ def truth(sim: SimulatorProcess, prompts: list[str]) -> dict[str, str]:
 
 def run_worker(sim: SimulatorProcess, cache: Path, prompts_file: Path, start_at: float) -> Any:
     return subprocess.Popen(
-        [sys.executable, str(WORKER), sim.base_url, str(cache), str(prompts_file)]
-        + ["--start-at", str(start_at)],
+        [
+            sys.executable,
+            str(WORKER),
+            sim.base_url,
+            str(cache),
+            str(prompts_file),
+            "--start-at",
+            str(start_at),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -81,7 +88,8 @@ def test_four_processes_racing_on_one_file(sim: SimulatorProcess, tmp_path: Path
     every = sorted({p for _, prompts in files for p in prompts})
     right = truth(sim, every)
     for output in outputs:
-        assert output["errors"] == [] and output["write_errors"] == output["unreadable"] == 0
+        assert output["errors"] == []
+        assert output["write_errors"] == output["unreadable"] == 0
         assert all(right[p] == text for p, text in output["texts"].items())
     # Each process sends each of its prompts at most once: the common ones at most
     # four times in all, fewer where one process found another's answer first.
@@ -131,6 +139,7 @@ def test_a_writer_killed_mid_run_leaves_no_wrong_answer(
         again = client.map(prompts, temperature=0, max_tokens=8)
         stats = client.stats()
     assert all(r.text == right[p] for p, r in zip(prompts, again, strict=True))
-    assert stats.cache is not None and stats.cache.unreadable == 0
+    assert stats.cache is not None
+    assert stats.cache.unreadable == 0
     assert stats.cache.hits == kept
     assert answered(sim) - before == len(prompts) - kept
