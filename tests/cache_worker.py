@@ -8,7 +8,8 @@ import argparse
 import asyncio
 import json
 import time
-from pathlib import Path
+
+import anyio
 
 import llmbatch
 
@@ -20,7 +21,7 @@ async def main() -> None:
     parser.add_argument("prompts", help="a JSON file of prompts")
     parser.add_argument("--start-at", type=float, default=0.0)
     args = parser.parse_args()
-    prompts = json.loads(Path(args.prompts).read_text(encoding="utf-8"))
+    prompts = json.loads(await anyio.Path(args.prompts).read_text(encoding="utf-8"))
     # The processes start their maps together.
     await asyncio.sleep(max(0.0, args.start_at - time.time()))
     async with llmbatch.Client(args.url, cache=args.cache) as client:
