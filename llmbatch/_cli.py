@@ -1,4 +1,4 @@
-"""``llmbatch``: the library's command line (``run`` JSONL jobs, ``bench``)."""
+"""``llmbatch``: the library's command line (``run`` JSONL jobs, ``cache``, ``bench``)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     from llmbatch._jobs import cli as jobs_cli
 
     jobs_cli.add_parser(sub)
+    from llmbatch._cache import commands as cache_commands
+
+    cache_commands.add_parser(sub)
     # The bench lives in its own package; its options are its own, so everything
     # after `bench` is handed over unparsed (add_help=False: `bench --help` too).
     bench = sub.add_parser(

@@ -53,6 +53,10 @@ def test_every_command_is_walked() -> None:
     assert set(PARSERS) == {
         "llmbatch",
         "llmbatch run",
+        "llmbatch cache",
+        "llmbatch cache show",
+        "llmbatch cache prune",
+        "llmbatch cache clear",
         "llmbatch bench",
         "llmbatch-server",
         "llmbatch-server sim",

@@ -33,7 +33,7 @@ from typing import Any
 import anyio
 
 from llmbatch._calls.validate import check_tenant
-from llmbatch._config import DEFAULT_LIMITS, Price, Priority
+from llmbatch._config import DEFAULT_LIMITS, Cache, Price, Priority
 from llmbatch._exceptions import InvalidRequestError, usd
 from llmbatch._jobs.output import OutputError
 from llmbatch._jobs.runner import JobConfig, JobRejected, JobSummary, run_job
@@ -174,6 +174,22 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="dollars per million prompt and completion tokens (and cached prompt "
         "tokens), for the cost in the summary and --max-cost (default: the genai-prices "
         "catalogue's, for a hosted provider, where installed)",
+    )
+    job.add_argument(
+        "--cache",
+        type=Path,
+        metavar="PATH",
+        help="keep every answer in this file (created, readable by you only) and answer "
+        "a line asked before from it, sending nothing: a new job with the same prompts, "
+        "or this one with lines added, sends only what is new (docs/caching.md) "
+        "(default: none)",
+    )
+    job.add_argument(
+        "--cache-namespace",
+        default="",
+        metavar="NAME",
+        help="part of every cache key: a new name starts afresh without deleting "
+        "anything (default: none)",
     )
     job.add_argument(
         "--response-model",
@@ -363,6 +379,7 @@ def _config(args: argparse.Namespace, progress: ProgressLike) -> JobConfig:
         max_reasks=args.max_reasks,
         max_cost=args.max_cost,
         price=args.price,
+        cache=None if args.cache is None else Cache(args.cache, namespace=args.cache_namespace),
     )
 
 
@@ -486,7 +503,9 @@ def format_summary(s: JobSummary) -> str:
         f"llmbatch run: {s.done:,} done, {s.failed:,} failed, {s.retried:,} retried, "
         f"{s.already_done:,} already in the output, {s.malformed:,} malformed skipped; "
         f"{s.wall_time:.1f} s ({rate:,.0f}/s); tokens {s.prompt_tokens:,} prompt + "
-        f"{s.completion_tokens:,} completion" + ("" if s.cost is None else f"; cost {usd(s.cost)}")
+        f"{s.completion_tokens:,} completion"
+        + ("" if s.cost is None else f"; cost {usd(s.cost)}")
+        + (f"; {s.from_cache:,} answered from the cache" if s.from_cache else "")
     )
 
 

@@ -229,6 +229,8 @@ def _answered(
                 "priority_scheduling": config.send_priority,
                 "slo": config.slo,
                 "on_close": "cancel",
+                # Every actor on a machine shares the file (SQLite's locks).
+                "cache": config.cache,
                 **rate,
             },
             "done": frozenset(done),

@@ -19,6 +19,7 @@ from llmbatch._client import Client
 from llmbatch._config import (
     DEFAULT_LIMITS,
     DEFAULT_RETRY_POLICY,
+    Cache,
     Limits,
     Price,
     Priority,
@@ -85,6 +86,8 @@ class JobConfig:
     """Dollars the run may spend (``--max-cost``); the lines it leaves stay undone."""
     price: Price | None = None
     """What the job's tokens cost (``--price``; else the catalogue's, if installed)."""
+    cache: Cache | None = None
+    """Where answers are kept across runs and jobs (``--cache``)."""
 
 
 @dataclass(slots=True)
@@ -102,6 +105,8 @@ class JobSummary:
     completion_tokens: int = 0
     cost: float | None = None
     """Dollars this run's answers cost (None: no price known for the model)."""
+    from_cache: int = 0
+    """Lines this run answered from ``--cache`` (nothing sent for them)."""
     over_budget: int = 0
     """Lines left unsent because ``--max-cost`` was spent (a rerun sends them)."""
     wall_time: float = 0.0
@@ -237,6 +242,7 @@ async def _run(
         on_close="cancel",
         prices=None if config.price is None else {"*": config.price},
         max_cost=config.max_cost,
+        cache=config.cache,
     )
     async with client:
         async for _index, result in client.map_unordered(
@@ -274,6 +280,7 @@ def _record(result: Result[Any], out: OutputFile, summary: JobSummary) -> None:
     if result.error is None:
         answer = answer_of(result)
         summary.done += 1
+        summary.from_cache += result.from_cache
         summary.prompt_tokens += answer.usage.prompt_tokens
         summary.completion_tokens += answer.usage.completion_tokens
     else:
