@@ -1,4 +1,4 @@
-"""Answers as stored bytes and back: the server's choices as it sent them, the usage
+"""Answers as stored text and back: the server's choices as it sent them, the usage
 and the response's identity, in compact JSON (readable with ``sqlite3`` and ``jq``).
 
 A stored answer comes back as a new object each time (every caller owns its
@@ -9,10 +9,12 @@ no attempt.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from llmbatch._chunks import ChatCompletionChunk, CompletionChunk, make_chunk
 from llmbatch._models import (
+    BareChoices,
     ChatCompletion,
     Completion,
     Delivery,
@@ -31,27 +33,42 @@ _CLASSES = {name: cls for cls, name in KINDS.items()}
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def encode(answer: Any) -> bytes | None:
-    """``answer`` (a Completion, ChatCompletion or Embedding) as stored bytes; None
-    for anything else, or an answer JSON cannot hold (not stored)."""
+#: The first field of a stored answer: its layout (a change here makes a new one, and
+#: raises ``KEY_VERSION`` so that no older entry is read as this one).
+_FORMAT = 1
+#: The C scanner behind ``json.loads``, called directly: a hit decodes one small
+#: document, where ``json.loads``'s own checks cost as much as the scan.
+#: A str as a JSON string (the C function ``json.dumps`` uses; non-ASCII kept).
+_STRING: Callable[[str], str] = json.encoder.encode_basestring
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def encode(answer: Any) -> str | None:
+    """``answer`` (a Completion, ChatCompletion or Embedding) as stored text: a JSON
+    array of the format, kind, id, model, created, fingerprint, prompt, completion
+    and total tokens, whether they were estimated, and the choices: the server's
+    dicts, or ``[text, finish_reason]`` for an answer that kept nothing else (a bulk
+    map's, nearly always); None for anything else, or an answer JSON cannot hold
+    (not stored)."""
     kind = KINDS.get(type(answer))
     if kind is None:
         return None
-    delivery: Delivery = answer._delivery
-    record = {
-        "kind": kind,
-        "id": delivery.id,
-        "model": delivery.model,
-        "created": delivery.created,
-        "fingerprint": delivery.system_fingerprint,
-        "prompt_tokens": answer._prompt_tokens,
-        "completion_tokens": answer._completion_tokens,
-        "total_tokens": delivery.total_tokens,
-        "estimated": delivery.estimated,
-        "choices": answer._raw_choices(),
-    }
+    kept = getattr(answer, "_choices", None)
     try:
-        return _ENCODER.encode(record).encode()
+        if type(kept) is str:  # bare: written by hand, a fifth of the encoder's cost
+            choices = f"[[{_STRING(kept)},{_STRING(answer._finish)}]]"
+        else:
+            choices = _ENCODER.encode(answer._raw_choices())
+        delivery: Delivery = answer._delivery
+        fingerprint = delivery.system_fingerprint
+        total = delivery.total_tokens
+        return (
+            f'[{_FORMAT},"{kind}",{_STRING(delivery.id)},{_STRING(delivery.model)},'
+            f"{int(delivery.created)},{'null' if fingerprint is None else _STRING(fingerprint)},"
+            f"{int(answer._prompt_tokens)},{int(answer._completion_tokens)},"
+            f"{'null' if total is None else int(total)},"
+            f"{'true' if delivery.estimated else 'false'},{choices}]"
+        )
     except (TypeError, ValueError):
         return None
 
@@ -61,31 +78,51 @@ def tokens_of(answer: Any) -> tuple[int, int]:
     return answer._prompt_tokens, answer._completion_tokens
 
 
-def decode(data: bytes, created_at: float, now: float) -> Any:
+def decode(data: str, created_at: float, now: float) -> Any:
     """The answer ``data`` holds, asked for at ``created_at`` and read at ``now``;
-    raises ``ValueError`` (or ``KeyError``, ``TypeError``) for bytes that are not a
+    raises ``ValueError`` (or ``KeyError``, ``TypeError``) for text that is not a
     stored answer, which the caller treats as a miss."""
-    record = json.loads(data)
-    cls = _CLASSES[record["kind"]]
-    choices = record["choices"]
-    if (
-        not isinstance(choices, list)
-        or not choices
-        or not all(isinstance(c, dict) for c in choices)
-    ):
+    try:
+        record, end = _SCAN(data, 0)
+    except StopIteration:
+        raise ValueError("not JSON") from None
+    if end != len(data) or type(record) is not list or len(record) != 11:
+        raise ValueError("not a stored answer")
+    (form, kind, id, model, created, fingerprint, prompt, completion, total, estimated, choices) = (
+        record
+    )
+    if form != _FORMAT:
+        raise ValueError(f"a stored answer of format {form!r}")
+    cls = _CLASSES[kind]
+    if type(choices) is not list or not choices:
         raise ValueError("a stored answer without choices")
-    prompt, completion = int(record["prompt_tokens"]), int(record["completion_tokens"])
-    total = record.get("total_tokens")
+    bare = None
+    first = choices[0]
+    if type(first) is list:  # [text, finish_reason]: rebuilt as the server's dict
+        text, finish = first
+        if len(choices) != 1 or type(text) is not str or type(finish) is not str:
+            raise ValueError("a stored answer with a malformed choice")
+        if cls is ChatCompletion:
+            message = {"role": "assistant", "content": text}
+            choices = [{"index": 0, "message": message, "finish_reason": finish}]
+        else:
+            choices = [{"index": 0, "text": text, "finish_reason": finish}]
+        bare = BareChoices.of(cls, choices[0])
+    elif not all(type(c) is dict for c in choices):
+        raise ValueError("a stored answer with a malformed choice")
+    if type(prompt) is not int or type(completion) is not int:
+        raise TypeError("token counts must be ints")
     delivery = Delivery(
-        str(record["id"]),
-        str(record["model"]),
-        int(record["created"]),
+        str(id),
+        str(model),
+        int(created),
         batch_size=0,
         dispatched_at=created_at,
         finished_at=now,
-        estimated=bool(record["estimated"]),
+        estimated=bool(estimated),
         total_tokens=None if total is None else int(total),
-        system_fingerprint=record.get("fingerprint"),
+        system_fingerprint=fingerprint,
+        bare=bare,
         from_cache=True,
     )
     return make_answer(cls, delivery, created_at, prompt, completion, 0, tuple(choices))

@@ -58,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     prune.add_argument(
         "--namespace",
         metavar="NAME",
-        help="entries of this namespace (\"\": those with none) (default: any namespace)",
+        help='entries of this namespace ("": those with none) (default: any namespace)',
     )
     clear = commands.add_parser("clear", help="drop every entry and shrink the file")
     clear.add_argument("path", type=Path, metavar="PATH", help=_PATH)

@@ -46,24 +46,34 @@ _EVICT_TO = 0.9
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    # A rowid table with the key in an index of its own: with answers of hundreds of
+    # bytes in the rows, an insert costs a third of what it does in a table ordered
+    # by its random keys (WITHOUT ROWID), which splits pages of whole answers.
     "CREATE TABLE IF NOT EXISTS answers ("
-    " key BLOB PRIMARY KEY,"
+    " key BLOB NOT NULL UNIQUE,"
     " namespace TEXT NOT NULL,"
-    " kind TEXT NOT NULL,"
     " created REAL NOT NULL,"
-    " used REAL NOT NULL,"
-    " hits INTEGER NOT NULL DEFAULT 0,"
+    # When it was last read (None: not since it was written): the size cap drops
+    # the entries used longest ago.
+    " used REAL,"
     " prompt_tokens INTEGER NOT NULL,"
     " completion_tokens INTEGER NOT NULL,"
-    " size INTEGER NOT NULL,"
-    " value BLOB NOT NULL"
-    ") WITHOUT ROWID",
+    " value TEXT NOT NULL"
+    ")",
+    "CREATE TABLE IF NOT EXISTS hits (namespace TEXT PRIMARY KEY, hits INTEGER NOT NULL)",
 )
 _PUT = (
-    "INSERT OR REPLACE INTO answers (key, namespace, kind, created, used, hits, "
-    "prompt_tokens, completion_tokens, size, value) VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?)"
+    "INSERT OR REPLACE INTO answers (key, namespace, created, prompt_tokens, "
+    "completion_tokens, value) VALUES (?, ?, ?, ?, ?, ?)"
 )
-_TOUCH = "UPDATE answers SET used = ?, hits = hits + 1 WHERE key = ?"
+_TOUCH = "UPDATE answers SET used = ? WHERE key = ?"
+_HITS = (
+    "INSERT INTO hits (namespace, hits) VALUES (?, ?) "
+    "ON CONFLICT (namespace) DO UPDATE SET hits = hits + excluded.hits"
+)
+#: An entry read is marked used again (for the size cap's eviction) once its mark is
+#: this old: a day's resolution spares the writer an update per hit.
+_USED_RESOLUTION = 86400.0
 _FORGET = "DELETE FROM answers WHERE key = ?"
 
 
@@ -76,7 +86,8 @@ class NamespaceSummary:
     bytes: int
     """The stored answers' size (the file holds a little more: keys, pages)."""
     hits: int
-    """Times its entries were read (by every process, since each was written)."""
+    """Times its entries were read (by every process, since the namespace began or
+    was last pruned)."""
     prompt_tokens: int
     completion_tokens: int
     oldest: float | None
@@ -98,24 +109,10 @@ class StoreSummary:
         return sum(n.entries for n in self.namespaces)
 
 
-class _Put:
-    __slots__ = ("completion_tokens", "key", "kind", "namespace", "prompt_tokens", "value")
-
-    def __init__(
-        self,
-        key: bytes,
-        namespace: str,
-        kind: str,
-        prompt_tokens: int,
-        completion_tokens: int,
-        value: bytes,
-    ) -> None:
-        self.key = key
-        self.namespace = namespace
-        self.kind = kind
-        self.prompt_tokens = prompt_tokens
-        self.completion_tokens = completion_tokens
-        self.value = value
+#: A write, as the row the writer inserts: key, namespace, time written, prompt and
+#: completion tokens, answer (a tuple whose first item is bytes; the writer's other
+#: items are tuples tagged with a str, events, and the stop sentinel).
+_Put = tuple[bytes, str, float, int, int, str]
 
 
 _STOP = object()
@@ -142,7 +139,7 @@ class CacheStore:
         if directory:
             os.makedirs(directory, exist_ok=True)
         self._reader = self._open()
-        self._pending: dict[bytes, bytes] = {}
+        self._pending: dict[bytes, str] = {}
         """Values queued and not yet committed, found by lookups meanwhile."""
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
@@ -156,6 +153,8 @@ class CacheStore:
         )
         connection.execute("PRAGMA busy_timeout = 30000")
         connection.execute("PRAGMA synchronous = NORMAL")
+        connection.execute("PRAGMA cache_size = -32768")
+        connection.execute("PRAGMA mmap_size = 268435456")
         return connection
 
     def _open(self) -> sqlite3.Connection:
@@ -221,18 +220,14 @@ class CacheStore:
 
     # -- reading ----------------------------------------------------------------------
 
-    def get(self, key: bytes) -> bytes | None:
+    def get(self, key: bytes) -> str | None:
         """The value stored under ``key`` (None: none)."""
-        pending = self._pending.get(key)
-        if pending is not None:
-            return pending
-        row = self._reader.execute("SELECT value FROM answers WHERE key = ?", (key,)).fetchone()
-        return None if row is None else bytes(row[0])
+        return self.get_many((key,)).get(key)
 
-    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, str]:
         """The values stored under ``keys`` (those found), in as few queries as the
-        number of keys allows."""
-        found: dict[bytes, bytes] = {}
+        number of keys allows; entries not marked used for a day are marked again."""
+        found: dict[bytes, str] = {}
         pending = self._pending
         if pending:
             for key in keys:
@@ -240,13 +235,21 @@ class CacheStore:
                 if value is not None:
                     found[key] = value
         execute = self._reader.execute
+        stale_before = time.time() - _USED_RESOLUTION
+        stale: list[bytes] = []
         for start in range(0, len(keys), _CHUNK):
             chunk = keys[start : start + _CHUNK]
             marks = ",".join("?" * len(chunk))
-            for key, value in execute(
-                f"SELECT key, value FROM answers WHERE key IN ({marks})", chunk
+            for key, used, value in execute(
+                f"SELECT key, COALESCE(used, created), value FROM answers WHERE key IN ({marks})",
+                chunk,
             ):
-                found.setdefault(bytes(key), bytes(value))
+                if key not in found:
+                    found[key] = value
+                if used < stale_before:
+                    stale.append(key)
+        if stale and not self._closed:
+            self._send(("touch", stale))
         return found
 
     # -- writing (queued) -------------------------------------------------------------
@@ -254,10 +257,9 @@ class CacheStore:
     def put(
         self,
         key: bytes,
-        value: bytes,
+        value: str,
         *,
         namespace: str,
-        kind: str,
         prompt_tokens: int,
         completion_tokens: int,
     ) -> None:
@@ -265,12 +267,12 @@ class CacheStore:
         if self._closed:
             return
         self._pending[key] = value
-        self._send(_Put(key, namespace, kind, prompt_tokens, completion_tokens, value))
+        self._send((key, namespace, time.time(), prompt_tokens, completion_tokens, value))
 
-    def touch(self, key: bytes) -> None:
-        """Count a hit on ``key`` and mark it used now (for the size cap's eviction)."""
-        if not self._closed:
-            self._send(("touch", key))
+    def count_hits(self, namespace: str, hits: int) -> None:
+        """Count ``hits`` read from ``namespace`` (``llmbatch cache show`` says them)."""
+        if hits and not self._closed:
+            self._send(("hits", namespace, hits))
 
     def forget(self, key: bytes) -> None:
         """Delete the entry under ``key`` (its value could not be read)."""
@@ -318,15 +320,21 @@ class CacheStore:
                         batch.append(self._queue.get_nowait())
                     except queue.Empty:
                         break
-                puts = [item for item in batch if isinstance(item, _Put)]
+                puts: list[_Put] = [
+                    item for item in batch if type(item) is tuple and type(item[0]) is bytes
+                ]
                 since_check += len(puts)
-                self._commit(connection, puts, batch)
-                if since_check >= _SIZE_CHECK_EVERY:
-                    since_check = 0
-                    self._keep_under_cap(connection)
-                for item in batch:
-                    if isinstance(item, threading.Event):
-                        item.set()
+                try:
+                    self._commit(connection, puts, batch)
+                    if since_check >= _SIZE_CHECK_EVERY:
+                        since_check = 0
+                        self._keep_under_cap(connection)
+                except Exception as exc:  # a bug here must not leave flush() waiting
+                    self._failed(len(puts), exc)
+                finally:
+                    for item in batch:
+                        if isinstance(item, threading.Event):
+                            item.set()
                 if any(item is _STOP for item in batch):
                     return
         finally:
@@ -335,54 +343,52 @@ class CacheStore:
     def _commit(
         self, connection: sqlite3.Connection, puts: list[_Put], batch: Iterable[object]
     ) -> None:
-        touches = [item[1] for item in batch if isinstance(item, tuple) and item[0] == "touch"]
-        forgets = [item[1] for item in batch if isinstance(item, tuple) and item[0] == "forget"]
-        if not puts and not touches and not forgets:
+        touches: list[bytes] = []
+        forgets: list[bytes] = []
+        hits: dict[str, int] = {}
+        for item in batch:
+            if type(item) is tuple and type(item[0]) is str:
+                if item[0] == "touch":
+                    touches += item[1]
+                elif item[0] == "forget":
+                    forgets.append(item[1])
+                elif item[0] == "hits":
+                    hits[item[1]] = hits.get(item[1], 0) + item[2]
+        if not puts and not touches and not forgets and not hits:
             return
         now = time.time()
         try:
             connection.execute("BEGIN IMMEDIATE")
             try:
                 if puts:
-                    connection.executemany(
-                        _PUT,
-                        [
-                            (
-                                p.key,
-                                p.namespace,
-                                p.kind,
-                                now,
-                                now,
-                                p.prompt_tokens,
-                                p.completion_tokens,
-                                len(p.value),
-                                p.value,
-                            )
-                            for p in puts
-                        ],
-                    )
+                    connection.executemany(_PUT, puts)
                 if touches:
                     connection.executemany(_TOUCH, [(now, key) for key in touches])
                 if forgets:
                     connection.executemany(_FORGET, [(key,) for key in forgets])
+                if hits:
+                    connection.executemany(_HITS, list(hits.items()))
                 connection.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
                     connection.execute("ROLLBACK")
                 raise
         except sqlite3.Error as exc:
-            self.write_errors += 1
-            warnings.warn(
-                f"llmbatch: {len(puts)} answer(s) could not be written to the cache file "
-                f"{self.path} ({exc}); they will be asked again",
-                RuntimeWarning,
-                stacklevel=1,
-            )
+            self._failed(len(puts), exc)
         finally:
             pending = self._pending
-            for put in puts:
-                if pending.get(put.key) is put.value:
-                    del pending[put.key]
+            for key, _, _, _, _, value in puts:
+                if pending.get(key) is value:
+                    del pending[key]
+
+    def _failed(self, count: int, error: BaseException) -> None:
+        self.write_errors += 1
+        warnings.warn(
+            f"llmbatch: {count} answer(s) could not be written to the cache file "
+            f"{self.path} ({error}); they will be asked again",
+            RuntimeWarning,
+            stacklevel=1,
+        )
 
     def _keep_under_cap(self, connection: sqlite3.Connection) -> None:
         """Drop the entries used longest ago while the file's live pages pass the cap."""
@@ -393,7 +399,8 @@ class CacheStore:
             (entries,) = connection.execute("SELECT COUNT(*) FROM answers").fetchone()
             drop = max(1, int(entries * (1 - _EVICT_TO * self.max_size / used)))
             connection.execute(
-                "DELETE FROM answers WHERE key IN (SELECT key FROM answers ORDER BY used LIMIT ?)",
+                "DELETE FROM answers WHERE key IN "
+                "(SELECT key FROM answers ORDER BY COALESCE(used, created) LIMIT ?)",
                 (drop,),
             )
         except sqlite3.Error:
@@ -404,10 +411,12 @@ class CacheStore:
     def summary(self) -> StoreSummary:
         """Entries, sizes and hits by namespace."""
         rows = self._reader.execute(
-            "SELECT namespace, COUNT(*), SUM(size), SUM(hits), SUM(prompt_tokens), "
-            "SUM(completion_tokens), MIN(created), MAX(created) FROM answers "
+            "SELECT namespace, COUNT(*), SUM(length(CAST(value AS BLOB))), 0, "
+            "SUM(prompt_tokens), SUM(completion_tokens), MIN(created), MAX(created) "
+            "FROM answers "
             "GROUP BY namespace ORDER BY namespace"
         ).fetchall()
+        hits = dict(self._reader.execute("SELECT namespace, hits FROM hits").fetchall())
         size = sum(
             os.path.getsize(self.path + suffix)
             for suffix in ("", "-wal")
@@ -422,7 +431,7 @@ class CacheStore:
                     namespace=row[0],
                     entries=row[1],
                     bytes=row[2] or 0,
-                    hits=row[3] or 0,
+                    hits=hits.get(row[0], 0),
                     prompt_tokens=row[4] or 0,
                     completion_tokens=row[5] or 0,
                     oldest=row[6],
@@ -449,11 +458,14 @@ class CacheStore:
             f"DELETE FROM answers WHERE {' AND '.join(clauses)}",
             values,
         )
+        if namespace is not None and older_than is None:
+            self._reader.execute("DELETE FROM hits WHERE namespace = ?", (namespace,))
         return cursor.rowcount
 
     def clear(self) -> int:
         """Delete every entry and give the space back to the file system."""
         cursor = self._reader.execute("DELETE FROM answers")
+        self._reader.execute("DELETE FROM hits")
         self._reader.execute("VACUUM")
         return cursor.rowcount
 

@@ -23,7 +23,7 @@ from llmbatch._cache.store import CacheStore
 from llmbatch._calls.request import Request
 from llmbatch._calls.spec import CallSpec
 from llmbatch._clock import Clock
-from llmbatch._config import Cache
+from llmbatch._config import Cache, Price
 from llmbatch._exceptions import (
     APIStatusError,
     InvalidRequestError,
@@ -79,6 +79,8 @@ class AnswerCache:
         """Sends a follower on its own (set by the submitter)."""
         self.hits = self.misses = self.shared = self.stored = self.unreadable = 0
         self._saved = _Saved()
+        self._price_of: dict[str, Price | None] = {}
+        """Each model's price, looked up once (a hit counts what it saved)."""
 
     # -- keys -------------------------------------------------------------------------
 
@@ -109,17 +111,20 @@ class AnswerCache:
         answer = None if data is None else self.answer(spec, key, data, created_at)
         if answer is None:
             self.misses += 1
+        else:
+            self.store.count_hits(self.namespace, 1)
         return answer
 
-    def lookup_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+    def lookup_many(self, keys: Sequence[bytes]) -> dict[bytes, str]:
         """The stored values of ``keys`` that are found (answers decoded by
         :meth:`answer`; the misses counted by the caller)."""
         return self.store.get_many(keys)
 
-    def answer(self, spec: CallSpec, key: bytes, data: bytes, created_at: float) -> Any:
-        """The answer stored as ``data`` for a call of ``spec``, counted as a hit; None
-        (not counted) when it cannot be read back, or no longer validates against the
-        call's ``response_model``: the entry is dropped and the request sent again."""
+    def answer(self, spec: CallSpec, key: bytes, data: str, created_at: float) -> Any:
+        """The answer stored as ``data`` for a call of ``spec``, counted as a hit (the
+        caller reports it to the file: :meth:`report_hits`); None (not counted) when
+        it cannot be read back, or no longer validates against the call's
+        ``response_model``: the entry is dropped and the request sent again."""
         try:
             answer = decode(data, created_at, self.now())
         except (ValueError, KeyError, TypeError):
@@ -137,8 +142,11 @@ class AnswerCache:
             object.__setattr__(answer, "_parsed", parsed)
         self.hits += 1
         self._count_saved(spec, answer)
-        self.store.touch(key)
         return answer
+
+    def report_hits(self, hits: int) -> None:
+        """Count ``hits`` in the file's own tally (what ``llmbatch cache show`` says)."""
+        self.store.count_hits(self.namespace, hits)
 
     def _count_saved(self, spec: CallSpec, answer: Any) -> None:
         prompt, completion = tokens_of(answer)
@@ -146,7 +154,13 @@ class AnswerCache:
         saved.answers += 1
         saved.prompt += prompt
         saved.completion += completion
-        price = None if self._prices is None else self._prices.price(spec.model)
+        model = spec.model
+        if model in self._price_of:
+            price = self._price_of[model]
+        else:
+            price = self._price_of[model] = (
+                None if self._prices is None else self._prices.price(model)
+            )
         if price is None:
             saved.unpriced += 1
         else:
@@ -154,8 +168,8 @@ class AnswerCache:
 
     # -- writing ----------------------------------------------------------------------
 
-    def keep(self, key: bytes, spec: CallSpec, answer: Any) -> bytes | None:
-        """Store ``answer`` under ``key``; the stored bytes (None: not storable)."""
+    def keep(self, key: bytes, spec: CallSpec, answer: Any) -> str | None:
+        """Store ``answer`` under ``key``; the stored text (None: not storable)."""
         data = encode(answer)
         if data is not None:
             prompt, completion = tokens_of(answer)
@@ -163,7 +177,6 @@ class AnswerCache:
                 key,
                 data,
                 namespace=self.namespace,
-                kind=spec.kind,
                 prompt_tokens=prompt,
                 completion_tokens=completion,
             )
@@ -209,9 +222,7 @@ class AnswerCache:
         elif followers:
             self._fail_followers(request.error, followers)
 
-    def _answer_followers(
-        self, first: Request, followers: list[Request], data: bytes | None
-    ) -> None:
+    def _answer_followers(self, first: Request, followers: list[Request], data: str | None) -> None:
         if data is None:
             data = encode(first.value)
         now = self.now()

@@ -516,6 +516,7 @@ class MapRunner:
             keys.append(key)
         found = cache.lookup_many(wanted) if wanted else {}
         now = submitter.now()
+        hits = cache.hits
         for (index, spec, payload, metadata), key in zip(items, keys, strict=True):
             if key is not None and spec.cache == "use":
                 data = found.get(key)
@@ -531,6 +532,7 @@ class MapRunner:
                     continue
                 cache.misses += 1
             self._send(run, index, spec, payload, metadata, key)
+        cache.report_hits(cache.hits - hits)
 
     def _spec(
         self, run: _Run, kind: Kind, priority: Priority, params: Mapping[str, Any]
