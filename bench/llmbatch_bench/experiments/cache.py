@@ -10,7 +10,9 @@
   CPU per prompt; a miss adds the fresh run's less the uncached one's.
 - **rerun**: a ``--rerun-n`` map run again with a tenth of its prompts new, beside a
   map of only those new prompts (no cache), alternated over ``--rounds``: the prompts
-  the server answered (its own counter) and the wall-time ratio.
+  the server answered (its own counter) and the wall-time ratio; on the simulator at
+  its default speed (a server that takes time to answer), and at its fastest, where
+  the hits' client CPU is all there is to wait for.
 - **twice**: a map at ``temperature=0`` with every prompt twice: prompts answered.
 - **processes**: ``--processes`` processes sharing one cache file, ``--per-process``
   prompts each, half of them common to all, started together: warnings (a "database
@@ -24,12 +26,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,13 @@ from llmbatch_server.testing import SimulatorProcess, run_simulator
 __all__ = ["main"]
 
 MAX_TOKENS = 8
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def answered(sim: SimulatorProcess) -> int:
@@ -85,34 +96,50 @@ def cpu(sim: SimulatorProcess, n: int, rounds: int, workdir: Path) -> dict[str, 
     }
 
 
-def rerun(sim: SimulatorProcess, n: int, rounds: int, workdir: Path) -> dict[str, Any]:
+def rerun(
+    url: str,
+    fill: Callable[[], AbstractContextManager[SimulatorProcess]],
+    serve: Callable[[], AbstractContextManager[SimulatorProcess]],
+    n: int,
+    rounds: int,
+    workdir: Path,
+) -> dict[str, Any]:
+    """Each round: a map of nine tenths of ``n`` fills a cache on ``fill()``'s server;
+    then, on ``serve()``'s (the same port and model: the same cache keys), a map of a
+    tenth of ``n`` new prompts alone (no cache) and the whole ``n`` again with another
+    tenth new, side by side."""
     old_n = n - n // 10
     rows = []
     for r in range(rounds):
-        cache = workdir / f"rerun-{r}.db"
+        cache = workdir / f"rerun-{r}-{time.monotonic_ns()}.db"
         old = [f"rerun {r} prompt {i}" for i in range(old_n)]
+        with fill():
+            asyncio.run(timed_map(url, old, cache))  # the first run
         new = [f"rerun {r} new prompt {i}" for i in range(n // 10)]
-        asyncio.run(timed_map(sim.base_url, old, cache))  # the first run
-        before = answered(sim)
-        alone_wall, _, _ = asyncio.run(timed_map(sim.base_url, new, None))
-        alone_sent = answered(sim) - before
         # The same new prompts again would all be hits: the rerun gets its own new ones.
         new_again = [f"rerun {r} newer prompt {i}" for i in range(n // 10)]
         grown = old + new_again
-        before = answered(sim)
-        rerun_wall, _, results = asyncio.run(timed_map(sim.base_url, grown, cache))
-        sent = answered(sim) - before
+        with serve() as sim:
+            order = [("alone", new, None), ("rerun", grown, cache)]
+            if r % 2:
+                order.reverse()
+            measured: dict[str, tuple[float, int, int]] = {}
+            for name, prompts, store in order:
+                before = answered(sim)
+                wall, _, results = asyncio.run(timed_map(url, prompts, store))
+                hits = sum(res.from_cache for res in results)
+                measured[name] = (wall, answered(sim) - before, hits)
         rows.append(
             {
                 "round": r,
                 "rerun_prompts": len(grown),
                 "new_prompts": len(new_again),
-                "server_answered": sent,
-                "hits": sum(res.from_cache for res in results),
-                "rerun_wall_s": rerun_wall,
-                "new_only_wall_s": alone_wall,
-                "new_only_server_answered": alone_sent,
-                "ratio": rerun_wall / alone_wall,
+                "server_answered": measured["rerun"][1],
+                "hits": measured["rerun"][2],
+                "rerun_wall_s": measured["rerun"][0],
+                "new_only_wall_s": measured["alone"][0],
+                "new_only_server_answered": measured["alone"][1],
+                "ratio": measured["rerun"][0] / measured["alone"][0],
             }
         )
     return {
@@ -234,6 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--parts", default="cpu,rerun,twice,processes")
     parser.add_argument("--cpu-n", type=int, default=20_000)
     parser.add_argument("--rerun-n", type=int, default=100_000)
+    parser.add_argument(
+        "--rerun-speed", type=float, default=5.0, help="the timed simulator's --speed"
+    )
     parser.add_argument("--twice-n", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--processes", type=int, default=4)
@@ -251,8 +281,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             report["cpu"] = cpu(sim, args.cpu_n, args.rounds, workdir)
             print(json.dumps(report["cpu"]["median_us_per_prompt"]), file=sys.stderr)
         if "rerun" in parts:
-            report["rerun"] = rerun(sim, args.rerun_n, args.rounds, workdir)
+            port = free_port()
+            url = f"http://127.0.0.1:{port}/v1"
+
+            def server(*flags: str) -> Callable[[], AbstractContextManager[SimulatorProcess]]:
+                return lambda: run_simulator(*flags, "--max-model-len", "4096", port=port)
+
+            fastest = server("--zero-latency")
+            timed = server("--speed", str(args.rerun_speed))
+            report["rerun"] = rerun(url, fastest, timed, args.rerun_n, args.rounds, workdir)
+            report["rerun"]["speed"] = args.rerun_speed
             print(json.dumps(report["rerun"]), file=sys.stderr)
+            report["rerun_fastest"] = rerun(
+                url, fastest, fastest, args.rerun_n, args.rounds, workdir
+            )
+            print(json.dumps(report["rerun_fastest"]), file=sys.stderr)
         if "twice" in parts:
             report["twice"] = twice(sim, args.twice_n, workdir)
             print(json.dumps(report["twice"]), file=sys.stderr)
