@@ -713,7 +713,7 @@ class Result(_Immutable, Generic[T]):
     @property
     def from_cache(self) -> bool:
         """True when the item's answer came from the response cache (or was shared
-        with an identical item in flight): see :attr:`Completion.from_cache`."""
+        with an identical item in flight), as ``Completion.from_cache`` says."""
         answer = self.response if self.response is not None else self.value
         return isinstance(answer, _Answer) and answer.from_cache
 

@@ -292,8 +292,38 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
         ("state",),
     )
 
+    cache_answers = counter(
+        "cache_answers",
+        "Answers of the response cache, by outcome: hit (read from it), miss (looked up "
+        "and sent), shared (with an identical request in flight), stored.",
+        ("outcome",),
+    )
+    cache_saved_tokens = counter(
+        "cache_saved_tokens",
+        "Tokens the response cache's hits and shared answers saved, by kind.",
+        ("kind",),
+    )
+    cache_saved_cost = counter(
+        "cache_saved_dollars", "Dollars the response cache's hits and shared answers saved."
+    )
+
     for stats, labels in snapshots:
         own = [labels[n] for n in names]
+        if stats.cache is not None:
+            kept = stats.cache
+            for outcome, n in (
+                ("hit", kept.hits),
+                ("miss", kept.misses),
+                ("shared", kept.shared),
+                ("stored", kept.stored),
+            ):
+                cache_answers.add_metric([*own, outcome], n)
+            for kind, n in (
+                ("prompt", kept.saved.prompt_tokens),
+                ("completion", kept.saved.completion_tokens),
+            ):
+                cache_saved_tokens.add_metric([*own, kind], n)
+            cache_saved_cost.add_metric(own, kept.saved.dollars)
         for tier, t in stats.tiers.items():
             cost.add_metric([*own, tier.value], t.cost.dollars)
         for model, paid in stats.models.items():
@@ -410,6 +440,9 @@ def _families(snapshots: list[tuple[Stats, dict[str, str]]], names: list[str]) -
         model_tokens,
         model_cost,
         spending,
+        cache_answers,
+        cache_saved_tokens,
+        cache_saved_cost,
     ]
     return families
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -211,3 +212,27 @@ async def test_what_the_answers_cost_is_exported_by_tier_model_and_tenant(
     assert value(samples, "llmbatch_tenant_cost_dollars_total", tenant="team-a") == dollars
     assert value(samples, "llmbatch_max_cost_dollars", state="limit") == 1.0
     assert value(samples, "llmbatch_max_cost_dollars", state="spent") == dollars
+
+
+async def test_the_response_caches_hits_and_savings_are_exported(
+    sim: SimulatorProcess, exporter: tuple[CollectorRegistry, str], tmp_path: Path
+) -> None:
+    registry, url = exporter
+    price = llmbatch.Price(input=1.0, output=2.0)
+    async with llmbatch.Client(
+        sim.base_url, slo=None, prices={"*": price}, cache=tmp_path / "c.db"
+    ) as client:
+        llmbatch.prometheus.register(client, registry)
+        prompts = [f"prompt {i}" for i in range(10)]
+        await client.map(prompts, max_tokens=3, temperature=0)
+        await client.map([*prompts, "new"], max_tokens=3, temperature=0)
+        samples = await anyio.to_thread.run_sync(scrape, url)
+        stats = client.stats()
+    cache = stats.cache
+    assert cache is not None
+    assert cache.hits == 10
+    assert value(samples, "llmbatch_cache_answers_total", outcome="hit") == 10
+    assert value(samples, "llmbatch_cache_answers_total", outcome="miss") == 11
+    assert value(samples, "llmbatch_cache_answers_total", outcome="stored") == 11
+    assert value(samples, "llmbatch_cache_saved_tokens_total", kind="completion") == 30
+    assert value(samples, "llmbatch_cache_saved_dollars_total") == cache.saved.dollars > 0
