@@ -585,12 +585,17 @@ class Cache:
       deleting anything (a prompt's revision, an experiment's name).
     - ``max_size``: bytes the file may hold; past it the entries used longest ago
       are dropped.
+    - ``keep_failures``: seconds to keep a failure that is the request's own (a 400
+      for this prompt, a ``response_model`` answer that failed after its re-asks),
+      raised again meanwhile without asking; None (the default): failures are never
+      kept.
     """
 
     path: str | os.PathLike[str]
     _: KW_ONLY
     namespace: str = ""
     max_size: int = DEFAULT_CACHE_SIZE
+    keep_failures: float | None = None
 
     def __post_init__(self) -> None:
         path = self.path
@@ -613,6 +618,7 @@ class Cache:
                 field="namespace",
             )
         _check_int("Cache", "max_size", self.max_size, 1 << 20)
+        _check_number("Cache", "keep_failures", self.keep_failures, optional=True)
 
     @classmethod
     def of(cls, value: object) -> Cache | None:

@@ -9,10 +9,18 @@ no attempt.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
 from llmbatch._chunks import ChatCompletionChunk, CompletionChunk, make_chunk
+from llmbatch._exceptions import (
+    APIStatusError,
+    BadRequestError,
+    LLMBatchError,
+    OutputTruncatedError,
+    StructuredOutputError,
+)
 from llmbatch._models import (
     BareChoices,
     ChatCompletion,
@@ -22,7 +30,17 @@ from llmbatch._models import (
     make_answer,
 )
 
-__all__ = ["KINDS", "decode", "encode", "replay", "tokens_of"]
+__all__ = [
+    "FAILURE",
+    "KINDS",
+    "Expired",
+    "decode",
+    "encode",
+    "encode_failure",
+    "keeps",
+    "replay",
+    "tokens_of",
+]
 
 KINDS: dict[type[Any], str] = {
     Completion: "completion",
@@ -73,20 +91,87 @@ def encode(answer: Any) -> str | None:
         return None
 
 
+FAILURE = "failure"
+"""The kind of a stored failure: ``[format, "failure", expires at, error]``."""
+#: The failures that are the request's own, which may be kept, by name.
+_FAILURES: dict[str, type[LLMBatchError]] = {
+    cls.__name__: cls for cls in (BadRequestError, StructuredOutputError, OutputTruncatedError)
+}
+
+
+class Expired(ValueError):
+    """A stored failure past its time to live (dropped, and the request sent again)."""
+
+
+def keeps(error: LLMBatchError) -> bool:
+    """Whether ``error`` is the request's own, kept when asked (``keep_failures``): a
+    400 for this prompt, or an answer that failed validation after its re-asks."""
+    return _FAILURES.get(type(error).__name__) is type(error)
+
+
+def encode_failure(error: LLMBatchError, expires_at: float) -> str | None:
+    """A failure the request itself caused, kept until ``expires_at`` (epoch seconds)."""
+    fields: dict[str, Any] = {"type": type(error).__name__, "message": str(error)}
+    if isinstance(error, APIStatusError):
+        fields["status_code"] = error.status_code
+    if isinstance(error, StructuredOutputError):
+        fields["text"] = error.text
+        fields["reasks"] = error.reasks
+        fields["errors"] = [
+            {"loc": _plain_list(e.get("loc")), "msg": str(e.get("msg", "")), "type": e.get("type")}
+            for e in error.errors
+            if isinstance(e, dict)
+        ]
+    try:
+        return _ENCODER.encode([_FORMAT, FAILURE, expires_at, fields])
+    except (TypeError, ValueError):
+        return None
+
+
+def _plain_list(value: object) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+def _failure(record: list[Any], now: float) -> LLMBatchError:
+    form, _, expires_at, fields = record
+    if form != _FORMAT or type(fields) is not dict:
+        raise ValueError("not a stored failure")
+    if not isinstance(expires_at, int | float) or expires_at <= now:
+        raise Expired("a stored failure past its time to live")
+    cls = _FAILURES[fields["type"]]
+    message = f"{fields['message']} (kept in the response cache)"
+    if issubclass(cls, StructuredOutputError):
+        return cls(
+            message,
+            text=str(fields["text"]),
+            errors=[dict(e) for e in fields.get("errors") or () if isinstance(e, dict)],
+            reasks=int(fields.get("reasks", 0)),
+        )
+    return cls(message, status_code=int(fields.get("status_code", 400)))  # type: ignore[call-arg]
+
+
 def tokens_of(answer: Any) -> tuple[int, int]:
     """The prompt and completion tokens an answer was counted (what a hit saves)."""
     return answer._prompt_tokens, answer._completion_tokens
 
 
-def decode(data: str, created_at: float, now: float) -> Any:
-    """The answer ``data`` holds, asked for at ``created_at`` and read at ``now``;
-    raises ``ValueError`` (or ``KeyError``, ``TypeError``) for text that is not a
-    stored answer, which the caller treats as a miss."""
+def decode(
+    data: str, created_at: float, now: float, wall_clock: Callable[[], float] = time.time
+) -> Any:
+    """The answer ``data`` holds, asked for at ``created_at`` and read at ``now``, or
+    the kept failure (an :class:`LLMBatchError` to raise; :class:`Expired` once past
+    its time by ``wall_clock``, epoch seconds as its expiry was written). Raises
+    ``ValueError`` (or ``KeyError``, ``TypeError``) for text that is not a stored
+    answer, which the caller treats as a miss."""
     try:
         record, end = _SCAN(data, 0)
     except StopIteration:
         raise ValueError("not JSON") from None
-    if end != len(data) or type(record) is not list or len(record) != 11:
+    if end != len(data) or type(record) is not list:
+        raise ValueError("not a stored answer")
+    if len(record) == 4 and record[1] == FAILURE:
+        return _failure(record, wall_clock())
+    if len(record) != 11:
         raise ValueError("not a stored answer")
     (form, kind, id, model, created, fingerprint, prompt, completion, total, estimated, choices) = (
         record

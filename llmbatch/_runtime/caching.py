@@ -14,10 +14,19 @@ an outage) sends each follower on its own.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from llmbatch._cache.codec import KINDS, decode, encode, tokens_of
+from llmbatch._cache.codec import (
+    KINDS,
+    Expired,
+    decode,
+    encode,
+    encode_failure,
+    keeps,
+    tokens_of,
+)
 from llmbatch._cache.key import KeyMaker
 from llmbatch._cache.store import CacheStore
 from llmbatch._calls.request import Request
@@ -121,16 +130,26 @@ class AnswerCache:
         return self.store.get_many(keys)
 
     def answer(self, spec: CallSpec, key: bytes, data: str, created_at: float) -> Any:
-        """The answer stored as ``data`` for a call of ``spec``, counted as a hit (the
-        caller reports it to the file: :meth:`report_hits`); None (not counted) when
-        it cannot be read back, or no longer validates against the call's
-        ``response_model``: the entry is dropped and the request sent again."""
+        """The answer stored as ``data`` for a call of ``spec`` (or the failure kept
+        for it, an :class:`LLMBatchError` to raise), counted as a hit (the caller
+        reports it to the file: :meth:`report_hits`); None (not counted) when it
+        cannot be read back, is a failure past its time, or no longer validates
+        against the call's ``response_model``: the entry is dropped and the request
+        sent again."""
         try:
             answer = decode(data, created_at, self.now())
+        except Expired:
+            self.store.forget(key)
+            return None
         except (ValueError, KeyError, TypeError):
             self.unreadable += 1
             self.store.forget(key)
             return None
+        if isinstance(answer, LLMBatchError):  # a failure kept (keep_failures)
+            if self.settings.keep_failures is None:
+                return None  # another client's choice: this one asks again
+            self.hits += 1
+            return answer
         if KINDS.get(type(answer)) != spec.kind:
             return None
         model = spec.response_model
@@ -183,6 +202,19 @@ class AnswerCache:
             self.stored += 1
         return data
 
+    def keep_failure(self, key: bytes, error: LLMBatchError) -> None:
+        """Store ``error`` under ``key`` for ``keep_failures`` seconds, if the cache
+        keeps failures and this one is the request's own."""
+        ttl = self.settings.keep_failures
+        if ttl is None or not keeps(error):
+            return
+        data = encode_failure(error, time.time() + ttl)
+        if data is not None:
+            self.store.put(
+                key, data, namespace=self.namespace, prompt_tokens=0, completion_tokens=0
+            )
+            self.stored += 1
+
     # -- identical requests in flight --------------------------------------------------
 
     def follow(self, request: Request) -> bool:
@@ -219,8 +251,11 @@ class AnswerCache:
                 data = self.keep(stored_as, request.spec, value)
             if followers:
                 self._answer_followers(request, followers, data)
-        elif followers:
-            self._fail_followers(request.error, followers)
+        else:
+            if request.stored_as is not None:
+                self.keep_failure(request.stored_as, request.error)
+            if followers:
+                self._fail_followers(request.error, followers)
 
     def _answer_followers(self, first: Request, followers: list[Request], data: str | None) -> None:
         if data is None:

@@ -521,6 +521,9 @@ class MapRunner:
             if key is not None and spec.cache == "use":
                 data = found.get(key)
                 answer = None if data is None else cache.answer(spec, key, data, now)
+                if isinstance(answer, LLMBatchError):  # a failure kept for it
+                    run.emit(index, make_result(index, None, answer, metadata))
+                    continue
                 if answer is not None:
                     if spec.response_model is not None:
                         result: Result[Any] = Result(

@@ -18,7 +18,7 @@ from llmbatch._calls.structured import Reask, Verdict, check_answer
 from llmbatch._calls.validate import TOKEN_OVERHEAD, check_messages, check_prompt, input_bytes
 from llmbatch._clock import Clock
 from llmbatch._config import Price
-from llmbatch._exceptions import InvalidRequestError
+from llmbatch._exceptions import InvalidRequestError, LLMBatchError
 from llmbatch._observers import Observers
 from llmbatch._runtime.caching import AnswerCache
 from llmbatch._runtime.engine import Engine
@@ -204,6 +204,9 @@ class Submitter:
                 cache.keep(request.stored_as, request.spec, answer)
         elif verdict.error is not None:
             stats.structured_failed += 1
+            cache = self.cache
+            if cache is not None and request.stored_as is not None:
+                cache.keep_failure(request.stored_as, verdict.error)
         return verdict
 
     def follow_up(self, request: Request, reask: Reask) -> Request:
@@ -303,8 +306,12 @@ class Submitter:
 
 
 def answered(spec: CallSpec, answer: object, now: float) -> Request:
-    """A request settled with a stored ``answer``: what a hit hands the caller."""
+    """A request settled with a stored ``answer`` (or the failure kept for it): what a
+    hit hands the caller."""
     request = Request(spec, None, None, 0, now)
     request.state = State.FINISHED
-    request.set_value(answer)
+    if isinstance(answer, LLMBatchError):
+        request.set_error(answer)
+    else:
+        request.set_value(answer)
     return request

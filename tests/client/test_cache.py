@@ -488,7 +488,11 @@ def test_bad_cache_settings_fail_at_the_constructor(tmp_path: Path) -> None:
         Cache(tmp_path / "c.db", namespace=3)  # type: ignore[arg-type]
     with pytest.raises(InvalidRequestError):
         raise InvalidRequestError("x")
-    assert repr(Cache("a.db")) == "Cache(path='a.db', namespace='', max_size=2147483648)"
+    assert repr(Cache("a.db")) == (
+        "Cache(path='a.db', namespace='', max_size=2147483648, keep_failures=None)"
+    )
+    with pytest.raises(ConfigError, match="keep_failures"):
+        Cache("a.db", keep_failures=0)
 
 
 async def test_what_an_answer_says_of_itself_is_not_the_cache_of_a_call_without_one() -> None:
@@ -530,3 +534,81 @@ async def test_requests_cancelled_by_closing_are_not_kept(tmp_path: Path) -> Non
     server.hold = None
     async with client(server, path) as c:
         assert not (await c.complete("x", temperature=0)).from_cache
+
+
+async def test_entries_of_an_older_key_version_are_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a key holds changed: answers stored before are asked again, never misread."""
+    import llmbatch._cache.key as keys
+
+    server = Counter()
+    path = tmp_path / "c.db"
+    monkeypatch.setattr(keys, "KEY_VERSION", keys.KEY_VERSION - 1)
+    async with client(server, path) as c:
+        old = await c.complete("x", temperature=0)
+    monkeypatch.undo()
+    async with client(server, path) as c:
+        new = await c.complete("x", temperature=0)
+        again = await c.complete("x", temperature=0)
+    assert not new.from_cache
+    assert new.text != old.text
+    assert again.from_cache
+    assert again.text == new.text
+    assert server.count("x") == 2
+
+
+async def test_a_stored_entry_that_cannot_be_read_is_asked_again(tmp_path: Path) -> None:
+    import sqlite3
+
+    server = Counter()
+    path = tmp_path / "c.db"
+    async with client(server, path) as c:
+        await c.complete("x", temperature=0)
+    with sqlite3.connect(path) as connection:
+        connection.execute('UPDATE answers SET value = \'[1, "completion", "cut\'')
+    async with client(server, path) as c:
+        answer = await c.complete("x", temperature=0)
+        stats = c.stats()
+    assert not answer.from_cache
+    assert stats.cache is not None
+    assert stats.cache.unreadable == 1
+    assert server.count("x") == 2
+
+
+async def test_failures_of_the_request_are_kept_only_when_asked(tmp_path: Path) -> None:
+    """keep_failures: a 400 for this prompt and a structured answer that failed after
+    its re-asks are raised again without asking, until their time is up; a 503 never
+    is."""
+    server = Counter()
+    path = tmp_path / "c.db"
+    kept = Cache(path, keep_failures=3600)
+    counts = []
+    for _ in range(2):
+        async with client(server, kept) as c:
+            with pytest.raises(llmbatch.BadRequestError):
+                await c.complete("BAD", temperature=0)
+            results = await c.map(["BAD", "FLAKY"], temperature=0, max_tokens=2)
+            with pytest.raises(llmbatch.StructuredOutputError) as failed:
+                await c.complete(
+                    'json:{"value": -1}', temperature=0, response_model=Positive, max_reasks=0
+                )
+        counts.append([server.count(p) for p in ("BAD", "FLAKY", 'json:{"value": -1}')])
+    first, second = counts
+    assert second[0] == first[0]  # the 400s kept: not asked again
+    assert second[1] > first[1]  # a 503 is never kept
+    assert second[2] == first[2] == 1
+    assert "kept in the response cache" in str(failed.value)
+    assert failed.value.text == '{"value": -1}'
+    assert isinstance(results[0].error, llmbatch.BadRequestError)
+    # Without keep_failures they are asked again; past their time too.
+    async with client(server, path) as c:
+        with pytest.raises(llmbatch.BadRequestError):
+            await c.complete("BAD", temperature=0)
+    assert server.count("BAD") == second[0] + 1
+    async with client(server, Cache(path, namespace="short", keep_failures=0.2)) as c:
+        for wait in (0.0, 0.3, 0.0):
+            await anyio.sleep(wait)
+            with pytest.raises(llmbatch.BadRequestError):
+                await c.complete("BAD", temperature=0)
+    assert server.count("BAD") == second[0] + 3
