@@ -15,6 +15,7 @@ import importlib.util
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -280,3 +281,52 @@ def test_rows_name_their_tenant_by_column_or_all_at_once(sim: SimulatorProcess) 
     }
     with pytest.raises(llmbatch.ConfigTypeError):
         llmbatch.ray.Completions(sim.base_url, tenant_column=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None,
+    reason="Ray is not installed: pip install 'llmbatch[ray]' (CI's ray stage does)",
+)
+@pytest.mark.timeout(180)
+def test_actors_share_a_cache_file(sim: SimulatorProcess, tmp_path: Path) -> None:
+    """Two actors on one machine with ``client_options={"cache": path}``: the same
+    dataset mapped again is answered from the file, the server asked nothing."""
+    import ray
+
+    def answered() -> int:
+        return sum(
+            int(float(line.rsplit(" ", 1)[1]))
+            for line in sim.metrics().splitlines()
+            if line.startswith("vllm:request_success_total")
+        )
+
+    cache = str(tmp_path / "answers.db")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        runs = []
+        for _ in range(2):
+            before = answered()
+            items = ray.data.from_items(
+                [{"id": i, "prompt": f"cached row {i}"} for i in range(400)],
+                override_num_blocks=4,
+            )
+            rows = items.map_batches(
+                llmbatch.ray.Completions,
+                fn_constructor_kwargs={
+                    "base_url": sim.base_url,
+                    "max_tokens": 2,
+                    "temperature": 0,
+                    "client_options": {"cache": cache},
+                },
+                batch_size=100,
+                **llmbatch.ray.actor_options(2),
+            ).take_all()
+            runs.append(({row["id"]: row["completion"] for row in rows}, answered() - before))
+    finally:
+        ray.shutdown()
+    (first, sent_first), (second, sent_second) = runs
+    assert sent_first == 400
+    assert sent_second == 0
+    assert second == first
+    assert all(first.values())

@@ -133,3 +133,40 @@ def test_a_glob_with_an_unknown_model_stops_with_exit_4(
     assert "stopped early: the server does not serve model 'gpt-4o'" in err
     assert "pass --model NAME with one of them" in err
     assert records(out) == []
+
+
+@pytest.mark.timeout(240)
+def test_a_second_job_with_the_cache_is_answered_from_it(
+    sim: SimulatorProcess, local_ray: None, tmp_path: Path
+) -> None:
+    """``--ray --cache``: the actors share the file; a second job of the same lines,
+    into another output, is answered from it (the server's answers do not grow)."""
+
+    def answered() -> int:
+        return sum(
+            int(float(line.rsplit(" ", 1)[1]))
+            for line in sim.metrics().splitlines()
+            if line.startswith("vllm:request_success_total")
+        )
+
+    write_shards(tmp_path / "in")
+    cache = str(tmp_path / "answers.db")
+    texts = []
+    for run in range(2):
+        out = tmp_path / f"out-{run}"
+        before = answered()
+        argv = [str(tmp_path / "in"), "-o", str(out), "--ray", "--base-url", sim.base_url]
+        assert llmbatch_run(*argv, "--cache", cache) == 1  # the poisoned line fails
+        sent = answered() - before
+        texts.append(
+            {
+                r["custom_id"]: json.dumps(r["response"]["body"]["choices"])
+                for r in records(out)
+                if r["error"] is None
+            }
+        )
+        if run == 0:
+            assert sent == SHARDS * PER_SHARD - 1
+        else:
+            assert sent == 0
+    assert texts[1] == texts[0]
