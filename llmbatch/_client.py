@@ -140,8 +140,8 @@ class Client:
     by tier, tenant and model. ``max_cost=`` dollars is a spending limit: once it
     is spent no new request goes, and the rest fail with
     :class:`SpendingLimitReached` (docs/hosted.md).
-    ``cache="answers.db"`` (or a :class:`Cache`) keeps every answer under a key of
-    what was asked: a request asked again is answered from the file, without the
+    ``cache="answers.db"`` (a Redis URL, or a :class:`Cache`) keeps every answer
+    under a key of what was asked: a request asked again is answered from the file, without the
     server, and identical requests in flight at once share one exchange; a call's
     ``cache=False`` skips it, ``cache="refresh"`` asks again (docs/caching.md).
     Bad configuration raises :class:`ConfigError` (a :class:`ConfigTypeError`, also a

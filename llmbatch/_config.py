@@ -569,7 +569,6 @@ class Price:
 
 #: The response cache's default size cap: past it, the entries used longest ago go.
 DEFAULT_CACHE_SIZE = 2 * 1024**3
-_CACHE_URL_SCHEMES = ("redis://", "rediss://", "unix://", "http://", "https://", "s3://")
 
 
 @config_class
@@ -578,39 +577,46 @@ class Cache:
     """Where answers are kept, so that a request sent again is answered without the
     server (docs/caching.md).
 
-    - ``path``: a local file (made readable by its owner only: it holds prompts and
-      answers); several processes may share it. ``Client(cache="answers.db")`` is
-      the same as ``Client(cache=Cache("answers.db"))``.
+    - ``location``: a local file (made readable by its owner only: it holds prompts
+      and answers), which several processes on one machine may share; or a Redis URL
+      (``redis://``, ``rediss://``, ``unix://``; ``pip install 'llmbatch[redis]'``),
+      which processes on several machines may share (a Ray job's actors).
+      ``Client(cache="answers.db")`` is the same as
+      ``Client(cache=Cache("answers.db"))``.
     - ``namespace``: part of every key: a new namespace starts afresh without
       deleting anything (a prompt's revision, an experiment's name).
-    - ``max_size``: bytes the file may hold; past it the entries used longest ago
-      are dropped.
+    - ``max_size``: bytes a file may hold; past it the entries used longest ago are
+      dropped (Redis: its own ``maxmemory`` policy).
+    - ``max_age``: seconds an entry is used after it was written (None: as long as it
+      is kept; Redis: 30 days, when each entry expires).
     - ``keep_failures``: seconds to keep a failure that is the request's own (a 400
       for this prompt, a ``response_model`` answer that failed after its re-asks),
       raised again meanwhile without asking; None (the default): failures are never
       kept.
     """
 
-    path: str | os.PathLike[str]
+    location: str | os.PathLike[str] = field(repr=False)
     _: KW_ONLY
     namespace: str = ""
     max_size: int = DEFAULT_CACHE_SIZE
+    max_age: float | None = None
     keep_failures: float | None = None
 
     def __post_init__(self) -> None:
-        path = self.path
-        if not isinstance(path, str | os.PathLike):
+        location = self.location
+        if not isinstance(location, str | os.PathLike):
             raise ConfigTypeError(
-                f"Cache.path must be a str or a path, got {type(path).__name__}", field="path"
+                f"Cache.location must be a path or a Redis URL, got {type(location).__name__}",
+                field="location",
             )
-        text = os.fspath(path)
+        text = os.fspath(location)
         if not isinstance(text, str) or not text:
-            raise ConfigError("Cache.path must name a file", field="path")
-        if text.startswith(_CACHE_URL_SCHEMES):
+            raise ConfigError("Cache.location must name a file or a Redis URL", field="location")
+        if "://" in text and not text.startswith(_REDIS_SCHEMES):
             raise ConfigError(
-                f"Cache.path must be a local file, got a URL ({text.split('://')[0]}://...); "
-                "a cache on another machine is not supported yet",
-                field="path",
+                f"Cache.location must be a local file or a Redis URL (redis://, rediss://, "
+                f"unix://), got {redact_url(text)}",
+                field="location",
             )
         if not isinstance(self.namespace, str):
             raise ConfigTypeError(
@@ -618,7 +624,23 @@ class Cache:
                 field="namespace",
             )
         _check_int("Cache", "max_size", self.max_size, 1 << 20)
+        _check_number("Cache", "max_age", self.max_age, optional=True)
         _check_number("Cache", "keep_failures", self.keep_failures, optional=True)
+
+    @property
+    def redis_url(self) -> str | None:
+        """The Redis URL the cache is kept at (None: a file)."""
+        text = os.fspath(self.location)
+        return text if text.startswith(_REDIS_SCHEMES) else None
+
+    def __repr__(self) -> str:
+        # A Redis URL may hold a password: never shown.
+        where = os.fspath(self.location)
+        shown = redact_url(where) if self.redis_url else where
+        return (
+            f"Cache({shown!r}, namespace={self.namespace!r}, max_size={self.max_size}, "
+            f"max_age={self.max_age}, keep_failures={self.keep_failures})"
+        )
 
     @classmethod
     def of(cls, value: object) -> Cache | None:

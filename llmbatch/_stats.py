@@ -170,7 +170,8 @@ class Cost(_Snapshot):
 class CacheStats(_Snapshot):
     """The response cache since the client opened (``Client(cache=...)``)."""
 
-    path: str
+    location: str
+    """The file, or the Redis URL (without its password)."""
     namespace: str = ""
     hits: int = 0
     """Answers read from the cache: nothing sent, nothing charged."""

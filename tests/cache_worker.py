@@ -20,11 +20,13 @@ async def main() -> None:
     parser.add_argument("cache")
     parser.add_argument("prompts", help="a JSON file of prompts")
     parser.add_argument("--start-at", type=float, default=0.0)
+    parser.add_argument("--namespace", default="")
     args = parser.parse_args()
     prompts = json.loads(await anyio.Path(args.prompts).read_text(encoding="utf-8"))
     # The processes start their maps together.
     await asyncio.sleep(max(0.0, args.start_at - time.time()))
-    async with llmbatch.Client(args.url, cache=args.cache) as client:
+    cache = llmbatch.Cache(args.cache, namespace=args.namespace)
+    async with llmbatch.Client(args.url, cache=cache) as client:
         results = await client.map(prompts, temperature=0, max_tokens=8)
         stats = client.stats()
     cache = stats.cache

@@ -67,6 +67,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def handle(args: argparse.Namespace) -> int:
     path: Path = args.path
+    if str(args.path).startswith(("redis:", "rediss:", "unix:")):  # Path folds the //
+        print(
+            "llmbatch cache: these commands read a cache file; a cache in Redis expires by "
+            "itself (its keys are llmbatch:cache:*: redis-cli --scan --pattern "
+            "'llmbatch:cache:*' lists them)",
+            file=sys.stderr,
+        )
+        return 2
     if not path.is_file():
         print(f"llmbatch cache: no cache file at {path}", file=sys.stderr)
         return 2

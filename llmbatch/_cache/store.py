@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import sqlite3
-import threading
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llmbatch._cache.files import check_local, make_private
+from llmbatch._cache.writer import Batch, QueuedStore
 
 __all__ = ["LAYOUT", "CacheStore", "NamespaceSummary", "StoreSummary"]
 
@@ -34,11 +33,6 @@ LAYOUT = "1"
 
 #: Keys per lookup query (SQLite allows 32,766 parameters; fewer keeps each query short).
 _CHUNK = 500
-#: The writer gathers what is queued for this long before it commits (fewer, larger
-#: transactions), unless asked to flush.
-_GATHER_SECONDS = 0.01
-#: Writes per transaction at most.
-_BATCH = 5000
 #: How often (in puts) the writer checks the file's size against its cap.
 _SIZE_CHECK_EVERY = 2000
 #: Eviction brings the entries down to this share of the cap.
@@ -109,16 +103,7 @@ class StoreSummary:
         return sum(n.entries for n in self.namespaces)
 
 
-#: A write, as the row the writer inserts: key, namespace, time written, prompt and
-#: completion tokens, answer (a tuple whose first item is bytes; the writer's other
-#: items are tuples tagged with a str, events, and the stop sentinel).
-_Put = tuple[bytes, str, float, int, int, str]
-
-
-_STOP = object()
-
-
-class CacheStore:
+class CacheStore(QueuedStore):
     """One cache file, opened by one process (others may open it too)."""
 
     def __init__(
@@ -126,24 +111,24 @@ class CacheStore:
         path: str | os.PathLike[str],
         *,
         max_size: int,
+        max_age: float | None = None,
         mounts_file: str = "/proc/mounts",
     ) -> None:
+        super().__init__()
         self.path = os.path.abspath(os.fspath(path))
+        self.where = f"the cache file {self.path}"
+        self.location = self.path
         check_local(self.path, mounts_file)
         self.max_size = max_size
-        self.write_errors = 0
-        """Batches the writer could not commit (their entries are lost, not wrong)."""
+        self.max_age = max_age
+        """Seconds an entry is read after it was written (None: no limit)."""
+        self._since_check = 0
         self.set_aside: str | None = None
         """Where an unreadable file was moved at opening (None: none was)."""
         directory = os.path.dirname(self.path)
         if directory:
             os.makedirs(directory, exist_ok=True)
         self._reader = self._open()
-        self._pending: dict[bytes, str] = {}
-        """Values queued and not yet committed, found by lookups meanwhile."""
-        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._writer: threading.Thread | None = None
-        self._closed = False
 
     # -- opening ----------------------------------------------------------------------
 
@@ -220,175 +205,64 @@ class CacheStore:
 
     # -- reading ----------------------------------------------------------------------
 
-    def get(self, key: bytes) -> str | None:
-        """The value stored under ``key`` (None: none)."""
-        return self.get_many((key,)).get(key)
-
-    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, str]:
-        """The values stored under ``keys`` (those found), in as few queries as the
-        number of keys allows; entries not marked used for a day are marked again."""
-        found: dict[bytes, str] = {}
-        pending = self._pending
-        if pending:
-            for key in keys:
-                value = pending.get(key)
-                if value is not None:
-                    found[key] = value
+    def _read(self, keys: Sequence[bytes], found: dict[bytes, str]) -> None:
+        """A chunk of keys per query; entries not marked used for a day are marked
+        again, and entries past ``max_age`` are not read."""
         execute = self._reader.execute
-        stale_before = time.time() - _USED_RESOLUTION
+        now = time.time()
+        stale_before = now - _USED_RESOLUTION
+        written_after = -1.0 if self.max_age is None else now - self.max_age
         stale: list[bytes] = []
         for start in range(0, len(keys), _CHUNK):
             chunk = keys[start : start + _CHUNK]
             marks = ",".join("?" * len(chunk))
-            for key, used, value in execute(
-                f"SELECT key, COALESCE(used, created), value FROM answers WHERE key IN ({marks})",
+            for key, created, used, value in execute(
+                "SELECT key, created, COALESCE(used, created), value FROM answers "
+                f"WHERE key IN ({marks})",
                 chunk,
             ):
+                if created <= written_after:
+                    continue
                 if key not in found:
                     found[key] = value
                 if used < stale_before:
                     stale.append(key)
-        if stale and not self._closed:
-            self._send(("touch", stale))
-        return found
+        self.touch(stale)
 
-    # -- writing (queued) -------------------------------------------------------------
+    # -- writing (the writer thread) ----------------------------------------------------
 
-    def put(
-        self,
-        key: bytes,
-        value: str,
-        *,
-        namespace: str,
-        prompt_tokens: int,
-        completion_tokens: int,
-    ) -> None:
-        """Store ``value`` under ``key`` (committed by the writer, soon)."""
-        if self._closed:
-            return
-        self._pending[key] = value
-        self._send((key, namespace, time.time(), prompt_tokens, completion_tokens, value))
+    def _open_writer(self) -> sqlite3.Connection:
+        return self._connect()
 
-    def count_hits(self, namespace: str, hits: int) -> None:
-        """Count ``hits`` read from ``namespace`` (``llmbatch cache show`` says them)."""
-        if hits and not self._closed:
-            self._send(("hits", namespace, hits))
+    def _close_writer(self, connection: sqlite3.Connection) -> None:
+        connection.close()
 
-    def forget(self, key: bytes) -> None:
-        """Delete the entry under ``key`` (its value could not be read)."""
-        self._pending.pop(key, None)
-        if not self._closed:
-            self._send(("forget", key))
-
-    def _send(self, item: object) -> None:
-        if self._writer is None:
-            self._writer = threading.Thread(
-                target=self._write_loop, name="llmbatch cache writer", daemon=True
-            )
-            self._writer.start()
-        self._queue.put(item)
-
-    def flush(self) -> None:
-        """Wait until everything queued so far is committed (blocking)."""
-        if self._writer is None or not self._writer.is_alive():
-            return
-        done = threading.Event()
-        self._queue.put(done)
-        done.wait()
-
-    def close(self) -> None:
-        """Commit what is queued, stop the writer and close the file (blocking)."""
-        if self._closed:
-            return
-        self._closed = True
-        writer = self._writer
-        if writer is not None and writer.is_alive():
-            self._queue.put(_STOP)
-            writer.join()
+    def _close_reader(self) -> None:
         self._reader.close()
 
-    def _write_loop(self) -> None:
-        connection = self._connect()
-        since_check = 0
-        try:
-            while True:
-                batch = [self._queue.get()]
-                if batch[0] is not _STOP and not isinstance(batch[0], threading.Event):
-                    time.sleep(_GATHER_SECONDS)
-                while len(batch) < _BATCH:
-                    try:
-                        batch.append(self._queue.get_nowait())
-                    except queue.Empty:
-                        break
-                puts: list[_Put] = [
-                    item for item in batch if type(item) is tuple and type(item[0]) is bytes
-                ]
-                since_check += len(puts)
-                try:
-                    self._commit(connection, puts, batch)
-                    if since_check >= _SIZE_CHECK_EVERY:
-                        since_check = 0
-                        self._keep_under_cap(connection)
-                except Exception as exc:  # a bug here must not leave flush() waiting
-                    self._failed(len(puts), exc)
-                finally:
-                    for item in batch:
-                        if isinstance(item, threading.Event):
-                            item.set()
-                if any(item is _STOP for item in batch):
-                    return
-        finally:
-            connection.close()
-
-    def _commit(
-        self, connection: sqlite3.Connection, puts: list[_Put], batch: Iterable[object]
-    ) -> None:
-        touches: list[bytes] = []
-        forgets: list[bytes] = []
-        hits: dict[str, int] = {}
-        for item in batch:
-            if type(item) is tuple and type(item[0]) is str:
-                if item[0] == "touch":
-                    touches += item[1]
-                elif item[0] == "forget":
-                    forgets.append(item[1])
-                elif item[0] == "hits":
-                    hits[item[1]] = hits.get(item[1], 0) + item[2]
-        if not puts and not touches and not forgets and not hits:
-            return
+    def _commit(self, connection: sqlite3.Connection, batch: Batch) -> None:
         now = time.time()
+        connection.execute("BEGIN IMMEDIATE")
         try:
-            connection.execute("BEGIN IMMEDIATE")
-            try:
-                if puts:
-                    connection.executemany(_PUT, puts)
-                if touches:
-                    connection.executemany(_TOUCH, [(now, key) for key in touches])
-                if forgets:
-                    connection.executemany(_FORGET, [(key,) for key in forgets])
-                if hits:
-                    connection.executemany(_HITS, list(hits.items()))
-                connection.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    connection.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as exc:
-            self._failed(len(puts), exc)
-        finally:
-            pending = self._pending
-            for key, _, _, _, _, value in puts:
-                if pending.get(key) is value:
-                    del pending[key]
+            if batch.puts:
+                connection.executemany(_PUT, batch.puts)
+            if batch.touches:
+                connection.executemany(_TOUCH, [(now, key) for key in batch.touches])
+            if batch.forgets:
+                connection.executemany(_FORGET, [(key,) for key in batch.forgets])
+            if batch.hits:
+                connection.executemany(_HITS, list(batch.hits.items()))
+            connection.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                connection.execute("ROLLBACK")
+            raise
 
-    def _failed(self, count: int, error: BaseException) -> None:
-        self.write_errors += 1
-        warnings.warn(
-            f"llmbatch: {count} answer(s) could not be written to the cache file "
-            f"{self.path} ({error}); they will be asked again",
-            RuntimeWarning,
-            stacklevel=1,
-        )
+    def _after_commit(self, connection: sqlite3.Connection, puts: int) -> None:
+        self._since_check += puts
+        if self._since_check >= _SIZE_CHECK_EVERY:
+            self._since_check = 0
+            self._keep_under_cap(connection)
 
     def _keep_under_cap(self, connection: sqlite3.Connection) -> None:
         """Drop the entries used longest ago while the file's live pages pass the cap."""
@@ -403,8 +277,8 @@ class CacheStore:
                 "(SELECT key FROM answers ORDER BY COALESCE(used, created) LIMIT ?)",
                 (drop,),
             )
-        except sqlite3.Error:
-            self.write_errors += 1
+        except sqlite3.Error as exc:
+            self._failed(0, exc)
 
     # -- the CLI's commands -----------------------------------------------------------
 

@@ -29,6 +29,7 @@ from llmbatch._cache.codec import (
 )
 from llmbatch._cache.key import KeyMaker
 from llmbatch._cache.store import CacheStore
+from llmbatch._cache.writer import QueuedStore
 from llmbatch._calls.request import Request
 from llmbatch._calls.spec import CallSpec
 from llmbatch._clock import Clock
@@ -43,10 +44,20 @@ from llmbatch._observers import Observers
 from llmbatch._spending.prices import PriceBook
 from llmbatch._stats import CacheStats, Cost
 
-__all__ = ["AnswerCache"]
+__all__ = ["AnswerCache", "open_store"]
 
 #: Key makers kept per client: past this many distinct call options it starts afresh.
 _MAKERS_KEPT = 512
+
+
+def open_store(settings: Cache) -> QueuedStore:
+    """The store ``settings`` names: a file, or Redis (blocking: opens it)."""
+    url = settings.redis_url
+    if url is not None:
+        from llmbatch._redis.answers import RedisAnswers
+
+        return RedisAnswers(url, max_age=settings.max_age)
+    return CacheStore(settings.location, max_size=settings.max_size, max_age=settings.max_age)
 
 
 class _Saved:
@@ -65,7 +76,7 @@ class AnswerCache:
     def __init__(
         self,
         settings: Cache,
-        store: CacheStore,
+        store: QueuedStore,
         *,
         endpoint: str,
         identity: Callable[[str], object],
@@ -316,7 +327,7 @@ class AnswerCache:
     def stats(self) -> CacheStats:
         saved = self._saved
         return CacheStats(
-            path=self.store.path,
+            location=self.store.location,
             namespace=self.namespace,
             hits=self.hits,
             misses=self.misses,

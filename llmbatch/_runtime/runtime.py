@@ -21,7 +21,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import enum
-import functools
 import threading
 import warnings
 import weakref
@@ -33,7 +32,6 @@ import anyio
 import sniffio
 from anyio.abc import TaskGroup
 
-from llmbatch._cache.store import CacheStore
 from llmbatch._calls.outcome import Outcomes
 from llmbatch._calls.spec import SpecCache
 from llmbatch._clock import loop_clock
@@ -42,7 +40,7 @@ from llmbatch._observers import Observers
 from llmbatch._recorder import StatsRecorder
 from llmbatch._redis.sharing import SharedBudgets
 from llmbatch._replicas import Replica
-from llmbatch._runtime.caching import AnswerCache
+from llmbatch._runtime.caching import AnswerCache, open_store
 from llmbatch._runtime.config import ClientConfig
 from llmbatch._runtime.engine import Engine
 from llmbatch._runtime.fleet import Fleet
@@ -171,9 +169,7 @@ class Runtime:
             )
             cache = None
             if config.cache is not None:
-                store = await anyio.to_thread.run_sync(
-                    functools.partial(CacheStore, config.cache.path, max_size=config.cache.max_size)
-                )
+                store = await anyio.to_thread.run_sync(open_store, config.cache)
                 # Closed before the fleet (the stack unwinds last in, first out):
                 # what the writer holds is committed once nothing more can settle.
                 stack.push_async_callback(anyio.to_thread.run_sync, store.close)

@@ -480,8 +480,8 @@ def test_a_sync_client_uses_the_cache(tmp_path: Path) -> None:
 def test_bad_cache_settings_fail_at_the_constructor(tmp_path: Path) -> None:
     with pytest.raises(ConfigTypeError, match="cache must be a path"):
         Client(URL, cache=3)  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="local file"):
-        Client(URL, cache="redis://localhost:6379/0")
+    with pytest.raises(ConfigError, match="a local file or a Redis URL"):
+        Client(URL, cache="s3://bucket/answers")
     with pytest.raises(ConfigError, match="max_size"):
         Cache(tmp_path / "c.db", max_size=10)
     with pytest.raises(ConfigTypeError, match="namespace"):
@@ -489,8 +489,11 @@ def test_bad_cache_settings_fail_at_the_constructor(tmp_path: Path) -> None:
     with pytest.raises(InvalidRequestError):
         raise InvalidRequestError("x")
     assert repr(Cache("a.db")) == (
-        "Cache(path='a.db', namespace='', max_size=2147483648, keep_failures=None)"
+        "Cache('a.db', namespace='', max_size=2147483648, max_age=None, keep_failures=None)"
     )
+    assert "secret" not in repr(Cache("redis://:secret@localhost:6379/0"))
+    with pytest.raises(ConfigError, match="max_age"):
+        Cache("a.db", max_age=-1)
     with pytest.raises(ConfigError, match="keep_failures"):
         Cache("a.db", keep_failures=0)
 

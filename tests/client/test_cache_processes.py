@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cache_worker_paths import WORKER
 
 import llmbatch
 from llmbatch_server.testing import SimulatorProcess, run_simulator
 
 pytestmark = pytest.mark.slow
-
-WORKER = Path(__file__).resolve().parents[1] / "cache_worker.py"
 
 
 @pytest.fixture(scope="module")

@@ -117,3 +117,8 @@ def test_the_cache_commands_refuse_what_they_cannot_do(
 )
 def test_ages(text: str, seconds: float) -> None:
     assert parse_age(text) == seconds
+
+
+def test_the_cache_commands_say_what_to_do_for_redis(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cache", "show", "redis://localhost:6379/0"]) == 2
+    assert "redis-cli --scan" in capsys.readouterr().err

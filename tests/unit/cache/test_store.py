@@ -206,3 +206,18 @@ def test_a_cache_on_a_network_file_system_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="local disk"):
         CacheStore(tmp_path / "c.db", max_size=1 << 30, mounts_file=str(mounts))
     check_local(str(tmp_path / "c.db"), str(tmp_path / "no-such-table"))  # unknown: allowed
+
+
+def test_an_entry_past_max_age_is_not_read(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    store = CacheStore(path, max_size=1 << 30, max_age=3600)
+    put(store, 1, "old")
+    put(store, 2, "new")
+    store.flush()
+    with sqlite3.connect(path) as connection:
+        connection.execute("UPDATE answers SET created = created - 7200 WHERE value = 'old'")
+    assert store.get_many([key(1), key(2)]) == {key(2): "new"}
+    put(store, 1, "again")  # asked again: written anew
+    store.flush()
+    assert store.get(key(1)) == "again"
+    store.close()
