@@ -76,7 +76,10 @@ def encode(answer: Any) -> str | None:
         if type(kept) is str:  # bare: written by hand, a fifth of the encoder's cost
             choices = f"[[{_STRING(kept)},{_STRING(answer._finish)}]]"
         else:
-            choices = _ENCODER.encode(answer._raw_choices())
+            raw = answer._raw_choices()
+            if kind == "embedding":  # its place in the HTTP request that carried it
+                raw = [{**raw[0], "index": 0}]
+            choices = _ENCODER.encode(raw)
         delivery: Delivery = answer._delivery
         fingerprint = delivery.system_fingerprint
         total = delivery.total_tokens

@@ -274,6 +274,8 @@ class Runtime:
         # left to the garbage collector.
         self.state = State.CLOSED
         self._loop_ended = True
+        if self.cache is not None:
+            self.cache.store.close()  # its own threads: what it holds is written
         if self._first_use:
             self._reset()
 

@@ -615,3 +615,15 @@ async def test_failures_of_the_request_are_kept_only_when_asked(tmp_path: Path) 
             with pytest.raises(llmbatch.BadRequestError):
                 await c.complete("BAD", temperature=0)
     assert server.count("BAD") == second[0] + 3
+
+
+async def test_an_embedding_read_back_is_at_index_0(tmp_path: Path) -> None:
+    """(Its index was its place in the HTTP request that carried it.)"""
+    server = Counter()
+    async with client(server, tmp_path / "c.db") as c:
+        batch = await c.map([{"input": t} for t in ("a", "bb", "ccc")])
+        alone = await c.embed("ccc")
+    assert batch[2].value is not None
+    assert alone.from_cache
+    assert alone.index == 0
+    assert alone.embedding == batch[2].value.embedding
