@@ -61,7 +61,9 @@ class Submitter:
         self.cache = cache
         """The client's response cache (None: none)."""
         if cache is not None:
-            cache.resubmit = self._resubmit
+            # A follower of a request that failed for a reason not its own goes on
+            # as a map item does.
+            cache.resubmit = self.enter
 
     def request(
         self,
@@ -254,7 +256,7 @@ class Submitter:
         awaiting task (``Engine.send_inline``)."""
         if request.done:  # answered from the cache
             return None
-        if request.cache_key is not None and self.cache is not None and self.cache.follow(request):
+        if self._follows(request):
             return request.waiter(self._loop)  # an identical request is in flight
         alone = self.engine.submit(request, nowait=nowait, inline=not request.spec.stream)
         if alone is not None:
@@ -271,13 +273,14 @@ class Submitter:
     def enter(self, request: Request) -> None:
         """Queue a map's ``request`` (more follow it), or let it follow an identical
         one in flight."""
-        if request.cache_key is not None and self.cache is not None and self.cache.follow(request):
-            return
-        self.engine.submit(request, more=True)
+        if not self._follows(request):
+            self.engine.submit(request, more=True)
 
-    def _resubmit(self, request: Request) -> None:
-        """Send a request that followed one which failed for a reason not its own."""
-        self.enter(request)
+    def _follows(self, request: Request) -> bool:
+        """Whether ``request`` waits for an identical one in flight rather than goes
+        (it becomes the one others follow otherwise)."""
+        cache = self.cache
+        return request.cache_key is not None and cache is not None and cache.follow(request)
 
     def stop_waiting(self, request: Request) -> None:
         """The caller is done waiting: if ``request`` is not settled (the caller was

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import httpx
 
 from llmbatch_server._process import ManagedProcess
+from llmbatch_server._process import free_port as free_port  # for a server on a chosen port
 
 DEFAULT_STARTUP_TIMEOUT = 30.0
 
@@ -162,6 +163,16 @@ class SimulatorProcess(ManagedProcess):
                 if found is not None and found.group(1) == _escape(user):
                     return int(float(value))
         return 0
+
+    def finished(self, replica: int = 0) -> int:
+        """Requests the server has finished (stopped, cut at their length or aborted),
+        by its own count (``vllm:request_success_total``): what a client sent, seen
+        from the server (a response cache's hits are not in it)."""
+        return sum(
+            int(float(line.rsplit(" ", 1)[1]))
+            for line in self.metrics(replica).splitlines()
+            if line.startswith("vllm:request_success_total")
+        )
 
     def post_count(self, replica: int = 0) -> int:
         """POST requests the server has answered, by its own count."""

@@ -31,15 +31,6 @@ def sim() -> Iterator[SimulatorProcess]:
         yield server
 
 
-def answered(sim: SimulatorProcess) -> int:
-    """Requests the server finished (its own counter)."""
-    total = 0
-    for line in sim.metrics().splitlines():
-        if line.startswith("vllm:request_success_total"):
-            total += int(float(line.rsplit(" ", 1)[1]))
-    return total
-
-
 def truth(sim: SimulatorProcess, prompts: list[str]) -> dict[str, str]:
     """Each prompt's answer, asked without a cache."""
     with llmbatch.SyncClient(sim.base_url) as client:
@@ -74,7 +65,7 @@ def test_four_processes_racing_on_one_file(sim: SimulatorProcess, tmp_path: Path
         path.write_text(json.dumps(mixed))
         files.append((path, mixed))
     cache = tmp_path / "shared.db"
-    before = answered(sim)
+    before = sim.finished()
     start_at = time.time() + 3.0
     workers = [run_worker(sim, cache, path, start_at) for path, _ in files]
     outputs = []
@@ -83,7 +74,7 @@ def test_four_processes_racing_on_one_file(sim: SimulatorProcess, tmp_path: Path
         assert worker.returncode == 0, err
         assert "Warning" not in err, err  # no "database is locked", nothing set aside
         outputs.append(json.loads(out))
-    sent = answered(sim) - before
+    sent = sim.finished() - before
     every = sorted({p for _, prompts in files for p in prompts})
     right = truth(sim, every)
     for output in outputs:
@@ -99,10 +90,10 @@ def test_four_processes_racing_on_one_file(sim: SimulatorProcess, tmp_path: Path
     with sqlite3.connect(cache) as connection:
         (entries,) = connection.execute("SELECT COUNT(*) FROM answers").fetchone()
     assert entries == len(every) == 5_000
-    check = answered(sim)
+    check = sim.finished()
     with llmbatch.SyncClient(sim.base_url, cache=cache) as client:
         again = client.map(every, temperature=0, max_tokens=8)
-    assert answered(sim) == check  # all from the file
+    assert sim.finished() == check  # all from the file
     assert all(r.from_cache and r.text == right[p] for p, r in zip(every, again, strict=True))
 
 
@@ -133,7 +124,7 @@ def test_a_writer_killed_mid_run_leaves_no_wrong_answer(
         (kept,) = connection.execute("SELECT COUNT(*) FROM answers").fetchone()
     assert 2_000 <= kept < len(prompts)
     right = truth(sim, prompts)
-    before = answered(sim)
+    before = sim.finished()
     with llmbatch.SyncClient(sim.base_url, cache=cache) as client:
         again = client.map(prompts, temperature=0, max_tokens=8)
         stats = client.stats()
@@ -141,4 +132,4 @@ def test_a_writer_killed_mid_run_leaves_no_wrong_answer(
     assert stats.cache is not None
     assert stats.cache.unreadable == 0
     assert stats.cache.hits == kept
-    assert answered(sim) - before == len(prompts) - kept
+    assert sim.finished() - before == len(prompts) - kept

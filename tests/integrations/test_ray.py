@@ -294,19 +294,12 @@ def test_actors_share_a_cache_file(sim: SimulatorProcess, tmp_path: Path) -> Non
     dataset mapped again is answered from the file, the server asked nothing."""
     import ray
 
-    def answered() -> int:
-        return sum(
-            int(float(line.rsplit(" ", 1)[1]))
-            for line in sim.metrics().splitlines()
-            if line.startswith("vllm:request_success_total")
-        )
-
     cache = str(tmp_path / "answers.db")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         runs = []
         for _ in range(2):
-            before = answered()
+            before = sim.finished()
             items = ray.data.from_items(
                 [{"id": i, "prompt": f"cached row {i}"} for i in range(400)],
                 override_num_blocks=4,
@@ -322,7 +315,7 @@ def test_actors_share_a_cache_file(sim: SimulatorProcess, tmp_path: Path) -> Non
                 batch_size=100,
                 **llmbatch.ray.actor_options(2),
             ).take_all()
-            runs.append(({row["id"]: row["completion"] for row in rows}, answered() - before))
+            runs.append(({row["id"]: row["completion"] for row in rows}, sim.finished() - before))
     finally:
         ray.shutdown()
     (first, sent_first), (second, sent_second) = runs

@@ -142,22 +142,15 @@ def test_a_second_job_with_the_cache_is_answered_from_it(
     """``--ray --cache``: the actors share the file; a second job of the same lines,
     into another output, is answered from it (the server's answers do not grow)."""
 
-    def answered() -> int:
-        return sum(
-            int(float(line.rsplit(" ", 1)[1]))
-            for line in sim.metrics().splitlines()
-            if line.startswith("vllm:request_success_total")
-        )
-
     write_shards(tmp_path / "in")
     cache = str(tmp_path / "answers.db")
     texts = []
     for run in range(2):
         out = tmp_path / f"out-{run}"
-        before = answered()
+        before = sim.finished()
         argv = [str(tmp_path / "in"), "-o", str(out), "--ray", "--base-url", sim.base_url]
         assert llmbatch_run(*argv, "--cache", cache) == 1  # the poisoned line fails
-        sent = answered() - before
+        sent = sim.finished() - before
         texts.append(
             {
                 r["custom_id"]: json.dumps(r["response"]["body"]["choices"])

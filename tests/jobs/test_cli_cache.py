@@ -25,14 +25,6 @@ def sim() -> Iterator[SimulatorProcess]:
         yield server
 
 
-def answered(sim: SimulatorProcess) -> int:
-    return sum(
-        int(float(line.rsplit(" ", 1)[1]))
-        for line in sim.metrics().splitlines()
-        if line.startswith("vllm:request_success_total")
-    )
-
-
 def lines(ids: range) -> list[dict[str, object] | str]:
     return [
         completion_line(f"c{i}", f"prompt {i}", max_tokens=4, model=MODEL, temperature=0)
@@ -50,12 +42,12 @@ def test_a_job_with_lines_added_sends_only_the_new_ones(
     grown = write_jsonl(tmp_path / "grown.jsonl", lines(range(110)))
     common = ["--base-url", sim.base_url, "--cache", str(cache)]
     assert llmbatch_run(str(first), "-o", str(tmp_path / "out1.jsonl"), *common) == cli.EXIT_OK
-    before = answered(sim)
+    before = sim.finished()
     out = tmp_path / "out2.jsonl"
     summary = tmp_path / "summary.json"
     code = llmbatch_run(str(grown), "-o", str(out), *common, "--summary-json", str(summary))
     assert code == cli.EXIT_OK
-    assert answered(sim) - before == 10
+    assert sim.finished() - before == 10
     assert id_counts(out) == {f"c{i}": 1 for i in range(110)}
     assert json.loads(summary.read_text())["from_cache"] == 100
     assert "100 answered from the cache" in capsys.readouterr().err
@@ -71,10 +63,10 @@ def test_a_job_with_lines_added_sends_only_the_new_ones(
     assert all(again[k] == v for k, v in written.items())
     # Another namespace starts afresh.
     out3 = tmp_path / "out3.jsonl"
-    before = answered(sim)
+    before = sim.finished()
     code = llmbatch_run(str(first), "-o", str(out3), *common, "--cache-namespace", "v2")
     assert code == cli.EXIT_OK
-    assert answered(sim) - before == 100
+    assert sim.finished() - before == 100
 
     # llmbatch cache show / prune / clear
     assert main(["cache", "show", str(cache)]) == 0

@@ -28,14 +28,6 @@ def sim() -> Iterator[SimulatorProcess]:
         yield server
 
 
-def answered(sim: SimulatorProcess) -> int:
-    return sum(
-        int(float(line.rsplit(" ", 1)[1]))
-        for line in sim.metrics().splitlines()
-        if line.startswith("vllm:request_success_total")
-    )
-
-
 async def test_clients_share_answers_through_redis(
     sim: SimulatorProcess, redis_server: RedisProcess, tmp_path: Path
 ) -> None:
@@ -44,23 +36,23 @@ async def test_clients_share_answers_through_redis(
     redis.flushdb()
     cache = Cache(redis_server.url, namespace=namespace, max_age=60)
     prompts = [f"redis prompt {i}" for i in range(300)]
-    before = answered(sim)
+    before = sim.finished()
     async with llmbatch.Client(sim.base_url, cache=cache) as client:
         # (max_tokens as the worker asks it: the same requests.)
         first = await client.map(prompts, temperature=0, max_tokens=8)
         stats = client.stats()
-    assert answered(sim) - before == 300
+    assert sim.finished() - before == 300
     assert stats.cache is not None
     assert stats.cache.location == redis_server.url
     assert stats.cache.stored == 300
     # Another process finds every answer there.
     prompts_file = tmp_path / "prompts.json"
     prompts_file.write_text(json.dumps(prompts))
-    before = answered(sim)
+    before = sim.finished()
     argv = [sys.executable, str(WORKER), sim.base_url, redis_server.url, str(prompts_file)]
     out = await anyio.run_process([*argv, "--namespace", namespace], check=True)
     result = json.loads(out.stdout)
-    assert answered(sim) == before
+    assert sim.finished() == before
     assert result["hits"] == 300
     assert result["texts"] == {p: r.text for p, r in zip(prompts, first, strict=True)}
     # Each entry expires max_age after it was written.

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,27 +37,11 @@ from pathlib import Path
 from typing import Any
 
 import llmbatch
-from llmbatch_server.testing import SimulatorProcess, run_simulator
+from llmbatch_server.testing import SimulatorProcess, free_port, run_simulator
 
 __all__ = ["main"]
 
 MAX_TOKENS = 8
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def answered(sim: SimulatorProcess) -> int:
-    """Requests the simulator finished, by its own counter."""
-    return sum(
-        int(float(line.rsplit(" ", 1)[1]))
-        for line in sim.metrics().splitlines()
-        if line.startswith("vllm:request_success_total")
-    )
 
 
 async def timed_map(
@@ -130,10 +113,10 @@ def rerun(
                 order.reverse()
             measured: dict[str, tuple[float, int, int]] = {}
             for name, prompts, store in order:
-                before = answered(sim)
+                before = sim.finished()
                 wall, _, results = asyncio.run(timed_map(url, prompts, store))
                 hits = sum(res.from_cache for res in results)
-                measured[name] = (wall, answered(sim) - before, hits)
+                measured[name] = (wall, sim.finished() - before, hits)
         rows.append(
             {
                 "round": r,
@@ -156,12 +139,12 @@ def rerun(
 
 def twice(sim: SimulatorProcess, n: int, workdir: Path) -> dict[str, Any]:
     prompts = [f"twice prompt {i}" for i in range(n)] * 2
-    before = answered(sim)
+    before = sim.finished()
     _, _, results = asyncio.run(timed_map(sim.base_url, prompts, workdir / "twice.db"))
     return {
         "prompts": len(prompts),
         "distinct": n,
-        "server_answered": answered(sim) - before,
+        "server_answered": sim.finished() - before,
         "shared": sum(res.from_cache for res in results),
     }
 
@@ -177,7 +160,7 @@ def processes(sim: SimulatorProcess, count: int, per_process: int, workdir: Path
         path.write_text(json.dumps(mixed))
         files.append(path)
     cache = workdir / "shared.db"
-    before = answered(sim)
+    before = sim.finished()
     start_at = time.time() + 3.0
     workers = [
         subprocess.Popen(
@@ -204,12 +187,12 @@ def processes(sim: SimulatorProcess, count: int, per_process: int, workdir: Path
             raise RuntimeError(f"a worker failed: {err[-2000:]}")
         warnings += [line for line in err.splitlines() if "Warning" in line]
         outputs.append(json.loads(out))
-    sent = answered(sim) - before
+    sent = sim.finished() - before
     every = sorted(set(common) | {p for path in files for p in json.loads(path.read_text())})
     _, _, truth = asyncio.run(timed_map(sim.base_url, every, None))
     right = {p: r.text for p, r in zip(every, truth, strict=True)}
     wrong = sum(1 for output in outputs for p, text in output["texts"].items() if right[p] != text)
-    check = answered(sim)
+    check = sim.finished()
     _, _, again = asyncio.run(timed_map(sim.base_url, every, cache))
     missing = sum(1 for r in again if not r.from_cache)
     wrong_in_file = sum(1 for p, r in zip(every, again, strict=True) if r.text != right[p])
@@ -228,7 +211,7 @@ def processes(sim: SimulatorProcess, count: int, per_process: int, workdir: Path
         "wrong_answers": wrong,
         "entries_missing_after": missing,
         "wrong_in_file": wrong_in_file,
-        "server_answered_by_check": answered(sim) - check,
+        "server_answered_by_check": sim.finished() - check,
         "wall_s": max(o["wall_s"] for o in outputs),
     }
 
