@@ -225,6 +225,12 @@ def _configure(p: argparse.ArgumentParser) -> None:
         "--frontier-rounds", type=int, help="alternated rounds of the frontier (medians)"
     )
     closed.add_argument(
+        "--frontier-confirm",
+        type=int,
+        help="more alternated rounds of the controller and the static settings near "
+        "the bound, after the grid's (default 2; 0 in --smoke)",
+    )
+    closed.add_argument(
         "--frontier-warmup", type=float, help="seconds of bulk before each frontier window"
     )
     closed.add_argument(
@@ -520,6 +526,7 @@ def _closed(args: argparse.Namespace) -> dict[str, Any]:
         "frontier_caps",
         "frontier_batches",
         "frontier_rounds",
+        "frontier_confirm",
         "frontier_warmup",
         "frontier_duration",
         "frontier_rate",
@@ -542,7 +549,7 @@ def _closed(args: argparse.Namespace) -> dict[str, Any]:
     ):
         if not out[name] > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0")
-    for name in ("slo_warmup", "frontier_warmup"):
+    for name in ("slo_warmup", "frontier_warmup", "frontier_confirm"):
         if out[name] < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
     phases = out["control_phases"]

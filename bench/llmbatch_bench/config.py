@@ -124,9 +124,13 @@ class BenchConfig:
     #: ``frontier_batches`` prompts, and the controller under the SLO, each run
     #: ``frontier_rounds`` times in alternated order; every run has the same warm-up
     #: and window, with non-streamed 16-token realtime calls at ``frontier_rate``/s.
+    #: Then ``frontier_confirm`` more alternated rounds of the controller and the
+    #: static settings near the bound (:func:`.closedloop.frontier.contested`): the
+    #: verdict's medians rest on more calls than the far end's.
     frontier_caps: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     frontier_batches: tuple[int, ...] = (8, 64)
     frontier_rounds: int = 2
+    frontier_confirm: int = 2
     frontier_warmup: float = 5.0
     frontier_duration: float = 15.0
     frontier_rate: float = 2.0
@@ -212,6 +216,7 @@ SMOKE: dict[str, Any] = {
     "frontier_batches": (8,),
     "frontier_warmup": 2.0,
     "frontier_duration": 4.0,
+    "frontier_confirm": 0,
     "saturate_n": 400,
     "saturate_sweep": (256, 384),
     "saturate_rounds": 1,

@@ -3,6 +3,7 @@ seconds each; the full forms run in ``llmbatch bench``, docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,7 @@ def test_the_frontier_sweeps_static_settings_and_judges_the_controller(
         frontier_caps=(1, 32),
         frontier_batches=(8,),
         frontier_rounds=2,
+        frontier_confirm=1,
         frontier_warmup=1.0,
         frontier_duration=2.5,
         frontier_rate=4.0,
@@ -100,12 +102,20 @@ def test_the_frontier_sweeps_static_settings_and_judges_the_controller(
     labels = [r["label"] for r in runs]
     static = [closedplan.static_label(s) for s in sweep.grid((1, 32), (8,))]
     ends = [*static, closedplan.FRONTIER_CONTROLLER]
-    # The idle runs, then the grid and the controller in order, then in reverse.
-    assert labels == [
+    # The idle runs, then the grid and the controller in order, then in reverse; then
+    # a confirming round of the controller and the settings the verdict turns on.
+    assert labels[:8] == [
         closedplan.FRONTIER_IDLE_STREAM,
         closedplan.FRONTIER_IDLE_CALL,
         *ends,
         *reversed(ends),
+    ]
+    mixed = runs[2:8]
+    medians = sweep.median_points([[_point(r) for r in mixed]])
+    bound = mixed[0]["extra"]["bound_s"]
+    near = sweep.contested([p for p in medians if p.label in static], bound)
+    assert labels[8:] == [label for label in ends if label in near] + [
+        closedplan.FRONTIER_CONTROLLER
     ]
     by_label = {r["label"]: r for r in runs}
     idle = by_label[closedplan.FRONTIER_IDLE_STREAM]
@@ -122,8 +132,14 @@ def test_the_frontier_sweeps_static_settings_and_judges_the_controller(
     assert cap1["extra"]["queued"]["realtime"]["n"] == cap1["latency"]["realtime"]["n"]
     verdicts = {t["id"]: t for t in report["targets"]}
     assert verdicts["frontier_controller"]["value"] is not None
-    assert "rounds" in verdicts["frontier_controller"]["detail"]
+    rounds = "3 rounds" if set(near) == set(static) else "2 rounds (3 for the controller"
+    assert f"medians of {rounds}" in verdicts["frontier_controller"]["detail"]
     assert (tmp_path / "frontier.png") in write_plots(report, tmp_path)
+
+
+def _point(run: dict[str, Any]) -> sweep.Point:
+    p99 = run["latency"]["realtime"]["p99"]
+    return sweep.Point(run["label"], math.inf if p99 is None else p99, run["prompts_per_s"])
 
 
 def closed_job(**fields: Any) -> Job:

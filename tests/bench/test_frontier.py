@@ -12,8 +12,11 @@ from hypothesis import strategies as st
 from llmbatch_bench.closedloop.frontier import (
     BATCH_SIZES,
     CAPS,
+    CONTESTED,
+    FASTEST,
     RESERVE,
     Point,
+    contested,
     from_runs,
     frontier,
     grid,
@@ -174,7 +177,8 @@ def test_runs_are_read_back_as_medians_with_the_controllers_word() -> None:
     ]
     found = from_runs(runs, "controller, SLO")
     assert found is not None
-    assert (found.bound, found.rounds, found.unreachable) == (0.1, 2, True)
+    # cap 64 ran once: the fewest rounds of any setting, the controller's two.
+    assert (found.bound, found.rounds, found.confirmed, found.unreachable) == (0.1, 1, 2, True)
     assert [(p.label, p.realtime_p99, p.bulk) for p in found.statics] == [
         ("static cap 1, batch 8", pytest.approx(0.045), 11.0),
         ("static cap 8, batch 8", pytest.approx(0.11), 60.0),
@@ -192,3 +196,64 @@ def test_runs_are_read_back_as_medians_with_the_controllers_word() -> None:
 
 def test_without_the_bound_there_is_nothing_to_read() -> None:
     assert from_runs([{"scenario": "slo", "label": "x", "extra": {}}], "controller, SLO") is None
+
+
+def test_the_confirming_rounds_run_the_settings_near_the_bound() -> None:
+    statics = [
+        Point("cap 1", 0.3, 10.0),
+        Point("cap 8", 0.9, 50.0),
+        Point("cap 16", 1.4, 80.0),
+        Point("cap 64", 5.0, 120.0),
+        Point("cap 256", float("inf"), 130.0),
+    ]
+    assert contested(statics, 1.0) == ["cap 1", "cap 8", "cap 16"]
+    # None near: the fastest, the best static p99 the controller is then held to.
+    assert contested(statics, 0.1) == ["cap 1", "cap 8", "cap 16"]
+    assert contested(statics[3:], 0.1) == ["cap 64"]
+    with pytest.raises(ValueError, match="bound"):
+        contested(statics, 0.0)
+
+
+@given(points, st.floats(0.01, 10.0))
+def test_no_confirmed_round_could_have_changed_a_verdict_left_out(
+    statics: list[Point], bound: float
+) -> None:
+    chosen = set(contested(statics, bound))
+    for point in statics:
+        if point.realtime_p99 <= CONTESTED * bound:
+            assert point.label in chosen
+    if not any(p.realtime_p99 <= CONTESTED * bound for p in statics):
+        assert len(chosen) <= FASTEST
+        fastest = min(p.realtime_p99 for p in statics)
+        assert any(p.label in chosen for p in statics if p.realtime_p99 == fastest)
+
+
+def test_confirming_rounds_are_counted_apart_and_unreachable_is_a_majority() -> None:
+    runs = [
+        _run("static cap 1, batch 8", 0.04, 10.0),
+        _run("static cap 64, batch 8", 0.9, 90.0),
+        _run("controller, SLO", 0.08, 40.0, unreachable=True),
+        _run("static cap 64, batch 8", 0.8, 90.0),
+        _run("static cap 1, batch 8", 0.05, 12.0),
+        _run("controller, SLO", 0.2, 44.0),
+        # Confirming rounds: cap 1 and the controller again.
+        _run("static cap 1, batch 8", 0.2, 11.0),
+        _run("controller, SLO", 0.07, 42.0),
+        _run("controller, SLO", 0.09, 41.0),
+        _run("static cap 1, batch 8", 0.05, 12.0),
+    ]
+    found = from_runs(runs, "controller, SLO")
+    assert found is not None
+    assert (found.rounds, found.confirmed) == (2, 4)
+    assert "medians of 2 rounds (4 for the controller" in found.medians_of
+    # Said in one round of four: not what its rounds' median says.
+    assert not found.unreachable
+    assert found.controller == Point("controller, SLO", pytest.approx(0.085), 41.5)
+    said_twice = [*runs, _run("controller, SLO", 0.07, 40.0, unreachable=True)]
+    found = from_runs(said_twice, "controller, SLO")
+    assert found is not None
+    assert found.unreachable is False  # two of five
+    found = from_runs([*said_twice, _run("controller, SLO", 0.07, 40.0, unreachable=True)],
+                      "controller, SLO")  # fmt: skip
+    assert found is not None
+    assert found.unreachable is True  # three of six

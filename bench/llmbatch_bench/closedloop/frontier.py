@@ -9,6 +9,12 @@ the SLO's bound for a 16-token answer (:func:`slo_bound`); the *oracle* is the s
 setting with the most bulk among those that meet it, read from the measured points
 (no interpolation). Pure: points in, verdicts out; the runs that make the points are
 the scenario's.
+
+A p99 of the few dozen realtime calls one window holds is close to their slowest, so
+a setting's rounds spread as widely as the settings differ. The verdict rests on a
+few points only (the controller, and the static settings near the bound that could
+meet it or fail it in another round, :func:`contested`): those get confirming rounds,
+so their medians rest on more calls than the rest of the grid's.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ __all__ = [
     "Setting",
     "Sweep",
     "Verdict",
+    "contested",
     "from_runs",
     "frontier",
     "grid",
@@ -49,6 +56,12 @@ REALTIME_TOKENS = 16
 #: oracle's bulk it must keep, to meet the target.
 P99_SLACK = 1.1
 BULK_SHARE = 0.9
+#: A static setting whose median p99 is within this factor of the bound could meet
+#: the bound in another round, or fail it: the confirming rounds run it again.
+CONTESTED = 1.5
+#: Where no static setting is that near, the confirming rounds run this many of the
+#: fastest (the controller is then judged against the fastest's p99).
+FASTEST = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +163,21 @@ def oracle(statics: Iterable[Point], bound: float) -> Point | None:
     return best
 
 
+def contested(statics: Sequence[Point], bound: float) -> list[str]:
+    """The labels of the static settings the verdict could turn on, in the order
+    given: each whose p99 is within :data:`CONTESTED` times the bound (it may be the
+    oracle, or become it); where none is, the :data:`FASTEST` fastest (the best static
+    p99 the controller is held to when none meets the bound). Settings far over the
+    bound only draw the frontier's far end: another round of them changes no verdict."""
+    if bound <= 0:
+        raise ValueError("the bound must be > 0")
+    near = {p.label for p in statics if p.realtime_p99 <= CONTESTED * bound}
+    if not near:
+        fastest = sorted(statics, key=lambda p: p.realtime_p99)[:FASTEST]
+        near = {p.label for p in fastest if math.isfinite(p.realtime_p99)}
+    return [p.label for p in statics if p.label in near]
+
+
 def frontier(points: Iterable[Point]) -> list[Point]:
     """The points no other beats on both counts (lower p99 and more bulk), fastest
     realtime first: the line a plot draws."""
@@ -212,13 +240,25 @@ def judge(
 class Sweep:
     """A frontier scenario's runs read back: the bound, each static setting's and
     the controller's medians, and whether the controller said the SLO was
-    unreachable (in any round)."""
+    unreachable (in at least half its rounds, as a median would have it)."""
 
     bound: float
     statics: list[Point]
     controller: Point | None
     unreachable: bool
     rounds: int
+    """Every setting's rounds at least."""
+    confirmed: int
+    """The controller's rounds: more than :attr:`rounds` where confirming rounds ran
+    (it and the static settings near the bound, :func:`contested`)."""
+
+    @property
+    def medians_of(self) -> str:
+        """How many rounds the medians rest on, in words."""
+        text = f"medians of {self.rounds} round{'s' if self.rounds != 1 else ''}"
+        if self.confirmed > self.rounds:
+            text += f" ({self.confirmed} for the controller and the settings near the bound)"
+        return text
 
     def verdict(self) -> Verdict | None:
         """The controller against the static points (None without both)."""
@@ -237,7 +277,7 @@ def from_runs(runs: Iterable[Mapping[str, Any]], controller_label: str) -> Sweep
         return None
     bound = float(mixed[0]["extra"]["bound_s"])
     points: list[Point] = []
-    said = False
+    said = 0
     for run in mixed:
         latency = run.get("latency", {}).get("realtime")
         p99 = latency.get("p99") if latency else None
@@ -245,9 +285,13 @@ def from_runs(runs: Iterable[Mapping[str, Any]], controller_label: str) -> Sweep
         p99 = math.inf if p99 is None or not math.isfinite(p99) else float(p99)
         points.append(Point(run["label"], p99, float(run.get("prompts_per_s") or 0.0)))
         if run["label"] == controller_label and run["extra"].get("slo_unreachable"):
-            said = True
+            said += 1
     medians = median_points([[p] for p in points])
     statics = [p for p in medians if p.label.startswith("static ")]
     controller = next((p for p in medians if p.label == controller_label), None)
-    rounds = max(sum(p.label == m.label for p in points) for m in medians)
-    return Sweep(bound, statics, controller, said, rounds)
+    counts = {m.label: sum(p.label == m.label for p in points) for m in medians}
+    unreachable = said > 0 and 2 * said >= counts.get(controller_label, 0)
+    fewest = min(counts[p.label] for p in [*statics, *([controller] if controller else [])])
+    return Sweep(
+        bound, statics, controller, unreachable, fewest, counts.get(controller_label, fewest)
+    )

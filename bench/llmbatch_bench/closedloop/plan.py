@@ -253,9 +253,35 @@ def frontier(runner: Runner, contenders: list[str]) -> None:
     ]
     controller = {"label": FRONTIER_CONTROLLER, "slo_tpot": slo_tpot}
     runs.append(controller if tpot_only else {**controller, "slo_ttft": slo_ttft})
+    done: list[sweep.Point] = []
     for r in range(c.frontier_rounds):
         for fields in runs if r % 2 == 0 else reversed(runs):
+            measured = runner.run(runner.job(**mixed, **fields, repeat=r), context)
+            if measured is not None:
+                done.append(_frontier_point(measured))
+    if not c.frontier_confirm:
+        return
+    # The verdict turns on the controller and the settings near the bound: more rounds
+    # of those, still alternated, so their medians rest on more calls.
+    medians = sweep.median_points([done])
+    near = set(sweep.contested([p for p in medians if p.label != FRONTIER_CONTROLLER],
+                               context["bound_s"]))  # fmt: skip
+    confirm = [f for f in runs if f["label"] in near or f["label"] == FRONTIER_CONTROLLER]
+    runner.notes.append(
+        f"frontier: {c.frontier_confirm} confirming rounds of "
+        + ", ".join(f["label"] for f in confirm)
+    )
+    for k in range(c.frontier_confirm):
+        r = c.frontier_rounds + k
+        for fields in confirm if r % 2 == 0 else reversed(confirm):
             runner.run(runner.job(**mixed, **fields, repeat=r), context)
+
+
+def _frontier_point(run: RunMetrics) -> sweep.Point:
+    """A mixed run on the frontier's plane: no realtime answer is as slow as can be."""
+    latency = run.latency.get("realtime")
+    p99 = latency.p99 if latency is not None and math.isfinite(latency.p99) else math.inf
+    return sweep.Point(run.label, p99, run.prompts_per_s)
 
 
 def saturate(runner: Runner, contenders: list[str]) -> None:

@@ -170,7 +170,7 @@ def plot_frontier(figure: Any, report: Mapping[str, Any]) -> bool:
     ax.set_xscale("log")
     ax.set_xlabel("realtime end-to-end p99 (ms, log)")
     ax.set_ylabel("bulk prompts/s")
-    ax.set_title(f"Frontier (medians of {found.rounds} rounds)", fontsize=10)
+    ax.set_title(f"Frontier ({found.medians_of})", fontsize=10)
     ax.legend(fontsize=8)
     return True
 

@@ -287,5 +287,5 @@ def frontier_target(runs: Sequence[Run]) -> Target:
         sweep.P99_SLACK,
         "x bound",
         verdict.met,
-        f"{verdict.reason}; medians of {found.rounds} rounds",
+        f"{verdict.reason}; {found.medians_of}",
     )
