@@ -809,8 +809,12 @@ class AdmissionController:
         floor = self.floor_trial.floor
         # Said in stats() rather than left as a limit sitting at its floor in silence,
         # once it lasts: one slow spell there is not a server too slow for the SLO.
+        # Over the SLO itself, not over the aim below it: a floor that holds realtime
+        # between the two meets the SLO, and saying otherwise starts a floor trial
+        # (whose tries cost realtime) for nothing.
+        within = ratio / self.aim
         self.slo_unreachable = self._at_floor_over.observe(
-            now, ratio < 1.0 and self._limit <= floor, self.step_time, ratio
+            now, within < 1.0 and self._limit <= floor, self.step_time, within
         )
         running = self.running
         if ratio < 1.0:
@@ -925,7 +929,7 @@ class AdmissionController:
             "slo_unreachable",
             1.0 if self.slo_unreachable else None,
             "learnt" if self.slo_unreachable else "none",
-            floor.describe(f"at {self.floor_trial.floor:g} sequences, SLO over latency", step)
+            floor.describe(f"at {_sequences(self.floor_trial.floor)}, SLO over latency", step)
             if floor.confirmed
             else "the SLO has been held, or bulk is above one sequence",
             floor.dismissed,
@@ -966,3 +970,7 @@ class AdmissionController:
                 f"{auto.phase.value}: {auto.reason}",
             ),
         )
+
+
+def _sequences(count: float) -> str:
+    return f"{count:g} sequence" + ("" if count == 1 else "s")

@@ -174,6 +174,26 @@ def test_an_slo_the_server_cannot_meet_even_alone_is_said_not_sat_on() -> None:
     assert not controller.state().slo_unreachable
 
 
+def test_a_floor_between_the_aim_and_the_slo_meets_the_slo() -> None:
+    # Steps of 48 ms against 50 ms a token: over the aim (90 %), so bulk stays at its
+    # floor, but within the SLO: nothing is out of reach, and nothing says so.
+    controller = AdmissionController(ceiling=64, max_reserve=1, slo=SLO(tpot=0.05))
+    for t in range(40):
+        controller.on_load(t * 0.5, waiting=0, running=1, kv_cache_usage=0.1)
+        controller.on_step_time(0.048)
+        controller.update(t * 0.5)
+    state = controller.state()
+    assert state.limit == 1
+    assert not state.slo_unreachable
+    # Just over the SLO: said, with the SLO over the latency read (not the aim's).
+    for t in range(40, 80):
+        controller.on_step_time(0.052)
+        controller.update(t * 0.5)
+    assert controller.state().slo_unreachable
+    said = next(i for i in controller.inferences() if i.name == "slo_unreachable")
+    assert "SLO over latency 0.96" in said.evidence
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     ceiling=st.integers(1, 512),
