@@ -25,7 +25,8 @@ START_TRIES = 5
 
 
 class LlamaServerProcess(ManagedProcess):
-    """One ``llama-server`` with ``--parallel`` slots and ``--metrics`` on."""
+    """One ``llama-server`` with ``--parallel`` slots and ``--metrics`` on, and its
+    host-memory prompt cache off (``prompt_cache_mib``, MiB; None: its default)."""
 
     name = "llama-server"
     own_group = True
@@ -40,6 +41,7 @@ class LlamaServerProcess(ManagedProcess):
         parallel: int = 16,
         context: int = 16384,
         threads: int | None = None,
+        prompt_cache_mib: int | None = 0,
         extra: tuple[str, ...] = (),
     ) -> None:
         super().__init__(tag="llama-server")
@@ -48,6 +50,7 @@ class LlamaServerProcess(ManagedProcess):
         self.parallel = parallel
         self.context = context
         self.threads = threads
+        self.prompt_cache_mib = prompt_cache_mib
         self.extra = extra
         self.port = free_port()
 
@@ -61,6 +64,13 @@ class LlamaServerProcess(ManagedProcess):
         argv += ["--parallel", str(self.parallel), "-c", str(self.context), "--metrics"]
         if self.threads is not None:
             argv += ["--threads", str(self.threads)]
+        if self.prompt_cache_mib is not None:
+            # llama-server keeps each prompt a slot lets go in host memory (8 GiB by
+            # default) to reuse its prefix later. Measurements send distinct prompts:
+            # the cache only grows, and the server slows as it does, so rounds of
+            # one run would not measure the same server (docs/benchmarks.md, "The
+            # frontier, fifth run"). None keeps llama-server's own default.
+            argv += ["--cache-ram", str(self.prompt_cache_mib)]
         return [*argv, *self.extra]
 
     def ready(self) -> bool:
