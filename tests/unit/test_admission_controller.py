@@ -156,14 +156,19 @@ def test_a_tpot_alone_bounds_the_first_token_too_and_says_it_derived_it() -> Non
     assert unbounded.limit > 8
 
 
+def _one_sequence_running(controller: AdmissionController, *, step: float, updates: int) -> None:
+    """The server runs one sequence at ``step`` seconds a step, read every 0.5 s."""
+    for t in range(updates):
+        controller.on_load(t * 0.5, waiting=0, running=1, kv_cache_usage=0.1)
+        controller.on_step_time(step)
+        controller.update(t * 0.5)
+
+
 def test_an_slo_the_server_cannot_meet_even_alone_is_said_not_sat_on() -> None:
     # Steps of 80 ms against an SLO of 50 ms per token: no amount of bulk is small
     # enough. The limit falls to its floor and the state says the SLO is out of reach.
     controller = AdmissionController(ceiling=64, max_reserve=1, slo=SLO(tpot=0.05))
-    for t in range(40):
-        controller.on_load(t * 0.5, waiting=0, running=1, kv_cache_usage=0.1)
-        controller.on_step_time(0.08)
-        controller.update(t * 0.5)
+    _one_sequence_running(controller, step=0.08, updates=40)
     state = controller.state()
     assert state.limit == 1
     assert state.slo_unreachable
@@ -178,10 +183,7 @@ def test_a_floor_between_the_aim_and_the_slo_meets_the_slo() -> None:
     # Steps of 48 ms against 50 ms a token: over the aim (90 %), so bulk stays at its
     # floor, but within the SLO: nothing is out of reach, and nothing says so.
     controller = AdmissionController(ceiling=64, max_reserve=1, slo=SLO(tpot=0.05))
-    for t in range(40):
-        controller.on_load(t * 0.5, waiting=0, running=1, kv_cache_usage=0.1)
-        controller.on_step_time(0.048)
-        controller.update(t * 0.5)
+    _one_sequence_running(controller, step=0.048, updates=40)
     state = controller.state()
     assert state.limit == 1
     assert not state.slo_unreachable

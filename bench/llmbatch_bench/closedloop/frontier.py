@@ -40,6 +40,7 @@ __all__ = [
     "judge",
     "median_points",
     "oracle",
+    "point",
     "slo_bound",
 ]
 
@@ -105,6 +106,14 @@ class Verdict:
     bulk_share: float | None
     """The controller's bulk over the oracle's (None without an oracle)."""
     reason: str
+
+
+def point(label: str, p99: float | None, bulk: float) -> Point:
+    """A run on the frontier's plane. No realtime answer at all is as slow as can be,
+    never a point that met the SLO."""
+    if p99 is None or not math.isfinite(p99):
+        return Point(label, math.inf, bulk)
+    return Point(label, float(p99), bulk)
 
 
 def grid(caps: Iterable[int] = CAPS, batches: Iterable[int] = BATCH_SIZES) -> list[Setting]:
@@ -281,9 +290,7 @@ def from_runs(runs: Iterable[Mapping[str, Any]], controller_label: str) -> Sweep
     for run in mixed:
         latency = run.get("latency", {}).get("realtime")
         p99 = latency.get("p99") if latency else None
-        # No realtime answer at all: as slow as can be, never a point that met the SLO.
-        p99 = math.inf if p99 is None or not math.isfinite(p99) else float(p99)
-        points.append(Point(run["label"], p99, float(run.get("prompts_per_s") or 0.0)))
+        points.append(point(run["label"], p99, float(run.get("prompts_per_s") or 0.0)))
         if run["label"] == controller_label and run["extra"].get("slo_unreachable"):
             said += 1
     medians = median_points([[p] for p in points])

@@ -258,7 +258,9 @@ def frontier(runner: Runner, contenders: list[str]) -> None:
         for fields in runs if r % 2 == 0 else reversed(runs):
             measured = runner.run(runner.job(**mixed, **fields, repeat=r), context)
             if measured is not None:
-                done.append(_frontier_point(measured))
+                latency = measured.latency.get("realtime")
+                p99 = latency.p99 if latency is not None else None
+                done.append(sweep.point(measured.label, p99, measured.prompts_per_s))
     if not c.frontier_confirm:
         return
     # The verdict turns on the controller and the settings near the bound: more rounds
@@ -275,13 +277,6 @@ def frontier(runner: Runner, contenders: list[str]) -> None:
         r = c.frontier_rounds + k
         for fields in confirm if r % 2 == 0 else reversed(confirm):
             runner.run(runner.job(**mixed, **fields, repeat=r), context)
-
-
-def _frontier_point(run: RunMetrics) -> sweep.Point:
-    """A mixed run on the frontier's plane: no realtime answer is as slow as can be."""
-    latency = run.latency.get("realtime")
-    p99 = latency.p99 if latency is not None and math.isfinite(latency.p99) else math.inf
-    return sweep.Point(run.label, p99, run.prompts_per_s)
 
 
 def saturate(runner: Runner, contenders: list[str]) -> None:
