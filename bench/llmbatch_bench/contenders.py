@@ -167,7 +167,9 @@ class LlmbatchContender:
             value = await self._client.complete(
                 prompt, priority="realtime", max_tokens=max_tokens, **self.params
             )
-            rec.success("realtime", time.perf_counter() - start, value.usage.completion_tokens)
+            latency = time.perf_counter() - start
+            rec.success("realtime", latency, value.usage.completion_tokens)
+            rec.calls.append((time.monotonic() - latency, latency))
             # The part of it spent queued inside the client (the rest is the server's).
             rec.queued("realtime", value.timings.queued)
             return

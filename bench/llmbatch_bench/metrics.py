@@ -242,6 +242,9 @@ class Recorder:
         self._tallies: list[tuple[str, Tally]] = []
         self.streams: list[StreamRecord] = []
         """Each answered realtime stream's timing (``record_stream``)."""
+        self.calls: list[tuple[float, float]] = []
+        """Each answered realtime single call: when it was sent (``time.monotonic``)
+        and its latency, so a run's tail can be placed in its trace."""
 
     @property
     def output_tokens(self) -> int:

@@ -164,6 +164,11 @@ async def _mixed(job: Job, contender: Contender) -> RunMetrics:
             "fields": list(STREAM_FIELDS),
             "rows": [stream.row(trace.origin) for stream in rec.streams],
         }
+        # And each realtime single call: (sent, latency), sent in the trace's time.
+        extra["calls"] = {
+            "fields": ["t", "latency"],
+            "rows": [[round(at - trace.origin, 4), round(latency, 5)] for at, latency in rec.calls],
+        }
     extra.update(
         realtime_requests=arrivals,
         realtime_ok=rec.count("realtime"),

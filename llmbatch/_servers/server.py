@@ -292,7 +292,14 @@ class Server:
         if tier is Priority.REALTIME:
             if ttft is not None:
                 controller.on_ttft(ttft)
-            controller.on_realtime_answer(ttft, tpot, sent=now - latency)
+            whole = first_token_at is None  # not streamed: the call is judged whole
+            controller.on_realtime_answer(
+                ttft,
+                tpot,
+                sent=now - latency,
+                latency=latency if whole else None,
+                tokens=tokens,
+            )
         else:
             controller.on_bulk_answer(tokens)
         if tpot is not None and signals.best(now, STEP_TIME_SOURCES) is source:

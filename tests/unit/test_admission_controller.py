@@ -121,6 +121,106 @@ def test_slo_attainment_is_counted() -> None:
     assert (state.slo_met, state.slo_missed) == (1, 2)
 
 
+def test_an_answer_not_streamed_is_judged_by_what_the_slo_bounds_for_the_call() -> None:
+    # 16 tokens within 0.5 + 15 x 0.1 = 2.0 s: met, though 1.9 s / 16 tokens is over
+    # the per-token time (that estimate counts the first token in every token).
+    slo = SLO(ttft=0.5, tpot=0.1)
+    controller = AdmissionController(ceiling=8, max_reserve=1, slo=slo)
+    controller.on_realtime_answer(ttft=None, tpot=1.9 / 16, latency=1.9, tokens=16)
+    assert (controller.slo_met, controller.slo_missed) == (1, 0)
+    controller.on_realtime_answer(ttft=None, tpot=2.1 / 16, latency=2.1, tokens=16)
+    assert (controller.slo_met, controller.slo_missed) == (1, 1)
+    # Without a per-token bound a call's length is not bounded: its parts are judged.
+    ttft_only = AdmissionController(ceiling=8, max_reserve=1, slo=SLO(ttft=0.5))
+    ttft_only.on_realtime_answer(ttft=0.4, tpot=None, latency=5.0, tokens=16)
+    assert (ttft_only.slo_met, ttft_only.slo_missed) == (1, 0)
+
+
+def _held(slo: SLO, running: int) -> AdmissionController:
+    """A controller whose averages hold ``running`` sequences within ``slo``."""
+    controller = AdmissionController(ceiling=256, max_reserve=1, slo=slo)
+    controller._limit = float(running)
+    controller._slow_start = False
+    for t in range(6):
+        controller.on_step_time(0.5 * slo.tpot)  # type: ignore[operator]
+        controller.on_load(t * 0.5, waiting=0, running=running, kv_cache_usage=0.1)
+        controller.update(t * 0.5)
+    assert controller.limit == running
+    return controller
+
+
+def test_one_realtime_answer_over_the_aim_cuts_bulk_in_proportion_at_once() -> None:
+    slo = SLO(ttft=0.1, tpot=0.01)  # a 16-token call: 0.25 s
+    controller = _held(slo, 40)
+    # Sent after the limit last changed, 1.2x the call's bound: the aim (0.9) over
+    # 1.2 is a cut of a quarter of what runs, though the averages are all within.
+    controller.on_realtime_answer(None, 0.3 / 16, sent=3.0, latency=0.3, tokens=16)
+    controller.on_load(3.5, waiting=0, running=40, kv_cache_usage=0.1)
+    assert controller.update(3.5)
+    assert controller.limit == int(40 * 0.9 / 1.2)
+    # Consumed once: the next update, with no answer, does not cut again.
+    controller.on_load(4.0, waiting=0, running=30, kv_cache_usage=0.1)
+    controller.update(4.5)
+    assert controller.limit == 30
+    # An answer sent before that cut says nothing of it.
+    controller.on_realtime_answer(None, 0.3 / 16, sent=3.2, latency=0.3, tokens=16)
+    controller.update(5.0)
+    assert controller.limit == 30
+    # Far over, the cut is still at most MAX_SHRINK of what runs.
+    controller.on_realtime_answer(None, 1.0, sent=5.0, latency=5.0, tokens=16)
+    controller.update(5.5)
+    assert controller.limit == int(30 * 0.6)
+
+
+def test_while_realtime_runs_bulk_grows_only_on_the_word_of_its_answers() -> None:
+    slo = SLO(ttft=0.1, tpot=0.01)  # a 16-token call: 0.25 s
+    controller = _held(slo, 10)
+
+    def tick(t: float) -> None:  # the averages say there is room: steps at half the SLO
+        controller.on_step_time(0.005)
+        controller.on_load(t, waiting=0, running=controller.limit, kv_cache_usage=0.1)
+        controller.on_blocked()
+        controller.update(t)
+
+    controller.on_realtime_answer(None, None, sent=3.0, latency=0.1, tokens=16)
+    tick(3.5)  # a fast answer sent at this limit: grow
+    grown = controller.limit
+    assert grown > 10
+    for t in (4.0, 4.5, 5.0, 5.5):
+        tick(t)  # no answer sent at the new limit yet: hold
+    assert controller.limit == grown
+    controller.on_realtime_answer(None, None, sent=3.2, latency=0.1, tokens=16)
+    tick(6.0)  # sent before the change: still no word of the new limit
+    assert controller.limit == grown
+    controller.on_realtime_answer(None, None, sent=5.6, latency=0.1, tokens=16)
+    tick(6.5)
+    assert controller.limit > grown
+    # Realtime gone quiet: the averages alone let bulk grow again.
+    quiet = controller.limit
+    for t in range(14, 60):
+        tick(t * 0.5)
+    assert controller.limit > quiet
+
+
+def test_slow_answers_now_and_then_at_the_floor_are_not_an_unreachable_slo() -> None:
+    slo = SLO(ttft=0.1, tpot=0.01)  # a 16-token call: 0.25 s
+    for every, unreachable in ((3, False), (1, True)):
+        controller = _held(slo, 1)
+        for t in range(6, 30):
+            # As the server reports a call not streamed: its first token estimated.
+            latency = 0.4 if t % every == 0 else 0.1
+            controller.on_ttft(latency - 15 * 0.005)
+            controller.on_realtime_answer(None, latency / 16, sent=t * 0.5 - latency,
+                                          latency=latency, tokens=16)  # fmt: skip
+            controller.on_step_time(0.005)
+            controller.on_load(t * 0.5, waiting=0, running=1, kv_cache_usage=0.1)
+            controller.update(t * 0.5)
+        assert controller.limit == 1
+        # One slow answer in three cuts bulk but is no server too slow for the SLO;
+        # every one slow is.
+        assert controller.slo_unreachable is unreachable
+
+
 def test_a_tpot_alone_bounds_the_first_token_too_and_says_it_derived_it() -> None:
     tpot_only = AdmissionController(ceiling=64, max_reserve=1, slo=SLO(tpot=0.05))
     state = tpot_only.state()
@@ -203,7 +303,9 @@ def test_a_floor_between_the_aim_and_the_slo_meets_the_slo() -> None:
     slo=st.sampled_from([None, SLO(tpot=0.05), SLO(ttft=0.3), SLO(ttft=0.3, tpot=0.05)]),
     events=st.lists(
         st.tuples(
-            st.sampled_from(["step", "ttft", "load", "overload", "blocked", "realtime"]),
+            st.sampled_from(
+                ["step", "ttft", "load", "overload", "blocked", "realtime", "answer", "call"]
+            ),
             st.floats(0.0, 5.0, allow_nan=False),
             st.integers(0, 600),
         ),
@@ -228,6 +330,12 @@ def test_the_limit_always_stays_within_one_and_the_ceiling(
             controller.on_overload()
         elif kind == "blocked":
             controller.on_blocked()
+        elif kind == "answer":  # streamed: its parts
+            controller.on_realtime_answer(value, value / 16, sent=now - value)
+        elif kind == "call":  # not streamed: whole (zero latency and zero tokens too)
+            controller.on_realtime_answer(
+                None, None, sent=now - value, latency=value, tokens=count % 40
+            )
         else:
             controller.on_realtime_in_flight(now, count)
         now += value / 4
@@ -239,8 +347,10 @@ def test_the_limit_always_stays_within_one_and_the_ceiling(
 def test_a_zero_ttft_is_a_fast_answer_not_a_crash() -> None:
     controller = AdmissionController(ceiling=8, max_reserve=0, slo=SLO(ttft=0.3))
     controller.on_ttft(0.0)
+    controller.on_realtime_answer(0.0, None, sent=0.5)
     controller.update(1.0)
     assert 1 <= controller.limit <= 8
+    assert controller.slo_met == 1
 
 
 def test_the_slo_aim_follows_how_many_realtime_answers_miss() -> None:
