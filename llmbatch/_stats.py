@@ -336,8 +336,11 @@ class ServerStats(_Snapshot):
     kv_cache_usage: float | None
     """The server's KV-cache use at its last report, 0 to 1."""
     slo_met: int
-    """Realtime answers within ``Client(slo=...)``."""
+    """Realtime answers within ``Client(slo=...)``: a stream's first token within
+    ``ttft`` and its tokens within ``tpot``; a call not streamed, of n tokens, within
+    ``ttft + (n - 1) x tpot``."""
     slo_missed: int
+    """Realtime answers over it."""
     slo_aim: float | None = None
     """With an SLO, the share of it the server's latencies are held to now: it starts
     at 0.9 and follows how many realtime answers miss (about 1% may, as for a p99)."""

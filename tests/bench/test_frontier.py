@@ -109,7 +109,7 @@ STATICS = [Point("cap 1", 0.8, 100.0), Point("cap 4", 0.95, 150.0), Point("cap 1
 @pytest.mark.parametrize(
     ("controller", "unreachable", "met", "says"),
     [
-        (Point("slo", 1.05, 140.0), False, True, "met"),
+        (Point("slo", 1.05, 140.0), False, True, "p99 1.05x the bound, bulk 0.93x cap 4's"),
         (Point("slo", 1.2, 150.0), False, False, "1.20x the bound"),
         (Point("slo", 0.9, 100.0), False, False, "bulk is 0.67x the oracle's (cap 4)"),
         (Point("slo", 0.9, 150.0), True, False, "said the SLO is unreachable, but cap 4 met it"),

@@ -159,3 +159,20 @@ async def test_a_static_setting_holds_bulk_at_its_cap_on_a_real_server() -> None
     assert all(r.ok for r in results)
     assert (server.bulk_limit, server.realtime_reserve) == (3, 4)
     assert 1 <= peak <= 3
+
+
+@pytest.mark.parametrize("anyio_backend", [virtual_trio()])
+async def test_a_realtime_call_not_streamed_is_judged_whole_against_the_slo() -> None:
+    """A 16-token call answered in 1.9 s under SLO(ttft=0.5, tpot=0.1) is within
+    what the SLO bounds for it (0.5 + 15 x 0.1 = 2.0 s), though 1.9 s over 16 tokens
+    is over ``tpot``; one in 2.1 s is not (``stats()``'s counts; virtual time)."""
+    server = SlowServer(delay=1.9)
+    slo = llmbatch.SLO(ttft=0.5, tpot=0.1)
+    async with Client(
+        "http://127.0.0.1:1/v1", transport=MockTransport(server.handle), slo=slo
+    ) as client:
+        await client.complete("fast enough", priority="realtime", max_tokens=16)
+        server.delay = 2.1
+        await client.complete("too slow", priority="realtime", max_tokens=16)
+        counted = client.stats().servers[0]
+    assert (counted.slo_met, counted.slo_missed) == (1, 1)

@@ -240,7 +240,7 @@ def judge(
         reason = f"bulk is {share:.2f}x the oracle's ({best.label})"
         met = False
     else:
-        reason = f"met: p99 {p99_vs_bound:.2f}x the bound, bulk {share:.2f}x {best.label}'s"
+        reason = f"p99 {p99_vs_bound:.2f}x the bound, bulk {share:.2f}x {best.label}'s"
         met = True
     return Verdict(met, bound, p99_vs_bound, best, share, reason)
 
