@@ -877,9 +877,9 @@ class AdmissionController:
         self._cuts_began = None
         # While realtime runs, grow only on the word of one of its answers sent at the
         # limit in force: the averages say nothing of the tail a larger limit makes,
-        # and growing between answers climbed from 25 to 57 sequences in 2 s, past
-        # where realtime's slowest calls met the SLO (docs/benchmarks.md, "The
-        # frontier, sixth run").
+        # and on their word alone the limit climbed back after each cut (26 to 51
+        # sequences in 4 s, 27 to 57 in 7 s) until a realtime call went over
+        # (docs/benchmarks.md, "The frontier, sixth run").
         heard = tail is not None or not self._realtime_active(now)
         if (
             self._blocked
