@@ -354,10 +354,10 @@ class AdmissionController:
         self._aim_met = self._aim_missed = 0
         self._answers_since_cut = AIM_HOLD
         self._tail: float | None = None
-        self._realtime_sent: float | None = None
-        """When the latest realtime request answered was sent."""
         """The slowest realtime answer since the last update, over what the SLO allows
         it (of those sent under the limit in force; None: none came)."""
+        self._realtime_sent: float | None = None
+        """When the latest realtime request answered was sent."""
         self.slo_unreachable = False
         """At the floor and still over the SLO at the last update (see ControllerState)."""
         self.floor_trial = FloorTrial()
