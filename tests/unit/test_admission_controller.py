@@ -172,6 +172,16 @@ def test_one_realtime_answer_over_the_aim_cuts_bulk_in_proportion_at_once() -> N
     assert controller.limit == int(30 * 0.6)
 
 
+def test_a_reading_of_none_running_beside_bulk_in_flight_is_no_cut_to_the_floor() -> None:
+    slo = SLO(ttft=0.1, tpot=0.01)
+    controller = _held(slo, 40)
+    # Read while this client's 40 sequences crossed the API process: none running.
+    controller.on_load(3.0, waiting=0, running=0, kv_cache_usage=0.1)
+    controller.on_realtime_answer(None, None, sent=3.0, latency=0.5, tokens=16)
+    assert controller.update(3.5, bulk_in_flight=40)
+    assert controller.limit == 24  # 40 % off what is in flight, not down to one
+
+
 def test_while_realtime_runs_bulk_grows_only_on_the_word_of_its_answers() -> None:
     slo = SLO(ttft=0.1, tpot=0.01)  # a 16-token call: 0.25 s
     controller = _held(slo, 10)
@@ -200,6 +210,34 @@ def test_while_realtime_runs_bulk_grows_only_on_the_word_of_its_answers() -> Non
     for t in range(14, 60):
         tick(t * 0.5)
     assert controller.limit > quiet
+
+
+def test_a_realtime_request_after_a_quiet_spell_cuts_bulk_before_its_answer() -> None:
+    slo = SLO(ttft=0.1, tpot=0.01)
+    controller = _held(slo, 40)
+    controller.update(3.0, bulk_in_flight=40)
+    controller.on_realtime_in_flight(3.1, 1)
+    assert controller.update(3.1, bulk_in_flight=40)  # at once, not an interval later
+    assert controller.limit == 24
+    controller.on_realtime_in_flight(3.2, 1)  # the same request still running
+    controller.update(3.2, bulk_in_flight=40)
+    assert controller.limit == 24
+    controller.on_realtime_answer(None, None, sent=3.1, latency=0.1, tokens=16)
+    controller.on_realtime_in_flight(3.3, 0)
+    controller.on_realtime_in_flight(3.5, 1)  # the next, while realtime runs: no cut
+    controller.update(3.5, bulk_in_flight=24)
+    assert controller.limit == 24
+    # Cut from what bulk has in flight where the limit is not what holds it back.
+    quiet = _held(slo, 40)
+    quiet.on_realtime_in_flight(3.1, 1)
+    quiet.update(3.1, bulk_in_flight=10)
+    assert quiet.limit == 6
+    # Without an SLO nothing is cut.
+    free = AdmissionController(ceiling=256, max_reserve=1)
+    before = free.limit
+    free.on_realtime_in_flight(1.0, 1)
+    free.update(1.0, bulk_in_flight=before)
+    assert free.limit == before
 
 
 def test_slow_answers_now_and_then_at_the_floor_are_not_an_unreachable_slo() -> None:
@@ -339,7 +377,7 @@ def test_the_limit_always_stays_within_one_and_the_ceiling(
         else:
             controller.on_realtime_in_flight(now, count)
         now += value / 4
-        controller.update(now)
+        controller.update(now, bulk_in_flight=count if kind == "blocked" else None)
         assert 1 <= controller.limit <= max(1, ceiling - controller.reserve)
         assert 0 <= controller.reserve <= min(reserve, max(ceiling - 1, 0))
 
