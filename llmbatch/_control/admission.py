@@ -24,7 +24,7 @@ The rule (documented in docs/concepts.md#closed-loop-admission):
   and it stays below what the server can run at once (learnt from its gauges: the
   most it ran while it also queued), less the realtime reserve, so that realtime
   finds a seat on the server and not only in the client. A realtime answer over
-  the aim cuts at once, in proportion; while realtime runs, bulk grows only on the
+  the aim cuts at the next update, in proportion; while realtime runs, bulk grows only on the
   word of one of its answers; the first realtime request after a quiet spell cuts
   at once, before its answer;
 - without one, keep the server full and its own queue short: grow while the limit
