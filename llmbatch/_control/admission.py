@@ -24,9 +24,9 @@ The rule (documented in docs/concepts.md#closed-loop-admission):
   and it stays below what the server can run at once (learnt from its gauges: the
   most it ran while it also queued), less the realtime reserve, so that realtime
   finds a seat on the server and not only in the client. A realtime answer over
-  the aim cuts at the next update, in proportion; while realtime runs, bulk grows only on the
-  word of one of its answers; the first realtime request after a quiet spell cuts
-  at once, before its answer;
+  the aim cuts at the next update, in proportion; while realtime runs, bulk grows
+  only on the word of one of its answers; the first realtime request after a quiet
+  spell cuts at once, before its answer;
 - without one, keep the server full and its own queue short: grow while the limit
   is what holds work back and the server queues little, shrink toward what it is
   running when its queue grows or its KV cache fills, but not again while more bulk
@@ -792,13 +792,18 @@ class AdmissionController:
         flight (the sequences running cannot be recalled, but none join them while it
         runs); its answer's word lets bulk grow back."""
         before = self._limit
-        base = min(self._limit, float(self._bulk_in_flight or self._limit))
-        self._limit = max(min(self.floor_trial.floor, self._limit), 1.0, base * MAX_SHRINK)
+        self._cut(min(self._limit, float(self._bulk_in_flight or self._limit)), MAX_SHRINK)
         self._slow_start = False
         self._tail = None
         self._last_change = now
         self._fresh = 0
         return int(self._limit) != int(before)
+
+    def _cut(self, base: float, ratio: float) -> None:
+        """Shrink the limit to ``ratio`` (at most :data:`MAX_SHRINK` off) of ``base``
+        sequences, never up and never below the floor."""
+        cut = min(self._limit, base * max(MAX_SHRINK, ratio))
+        self._limit = max(min(self.floor_trial.floor, self._limit), 1.0, cut)
 
     def _follow_auto(self, now: float, bulk_in_flight: int | None) -> None:
         """``slo="auto"``: the target the default holds now."""
@@ -903,8 +908,7 @@ class AdmissionController:
             # where one sequence was tried against a larger limit and found slower,
             # the larger one is the floor.
             base = self._limit if running is None else float(running or self._bulk_in_flight)
-            cut = min(self._limit, base * max(MAX_SHRINK, ratio))
-            self._limit = max(min(floor, self._limit), cut)
+            self._cut(base, ratio)
             self._slow_start = False
             return
         self._cuts_began = None
