@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from llmbatch import __version__
-from llmbatch_bench import ceiling, hosted
+from llmbatch_bench import ceiling, hosted, provenance
 from llmbatch_bench.closedloop import plan as closedplan
 from llmbatch_bench.closedloop.targets import evaluate_closed
 from llmbatch_bench.config import (
@@ -55,6 +55,9 @@ def run_bench(
 ) -> dict[str, Any]:
     """Run every scenario of ``config``; return the JSON-ready report."""
     use_prompts(config.prompts)  # before any worker process starts: they inherit it
+    # The workers inherit this process's directory and environment, so import the same.
+    ran = provenance.code()
+    progress(provenance.describe(ran))
     started = time.time()
     load_before = _loadavg()
     contenders = [c for c in config.contenders if available(c)]
@@ -118,6 +121,7 @@ def run_bench(
     return {
         "schema": SCHEMA,
         "llmbatch_version": __version__,
+        "llmbatch_code": ran,
         "started_at": datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(),
         "duration_s": round(time.time() - started, 1),
         "machine": {

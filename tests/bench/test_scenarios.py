@@ -15,7 +15,7 @@ import pytest
 from fake_server import FakeServer
 
 from llmbatch.transports import MockTransport
-from llmbatch_bench import jobs
+from llmbatch_bench import jobs, provenance
 from llmbatch_bench.contenders import LlmbatchContender, available
 from llmbatch_bench.hotpath.steady import PROFILE_ENV
 from llmbatch_bench.jobs import Job, poisson_arrivals
@@ -170,6 +170,7 @@ def test_cli_smoke_bulk(tmp_path: Path) -> None:
     assert report["schema"] == "llmbatch-bench/1"
     assert report["server"]["simulator_args"] == ["--speed", "1000"]
     assert {"machine", "config", "runs", "targets", "notes"} <= set(report)
+    assert report["llmbatch_code"]["source"] == provenance.code()["source"]
     runs = {r["label"]: r for r in report["runs"]}
     expected = {n for n in ("llmbatch", "httpx", "aiohttp", "openai") if available(n)}
     assert set(runs) == expected

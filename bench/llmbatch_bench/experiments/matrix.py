@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmbatch_bench import provenance
 from llmbatch_bench.cli import build_parser, config_from_args
 from llmbatch_bench.harness import run_bench
 from llmbatch_bench.tables import table
@@ -114,6 +115,7 @@ WITH_SLO, WITHOUT_SLO = "llmbatch, SLO", "llmbatch, no SLO"
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     rows = [r for r in ROWS if not args.rows or r.name in args.rows]
+    print(provenance.describe(provenance.code()), file=sys.stderr)
     results = []
     for row in rows:
         print(f"== {row.name}: sim {row.sim_args}, SLO {row.slo_factor:g}x", file=sys.stderr)
@@ -123,7 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results.append(_llama_cpp(args))
     print(render(results))
     if args.json:
-        Path(args.json).write_text(json.dumps({"smoke": args.smoke, "rows": results}, indent=2))
+        written = {"smoke": args.smoke, "llmbatch_code": provenance.code(), "rows": results}
+        Path(args.json).write_text(json.dumps(written, indent=2))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 
