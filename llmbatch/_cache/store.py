@@ -37,6 +37,8 @@ _CHUNK = 500
 _SIZE_CHECK_EVERY = 2000
 #: Eviction brings the entries down to this share of the cap.
 _EVICT_TO = 0.9
+#: Seconds a connection waits for another process's lock before it gives up.
+_LOCK_WAIT = 30.0
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -103,6 +105,14 @@ class StoreSummary:
         return sum(n.entries for n in self.namespaces)
 
 
+def _is_locked(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite refused for another connection's lock (busy or locked)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc)
+
+
 class CacheStore(QueuedStore):
     """One cache file, opened by one process (others may open it too)."""
 
@@ -134,9 +144,9 @@ class CacheStore(QueuedStore):
 
     def _connect(self) -> sqlite3.Connection:
         connection = sqlite3.connect(
-            self.path, timeout=30.0, isolation_level=None, check_same_thread=False
+            self.path, timeout=_LOCK_WAIT, isolation_level=None, check_same_thread=False
         )
-        connection.execute("PRAGMA busy_timeout = 30000")
+        connection.execute(f"PRAGMA busy_timeout = {int(_LOCK_WAIT * 1000)}")
         connection.execute("PRAGMA synchronous = NORMAL")
         connection.execute("PRAGMA cache_size = -32768")
         connection.execute("PRAGMA mmap_size = 268435456")
@@ -147,7 +157,7 @@ class CacheStore(QueuedStore):
         not (once)."""
         make_private(self.path)
         try:
-            return self._prepare()
+            return self._prepare_when_unlocked()
         except sqlite3.OperationalError:
             raise  # locked for longer than the timeout, or not permitted: say so
         except sqlite3.DatabaseError as exc:
@@ -156,7 +166,26 @@ class CacheStore(QueuedStore):
             reason = str(exc)
         self._set_aside(reason)
         make_private(self.path)
-        return self._prepare()
+        return self._prepare_when_unlocked()
+
+    def _prepare_when_unlocked(self) -> sqlite3.Connection:
+        """``_prepare``, tried again while another process holds the file.
+
+        Switching a new file to WAL upgrades a read lock to a write lock, and SQLite
+        answers "locked" at once there, without its busy timeout, when another
+        connection holds a write lock: processes opening one new file together
+        would fail. So the wait is done here, up to the same timeout.
+        """
+        deadline = time.monotonic() + _LOCK_WAIT
+        pause = 0.005
+        while True:
+            try:
+                return self._prepare()
+            except sqlite3.OperationalError as exc:
+                if not _is_locked(exc) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.25)
 
     def _prepare(self) -> sqlite3.Connection:
         connection = self._connect()

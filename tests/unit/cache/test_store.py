@@ -38,6 +38,50 @@ def test_a_value_is_found_before_and_after_the_writer_commits_it(tmp_path: Path)
     reopened.close()
 
 
+def _hold_a_write_lock(path: Path) -> sqlite3.Connection:
+    """Another process's connection in the middle of a write to a new file."""
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE other (a)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO other VALUES (1)")
+    return holder
+
+
+def test_a_file_another_process_is_writing_is_opened_once_it_lets_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SQLite answers "locked" at once to the switch to WAL here, busy timeout or not:
+    # four processes opening one new file together failed this way.
+    path = tmp_path / "c.db"
+    holder = _hold_a_write_lock(path)
+    pauses: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 3:
+            holder.execute("COMMIT")
+
+    monkeypatch.setattr("llmbatch._cache.store.time.sleep", sleep)
+    store = CacheStore(path, max_size=1 << 30)
+    assert len(pauses) == 3
+    put(store, 1, "one")
+    store.flush()
+    assert store.get(key(1)) == "one"
+    store.close()
+    holder.close()
+
+
+def test_a_file_locked_for_longer_than_the_wait_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.db"
+    holder = _hold_a_write_lock(path)
+    monkeypatch.setattr("llmbatch._cache.store._LOCK_WAIT", 0.2)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        CacheStore(path, max_size=1 << 30)
+    holder.close()
+
+
 def test_many_keys_are_read_in_chunks(tmp_path: Path) -> None:
     store = CacheStore(tmp_path / "c.db", max_size=1 << 30)
     for i in range(1_200):
