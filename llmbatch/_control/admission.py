@@ -25,8 +25,7 @@ The rule (documented in docs/concepts.md#closed-loop-admission):
   most it ran while it also queued), less the realtime reserve, so that realtime
   finds a seat on the server and not only in the client. A realtime answer over
   the aim cuts at the next update, in proportion; while realtime runs, bulk grows
-  only on the word of one of its answers; the first realtime request after a quiet
-  spell cuts at once, before its answer;
+  only on the word of one of its answers;
 - without one, keep the server full and its own queue short: grow while the limit
   is what holds work back and the server queues little, shrink toward what it is
   running when its queue grows or its KV cache fills, but not again while more bulk
@@ -361,10 +360,6 @@ class AdmissionController:
         it (of those sent under the limit in force; None: none came)."""
         self._realtime_sent: float | None = None
         """When the latest realtime request answered was sent."""
-        self._realtime_count = 0
-        """Realtime sequences in flight at the last look."""
-        self._arrived = False
-        """A realtime request came after a quiet spell; the next update cuts bulk."""
         self.slo_unreachable = False
         """At the floor and still over the SLO at the last update (see ControllerState)."""
         self.floor_trial = FloorTrial()
@@ -604,9 +599,6 @@ class AdmissionController:
 
     def on_realtime_in_flight(self, now: float, count: int) -> None:
         """Realtime sequences in flight now: the reserve follows their recent peak."""
-        if count and not self._realtime_count and not self._realtime_active(now):
-            self._arrived = True
-        self._realtime_count = count
         if count:
             self._realtime_ever = True
             if self.auto is not None:
@@ -737,10 +729,6 @@ class AdmissionController:
             if not auto.holds_bulk:
                 self._last_change = now
                 return int(self._limit) != int(held)
-        if self._arrived:
-            self._arrived = False
-            if self.slo is not None and not self.floor_trial.trying:
-                return self._cut_for_arrival(now)
         if self._last_change is not None and now - self._last_change < self.interval:
             return False
         before = self._limit
@@ -784,20 +772,6 @@ class AdmissionController:
             self._fresh = 0
             return True
         return False
-
-    def _cut_for_arrival(self, now: float) -> bool:
-        """A realtime request after a quiet spell: bulk grew meanwhile on the averages
-        alone, and the request meets that load whole (the window's first calls were
-        its slowest). Cut at once, by the most one update may, from what bulk has in
-        flight (the sequences running cannot be recalled, but none join them while it
-        runs); its answer's word lets bulk grow back."""
-        before = self._limit
-        self._cut(min(self._limit, float(self._bulk_in_flight or self._limit)), MAX_SHRINK)
-        self._slow_start = False
-        self._tail = None
-        self._last_change = now
-        self._fresh = 0
-        return int(self._limit) != int(before)
 
     def _cut(self, base: float, ratio: float) -> None:
         """Shrink the limit to ``ratio`` (at most :data:`MAX_SHRINK` off) of ``base``

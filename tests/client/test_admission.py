@@ -176,29 +176,3 @@ async def test_a_realtime_call_not_streamed_is_judged_whole_against_the_slo() ->
         await client.complete("too slow", priority="realtime", max_tokens=16)
         counted = client.stats().servers[0]
     assert (counted.slo_met, counted.slo_missed) == (1, 1)
-
-
-@pytest.mark.parametrize("anyio_backend", [virtual_trio()])
-async def test_a_realtime_call_after_bulk_alone_cuts_bulk_before_its_answer() -> None:
-    """Under an SLO, the first realtime call after a spell of bulk alone cuts bulk by
-    40 % of what it has in flight while the call is still running (virtual time)."""
-    server = SlowServer(delay=1.0)
-    one_prompt = {"batch": BatchPolicy(max_batch_size=1)}
-    async with Client(
-        "http://127.0.0.1:1/v1",
-        transport=MockTransport(server.handle),
-        slo=llmbatch.SLO(ttft=5.0, tpot=1.0),  # met with room at any load
-        batching=one_prompt,
-    ) as client:
-        async with anyio.create_task_group() as tg:
-            bulk = [f"bulk {i}" for i in range(500)]
-            tg.start_soon(lambda: client.map(bulk, max_tokens=8, priority="batch"))
-            await anyio.sleep(5.0)
-            alone = client.stats().servers[0].bulk_limit
-            call = "now"
-            tg.start_soon(lambda: client.complete(call, priority="realtime", max_tokens=16))
-            await anyio.sleep(0.5)  # the call is half way through its second
-            during = client.stats().servers[0].bulk_limit
-            tg.cancel_scope.cancel()
-    assert alone >= 5
-    assert during == int(alone * 0.6)

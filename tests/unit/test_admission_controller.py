@@ -212,34 +212,6 @@ def test_while_realtime_runs_bulk_grows_only_on_the_word_of_its_answers() -> Non
     assert controller.limit > quiet
 
 
-def test_a_realtime_request_after_a_quiet_spell_cuts_bulk_before_its_answer() -> None:
-    slo = SLO(ttft=0.1, tpot=0.01)
-    controller = _held(slo, 40)
-    controller.update(3.0, bulk_in_flight=40)
-    controller.on_realtime_in_flight(3.1, 1)
-    assert controller.update(3.1, bulk_in_flight=40)  # at once, not an interval later
-    assert controller.limit == 24
-    controller.on_realtime_in_flight(3.2, 1)  # the same request still running
-    controller.update(3.2, bulk_in_flight=40)
-    assert controller.limit == 24
-    controller.on_realtime_answer(None, None, sent=3.1, latency=0.1, tokens=16)
-    controller.on_realtime_in_flight(3.3, 0)
-    controller.on_realtime_in_flight(3.5, 1)  # the next, while realtime runs: no cut
-    controller.update(3.5, bulk_in_flight=24)
-    assert controller.limit == 24
-    # Cut from what bulk has in flight where the limit is not what holds it back.
-    quiet = _held(slo, 40)
-    quiet.on_realtime_in_flight(3.1, 1)
-    quiet.update(3.1, bulk_in_flight=10)
-    assert quiet.limit == 6
-    # Without an SLO nothing is cut.
-    free = AdmissionController(ceiling=256, max_reserve=1)
-    before = free.limit
-    free.on_realtime_in_flight(1.0, 1)
-    free.update(1.0, bulk_in_flight=before)
-    assert free.limit == before
-
-
 def test_slow_answers_now_and_then_at_the_floor_are_not_an_unreachable_slo() -> None:
     slo = SLO(ttft=0.1, tpot=0.01)  # a 16-token call: 0.25 s
     for every, unreachable in ((3, False), (1, True)):
