@@ -107,10 +107,7 @@ class StoreSummary:
 
 def _is_locked(exc: sqlite3.OperationalError) -> bool:
     """Whether SQLite refused for another connection's lock (busy or locked)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-    return "locked" in str(exc)
+    return exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 class CacheStore(QueuedStore):
@@ -146,7 +143,6 @@ class CacheStore(QueuedStore):
         connection = sqlite3.connect(
             self.path, timeout=_LOCK_WAIT, isolation_level=None, check_same_thread=False
         )
-        connection.execute(f"PRAGMA busy_timeout = {int(_LOCK_WAIT * 1000)}")
         connection.execute("PRAGMA synchronous = NORMAL")
         connection.execute("PRAGMA cache_size = -32768")
         connection.execute("PRAGMA mmap_size = 268435456")

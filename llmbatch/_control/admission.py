@@ -773,12 +773,6 @@ class AdmissionController:
             return True
         return False
 
-    def _cut(self, base: float, ratio: float) -> None:
-        """Shrink the limit to ``ratio`` (at most :data:`MAX_SHRINK` off) of ``base``
-        sequences, never up and never below the floor."""
-        cut = min(self._limit, base * max(MAX_SHRINK, ratio))
-        self._limit = max(min(self.floor_trial.floor, self._limit), 1.0, cut)
-
     def _follow_auto(self, now: float, bulk_in_flight: int | None) -> None:
         """``slo="auto"``: the target the default holds now."""
         auto = self.auto
@@ -882,7 +876,8 @@ class AdmissionController:
             # where one sequence was tried against a larger limit and found slower,
             # the larger one is the floor.
             base = self._limit if running is None else float(running or self._bulk_in_flight)
-            self._cut(base, ratio)
+            cut = min(self._limit, base * max(MAX_SHRINK, ratio))
+            self._limit = max(min(floor, self._limit), 1.0, cut)
             self._slow_start = False
             return
         self._cuts_began = None
