@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmbatch import SLO
-from llmbatch._control.admission import DERIVED_TTFT_STEPS, AdmissionController
+from llmbatch._control.admission import DERIVED_TTFT_STEPS, GROW_ANSWERS, AdmissionController
 
 #: The simulator's calibrated step model: 22.25 ms + 1.065 ms per running sequence.
 BASE, PER_SEQ = 0.02225, 0.001065
@@ -182,7 +182,7 @@ def test_a_reading_of_none_running_beside_bulk_in_flight_is_no_cut_to_the_floor(
     assert controller.limit == 24  # 40 % off what is in flight, not down to one
 
 
-def test_while_realtime_runs_bulk_grows_only_on_the_word_of_its_answers() -> None:
+def test_while_realtime_runs_bulk_grows_only_on_the_word_of_a_few_answers() -> None:
     slo = SLO(ttft=0.1, tpot=0.01)  # a 16-token call: 0.25 s
     controller = _held(slo, 10)
 
@@ -192,22 +192,32 @@ def test_while_realtime_runs_bulk_grows_only_on_the_word_of_its_answers() -> Non
         controller.on_blocked()
         controller.update(t)
 
-    controller.on_realtime_answer(None, None, sent=3.0, latency=0.1, tokens=16)
-    tick(3.5)  # a fast answer sent at this limit: grow
+    def answer(sent: float, latency: float = 0.1) -> None:
+        controller.on_realtime_answer(None, None, sent=sent, latency=latency, tokens=16)
+
+    for k in range(GROW_ANSWERS - 1):
+        answer(3.0 + 0.1 * k)
+        tick(3.5 + 0.5 * k)  # fast answers sent at this limit, too few yet: hold
+        assert controller.limit == 10
+    answer(4.5)
+    tick(5.0)  # the last of them: grow, by the most one update may (0.4 of the bound)
     grown = controller.limit
-    assert grown > 10
-    for t in (4.0, 4.5, 5.0, 5.5):
+    assert grown == 12
+    for t in (5.5, 6.0, 6.5):
         tick(t)  # no answer sent at the new limit yet: hold
+    for _ in range(GROW_ANSWERS):
+        answer(4.8)  # sent before the change: still no word of the new limit
+    tick(7.0)
     assert controller.limit == grown
-    controller.on_realtime_answer(None, None, sent=3.2, latency=0.1, tokens=16)
-    tick(6.0)  # sent before the change: still no word of the new limit
-    assert controller.limit == grown
-    controller.on_realtime_answer(None, None, sent=5.6, latency=0.1, tokens=16)
-    tick(6.5)
-    assert controller.limit > grown
+    for k in range(GROW_ANSWERS):
+        # Sent at the new limit; the slowest at 0.8 of the bound leaves room for 0.9
+        # / 0.8 = 1.125 times the limit, not the 1.25 the fast ones would.
+        answer(5.2 + 0.1 * k, latency=0.2 if k == 1 else 0.1)
+    tick(7.5)
+    assert controller.limit == 14  # 12.5 x 1.125 (the fast ones alone: 12.5 x 1.25, 15)
     # Realtime gone quiet: the averages alone let bulk grow again.
     quiet = controller.limit
-    for t in range(14, 60):
+    for t in range(16, 60):
         tick(t * 0.5)
     assert controller.limit > quiet
 
