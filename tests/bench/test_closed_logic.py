@@ -18,7 +18,14 @@ from llmbatch_bench.closedloop import plan as closedplan
 from llmbatch_bench.closedloop.report import phase_rows, step_timing
 from llmbatch_bench.closedloop.stepmodel import SimModel, best_under_slo, sim_model
 from llmbatch_bench.closedloop.targets import evaluate_closed
-from llmbatch_bench.closedloop.trace import FIELDS, Trace, column, window_summary
+from llmbatch_bench.closedloop.trace import (
+    FIELDS,
+    PlacedCall,
+    Trace,
+    column,
+    place_calls,
+    window_summary,
+)
 from llmbatch_bench.closedloop.wirelog import Exchange, per_second, rate, resume
 from llmbatch_bench.config import SMOKE, BenchConfig
 from llmbatch_bench.jobs import prompt
@@ -139,6 +146,20 @@ def test_a_trace_turns_histogram_deltas_into_the_real_step_time() -> None:
     assert summary["step_real_mean_s"] == pytest.approx(0.006)
     assert summary["api_queue_mean"] == pytest.approx(2.0)
     assert window_summary(data, 5.0, 6.0)["limit_p50"] is None
+
+
+def test_each_realtime_call_is_placed_at_the_limit_in_force_when_it_was_sent() -> None:
+    trace = Trace(origin=100.0)
+    for t, limit in ((100.0, 8), (100.5, 12), (101.0, 20), (101.5, 16)):
+        trace.add(t, snapshot(limit, 0.005), gauges(limit, 1.0, 100, 100))
+    # As the JSON keeps them: (sent in the trace's time, latency), in the order answered.
+    calls = {"fields": ["t", "latency"], "rows": [[1.5, 0.3], [0.7, 0.9], [-0.1, 0.2]]}
+    assert place_calls(trace.to_json(), calls) == [
+        PlacedCall(-0.1, 0.2, None),  # before the trace's first row
+        PlacedCall(0.7, 0.9, 12),  # the latest row before it, not the next
+        PlacedCall(1.5, 0.3, 16),  # a row at the very time counts
+    ]
+    assert place_calls(trace.to_json(), {"fields": ["t", "latency"], "rows": []}) == []
 
 
 # -- targets and report --------------------------------------------------------------------

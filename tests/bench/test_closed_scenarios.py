@@ -18,6 +18,7 @@ from llmbatch_bench.config import BenchConfig
 from llmbatch_bench.harness import run_bench
 from llmbatch_bench.jobs import Job
 from llmbatch_bench.plots import write_plots
+from llmbatch_bench.report import render
 from llmbatch_bench.scenarios import run_job
 
 pytest.importorskip("llmbatch_server.testing")
@@ -135,6 +136,16 @@ def test_the_frontier_sweeps_static_settings_and_judges_the_controller(
     rounds = "3 rounds" if set(near) == set(static) else "2 rounds (3 for the controller"
     assert f"medians of {rounds}" in verdicts["frontier_controller"]["detail"]
     assert (tmp_path / "frontier.png") in write_plots(report, tmp_path)
+    # Each controller round read by its slowest calls, the first placed at its limit.
+    title = "### Frontier: the controller's rounds, by their slowest calls"
+    rounds = render(report).split(title)[1]
+    controller = [r for r in runs if r["label"] == closedplan.FRONTIER_CONTROLLER]
+    row = next(line for line in rounds.splitlines() if line.startswith("| 1 "))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    first = min(controller[0]["extra"]["calls"]["rows"])  # the earliest sent
+    assert cells[1] == f"{controller[0]['latency']['realtime']['p99'] / bound:.2f}"
+    assert cells[2].startswith(f"{first[1] / bound:.2f} (limit ")
+    assert cells[5] == str(len(controller[0]["extra"]["calls"]["rows"]))
 
 
 def _point(run: dict[str, Any]) -> sweep.Point:

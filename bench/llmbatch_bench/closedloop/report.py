@@ -18,7 +18,7 @@ from llmbatch_bench.closedloop import frontier as sweep
 from llmbatch_bench.closedloop import plan as closedplan
 from llmbatch_bench.closedloop.stepmodel import SimModel
 from llmbatch_bench.closedloop.targets import bulk_vs_bound, lost, saturate_medians
-from llmbatch_bench.closedloop.trace import column, window_summary
+from llmbatch_bench.closedloop.trace import column, place_calls, window_summary
 from llmbatch_bench.tables import num, section, server_cpu_per_prompt, table
 
 __all__ = ["phase_rows", "sections", "step_timing"]
@@ -287,8 +287,66 @@ def _frontier(runs: Sequence[Run]) -> str:
         "tier's max_batch_size. "
         + (f"Verdict: {'met' if verdict.met else 'missed'}: {verdict.reason}." if verdict else "")
     )
-    return section(
+    out = section(
         "Frontier: static settings and the controller under one SLO", table(headers, rows), note
+    )
+    rounds = _controller_rounds(
+        [r for r in runs if r["label"] == closedplan.FRONTIER_CONTROLLER], bound
+    )
+    return f"{out}\n\n{rounds}" if rounds else out
+
+
+def _controller_rounds(runs: Sequence[Run], bound: float) -> str:
+    """The controller's rounds one by one, each read by its slowest calls: the
+    window's first (sent after bulk alone, at the limit bulk alone left) and the
+    slowest of the rest, each with the bulk limit when it was sent. A window's p99
+    is close to its slowest call, so this says which of the two made it."""
+
+    def call(latency: float, limit: int | None) -> str:
+        return f"{latency / bound:.2f} (limit {'-' if limit is None else limit})"
+
+    rows = []
+    for n, run in enumerate(runs, 1):
+        extra = run["extra"]
+        if "calls" not in extra or "trace" not in extra:
+            continue
+        placed = place_calls(extra["trace"], extra["calls"])
+        if not placed:
+            continue
+        first, rest = placed[0], placed[1:]
+        slowest = max(rest, key=lambda c: c.latency, default=None)
+        start = (extra.get("window_in_trace") or [0.0])[0]
+        p99 = _p(run, "latency", "p99")
+        rows.append(
+            [
+                str(n),
+                num(p99 / bound, 2) if p99 is not None else "-",
+                call(first.latency, first.limit),
+                "-" if slowest is None else call(slowest.latency, slowest.limit),
+                "-" if slowest is None else num(slowest.sent - start, 1),
+                str(len(placed)),
+                num(run["prompts_per_s"], 1),
+            ]
+        )
+    if not rows:
+        return ""
+    headers = [
+        "round",
+        "p99 / bound",
+        "first call / bound",
+        "slowest of the rest / bound",
+        "its sending, s into the window",
+        "calls",
+        "bulk prompts/s",
+    ]
+    note = (
+        "Each controller round's slowest calls over the bound, with the bulk limit in "
+        "force when each was sent (the trace's latest row before it): the window's first "
+        "call meets what bulk alone left, the rest what the controller made of "
+        "realtime's answers (the JSON's extra.calls and extra.trace place every call)."
+    )
+    return section(
+        "Frontier: the controller's rounds, by their slowest calls", table(headers, rows), note
     )
 
 

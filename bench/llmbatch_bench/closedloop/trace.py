@@ -14,15 +14,16 @@ report, so a plot or a later analysis needs nothing but the file.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from llmbatch_bench.metrics import percentile
 from llmbatch_bench.server import parse_metrics
 
-__all__ = ["FIELDS", "Trace", "column", "window_summary"]
+__all__ = ["FIELDS", "PlacedCall", "Trace", "column", "place_calls", "window_summary"]
 
 #: One row's columns, in order.
 FIELDS = (
@@ -167,3 +168,28 @@ def window_summary(trace: Mapping[str, Any], start: float, end: float) -> dict[s
         "step_est_mean_s": mean(values("step_est")),
         "api_queue_mean": mean(values("api_queue")) if "api_queue" in trace["fields"] else None,
     }
+
+
+class PlacedCall(NamedTuple):
+    """A realtime single call and the bulk limit the trace read when it was sent."""
+
+    sent: float
+    """Seconds from the trace's origin."""
+    latency: float
+    limit: int | None
+    """The latest row's bulk limit at or before ``sent`` (None: no row yet)."""
+
+
+def place_calls(trace: Mapping[str, Any], calls: Mapping[str, Any]) -> list[PlacedCall]:
+    """A run's realtime single calls (its JSON's ``calls``: sent, in the trace's time,
+    and latency), in the order sent, each with the bulk limit in force when it went:
+    where a slow call's time came from (the window's first call meets what bulk alone
+    left; later ones what the controller made of realtime's answers)."""
+    t = column(trace, "t")
+    limits = column(trace, "bulk_limit")
+    placed = []
+    for sent, latency in sorted(calls["rows"]):
+        i = bisect.bisect_right(t, sent) - 1
+        limit = limits[i] if i >= 0 else None
+        placed.append(PlacedCall(sent, latency, None if limit is None else int(limit)))
+    return placed
