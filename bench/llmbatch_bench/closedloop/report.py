@@ -335,7 +335,7 @@ def _controller_rounds(runs: Sequence[Run], bound: float) -> str:
         "p99 / bound",
         "first call / bound",
         "slowest of the rest / bound",
-        "its sending, s into the window",
+        "slowest sent, s into the window",
         "calls",
         "bulk prompts/s",
     ]
