@@ -148,7 +148,7 @@ class AnswerCache:
         against the call's ``response_model``: the entry is dropped and the request
         sent again."""
         try:
-            answer = decode(data, created_at, self.now())
+            answer = decode(data, created_at, self.now(), time.time)
         except Expired:
             self.store.forget(key)
             return None

@@ -6,6 +6,7 @@ flight sharing one exchange, with their callers leaving in any order."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -579,10 +580,16 @@ async def test_a_stored_entry_that_cannot_be_read_is_asked_again(tmp_path: Path)
     assert server.count("x") == 2
 
 
-async def test_failures_of_the_request_are_kept_only_when_asked(tmp_path: Path) -> None:
+async def test_failures_of_the_request_are_kept_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """keep_failures: a 400 for this prompt and a structured answer that failed after
     its re-asks are raised again without asking, until their time is up; a 503 never
     is."""
+    import types
+
+    import llmbatch._runtime.caching as caching
+
     server = Counter()
     path = tmp_path / "c.db"
     kept = Cache(path, keep_failures=3600)
@@ -609,9 +616,13 @@ async def test_failures_of_the_request_are_kept_only_when_asked(tmp_path: Path) 
         with pytest.raises(llmbatch.BadRequestError):
             await c.complete("BAD", temperature=0)
     assert server.count("BAD") == second[0] + 1
-    async with client(server, Cache(path, namespace="short", keep_failures=0.2)) as c:
-        for wait in (0.0, 0.3, 0.0):
-            await anyio.sleep(wait)
+    # A kept failure's expiry is wall-clock time: the clock is moved by hand, so a slow
+    # machine cannot expire it between two calls.
+    wall = [time.time()]
+    monkeypatch.setattr(caching, "time", types.SimpleNamespace(time=lambda: wall[0]))
+    async with client(server, Cache(path, namespace="short", keep_failures=10)) as c:
+        for passed in (0.0, 11.0, 9.0):
+            wall[0] += passed
             with pytest.raises(llmbatch.BadRequestError):
                 await c.complete("BAD", temperature=0)
     assert server.count("BAD") == second[0] + 3
