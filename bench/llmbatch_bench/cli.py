@@ -191,7 +191,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
         "--slo-pace",
         action="store_true",
         default=None,
-        help="the slo scenario's SLOs pace bulk for its prefill: SLO(pace=True) (default: unpaced)",
+        help="the SLOs of the slo scenario and the frontier's controller pace bulk for its "
+        "prefill: SLO(pace=True) (default: unpaced)",
     )
     closed.add_argument(
         "--slo-prefill-cost",

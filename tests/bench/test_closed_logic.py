@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -484,3 +485,39 @@ def test_a_stated_prefill_cost_is_passed_on_as_given() -> None:
     runner = SimpleNamespace(config=BenchConfig(slo_prefill_cost=3e-5), notes=[])
     assert closedplan._prefill_cost(runner) == pytest.approx(3e-5)  # type: ignore[arg-type]
     assert runner.notes == []
+
+
+class _Recorded:
+    """What a closed-loop plan asked a runner for, answered with made-up idle
+    latencies (no server)."""
+
+    def __init__(self, config: BenchConfig) -> None:
+        self.config = config
+        self.server = SimpleNamespace(sim_args=None, model="m", base_url="http://127.0.0.1:0/v1")
+        self.notes: list[str] = []
+        self.jobs: list[dict[str, Any]] = []
+
+    def job(self, **fields: Any) -> dict[str, Any]:
+        return fields
+
+    def run(self, job: dict[str, Any], context: dict[str, Any] | None = None) -> Any:
+        self.jobs.append(job)
+        timing = {"realtime": SimpleNamespace(p50=0.01)}
+        return SimpleNamespace(
+            ttft=timing, tpot=timing, label=job["label"], latency={}, prompts_per_s=1.0
+        )
+
+
+@pytest.mark.parametrize("pace", [False, True])
+def test_slo_pace_paces_the_frontiers_controller_and_no_static_setting(pace: bool) -> None:
+    config = BenchConfig(
+        frontier_caps=(1, 8), frontier_batches=(8,), frontier_rounds=1, frontier_confirm=0
+    )
+    runner = _Recorded(replace(config, slo_pace=pace))
+    closedplan.frontier(runner, [])  # type: ignore[arg-type]
+    mixed = [job for job in runner.jobs if job["kind"] == "mixed"]
+    controller = [job for job in mixed if job["label"] == closedplan.FRONTIER_CONTROLLER]
+    assert len(controller) == 1
+    assert len(mixed) == 3
+    assert controller[0]["slo_pace"] is pace
+    assert not any(job.get("slo_pace") for job in mixed if job not in controller)

@@ -251,7 +251,7 @@ def frontier(runner: Runner, contenders: list[str]) -> None:
         }
         for setting in sweep.grid(c.frontier_caps, c.frontier_batches)
     ]
-    controller = {"label": FRONTIER_CONTROLLER, "slo_tpot": slo_tpot}
+    controller = {"label": FRONTIER_CONTROLLER, "slo_tpot": slo_tpot, "slo_pace": c.slo_pace}
     runs.append(controller if tpot_only else {**controller, "slo_ttft": slo_ttft})
     done: list[sweep.Point] = []
     for r in range(c.frontier_rounds):
