@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -511,9 +510,13 @@ class _Recorded:
 @pytest.mark.parametrize("pace", [False, True])
 def test_slo_pace_paces_the_frontiers_controller_and_no_static_setting(pace: bool) -> None:
     config = BenchConfig(
-        frontier_caps=(1, 8), frontier_batches=(8,), frontier_rounds=1, frontier_confirm=0
+        frontier_caps=(1, 8),
+        frontier_batches=(8,),
+        frontier_rounds=1,
+        frontier_confirm=0,
+        slo_pace=pace,
     )
-    runner = _Recorded(replace(config, slo_pace=pace))
+    runner = _Recorded(config)
     closedplan.frontier(runner, [])  # type: ignore[arg-type]
     mixed = [job for job in runner.jobs if job["kind"] == "mixed"]
     controller = [job for job in mixed if job["label"] == closedplan.FRONTIER_CONTROLLER]
