@@ -692,15 +692,22 @@ class Dispatcher:
             system_fingerprint=answers.system_fingerprint,
             bare=BareChoices.of(kind, answers.choices[0][0]),
         )
+        of_first = size > 1 and self.server.dialect.usage_of_first
+        prompt_parts, completion_parts = split_usage(
+            usage, requests, answers.choices, of_first=of_first
+        )
+        prompt_total, total = usage[0], usage[2]
+        if of_first:  # the server counted the first request alone: the estimates' sums
+            prompt_total = sum(prompt_parts)
+            total = prompt_total + sum(completion_parts) if total else 0
         rate = self._rate()
-        if rate is not None and usage[2]:
+        if rate is not None and total:
             budgeted = sum(r.spec.n * r.spec.max_tokens for r in requests)
-            rate.correct(sum(r.est_tokens for r in requests), usage[2], usage[0] + budgeted)
-        if usage[0] and first.spec.n == 1:
+            rate.correct(sum(r.est_tokens for r in requests), total, prompt_total + budgeted)
+        if prompt_total and first.spec.n == 1:
             # The server's count against the estimate: batches are sized by it.
-            self.server.on_prompt_usage(sum(r.prefill_tokens for r in requests), usage[0])
-        prompt_parts, completion_parts = split_usage(usage, requests, answers.choices)
-        if usage[2]:
+            self.server.on_prompt_usage(sum(r.prefill_tokens for r in requests), prompt_total)
+        if total:
             for request, prompt, completion in zip(
                 requests, prompt_parts, completion_parts, strict=True
             ):
@@ -719,11 +726,12 @@ class Dispatcher:
         ]
         cached = None
         if answers.cached:
-            cached = (
-                [answers.cached]
-                if size == 1
-                else split_cached(answers.cached, prompt_parts, usage[0])
-            )
+            if size == 1:
+                cached = [answers.cached]
+            elif of_first:  # the first request's, and nothing said of the others'
+                cached = [min(answers.cached, prompt_parts[0])] + [0] * (size - 1)
+            else:
+                cached = split_cached(answers.cached, prompt_parts, usage[0])
         self._outcomes.answered(requests, values, now, prompt_parts, completion_parts, cached)
         self.server.answered_sequences += size * first.spec.n
         self.server.on_timing(

@@ -277,6 +277,8 @@ def split_usage(
     usage: RawUsage,
     requests: Sequence[Request],
     choices: Sequence[tuple[Mapping[str, Any], ...]],
+    *,
+    of_first: bool = False,
 ) -> tuple[list[int], list[int]]:
     """Apportion one response's usage over the requests it answered: (prompt tokens,
     completion tokens) per request, summing exactly to the response's counts.
@@ -284,9 +286,16 @@ def split_usage(
     Prompt tokens go by input length. A choice that stopped for ``length`` used
     exactly the ``max_tokens`` it was sent with, so it gets that count; the rest
     of the completion tokens go by output length.
+
+    ``of_first``: the server's usage counts the first request alone (llama.cpp's
+    server for a list of prompts), which then gets it exactly; the others are
+    estimated from it (:func:`_from_first`), and the parts sum to more than the
+    response's counts.
     """
     if len(requests) == 1:
         return [usage[0]], [usage[1]]
+    if of_first:
+        return _from_first(usage, requests, choices)
     prompt_total, completion_total = usage[0], usage[1]
     inputs: list[int] = []
     known: list[int] = []
@@ -317,6 +326,38 @@ def split_usage(
         return prompt_parts, known
     output_parts = _largest_remainder(rest, weights)
     return prompt_parts, [k + part for k, part in zip(known, output_parts, strict=True)]
+
+
+def _from_first(
+    usage: RawUsage,
+    requests: Sequence[Request],
+    choices: Sequence[tuple[Mapping[str, Any], ...]],
+) -> tuple[list[int], list[int]]:
+    """Counts for a batch whose usage is its first request's: the first gets them;
+    each other request's prompt goes by its input length at the first's tokens a
+    character, and its completion likewise by output length, at most its
+    ``max_tokens``; a request whose every choice stopped for ``length`` counts its
+    ``max_tokens`` unless the first stopped for ``length`` too, with fewer (a context
+    full before ``max_tokens``), where it counts as many as the first."""
+    first_prompt, first_completion = usage[0], usage[1]
+    first_input = _input_chars(requests[0])
+    first_output = _output_chars(choices[0], skip_length=False)
+    first_stopped = all(c.get("finish_reason") == "length" for c in choices[0])
+    prompts = [first_prompt]
+    completions = [first_completion]
+    for request, answered in zip(requests[1:], choices[1:], strict=True):
+        chars = _input_chars(request)
+        prompts.append(round(chars * first_prompt / first_input) if first_input else first_prompt)
+        spec = request.spec
+        most = spec.max_tokens * len(answered)
+        stopped = all(c.get("finish_reason") == "length" for c in answered)
+        if stopped and spec.max_tokens_given:
+            completions.append(min(most, first_completion) if first_stopped else most)
+            continue
+        output = _output_chars(answered, skip_length=False)
+        estimate = round(output * first_completion / first_output) if first_output else 0
+        completions.append(min(most, estimate) if spec.max_tokens_given else estimate)
+    return prompts, completions
 
 
 # -- errors --------------------------------------------------------------------------

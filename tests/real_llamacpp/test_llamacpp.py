@@ -176,6 +176,26 @@ async def test_structured_outputs_go_as_json_schema(server: LlamaServerProcess) 
     assert ok >= 99, [str(r.error) for r in results if not r.ok][:3]
 
 
+async def test_a_batchs_usage_counts_every_prompt_not_the_first_alone(
+    server: LlamaServerProcess,
+) -> None:
+    # llama.cpp answers a list of prompts with its first prompt's usage: read as the
+    # list's, eight prompts of 8 tokens each came to 8 tokens in all, one apiece.
+    one_request = llmbatch.BatchPolicy(max_batch_size=8, max_wait=1.0, send_when_idle=False)
+    async with llmbatch.Client(server.base_url, batching={"batch": one_request}) as client:
+        results = await client.map([f"Count to {i}:" for i in range(8)], max_tokens=8)
+        stats = client.stats()
+    assert all(r.ok for r in results), [str(r.error) for r in results if not r.ok][:3]
+    assert stats.max_batch_size == 8
+    answers = [r.value for r in results]
+    assert {a.timings.batch_size for a in answers} == {8}
+    for answer in answers:
+        if answer.finish_reason == "length":  # (a tiny random model seldom stops)
+            assert answer.usage.completion_tokens == 8
+        assert answer.usage.prompt_tokens >= 3
+    assert stats.completion_tokens >= 8 * sum(a.finish_reason == "length" for a in answers)
+
+
 async def test_vllms_guided_fields_constrain_llama_cpps_answers(
     server: LlamaServerProcess,
 ) -> None:

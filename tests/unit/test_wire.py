@@ -53,6 +53,32 @@ def test_a_list_prompts_choices_come_back_to_their_requests_by_index() -> None:
     assert sum(completions) == 6
 
 
+def test_a_usage_of_the_first_prompt_alone_is_estimated_for_the_others() -> None:
+    # llama.cpp's server answers a list of prompts with its first prompt's response
+    # object, the other choices appended: usage counts the first alone.
+    requests = [make(prompt=p, max_tokens=8) for p in ("abcd", "abcdefgh", "ab")]
+    choices = [
+        ({"index": 0, "text": "x" * 16, "finish_reason": "stop"},),
+        ({"index": 1, "text": "y" * 8, "finish_reason": "stop"},),
+        ({"index": 2, "text": "z" * 99, "finish_reason": "length"},),
+    ]
+    usage = (2, 4, 6, False)
+    prompts, completions = split_usage(usage, requests, choices, of_first=True)
+    assert prompts == [2, 4, 1]  # the first's tokens a character: 0.5
+    assert completions == [4, 2, 8]  # its 0.25 a character; length: max_tokens
+    # Read as the whole list's, the same counts are spread thin.
+    assert sum(split_usage(usage, requests, choices)[1]) == 4
+
+
+def test_a_first_prompt_cut_short_by_its_context_bounds_the_others_that_were() -> None:
+    # Each stopped for length before max_tokens (the slot's context was full).
+    requests = [make(prompt="ab", max_tokens=64) for _ in range(3)]
+    choices = [({"index": i, "text": "w" * 40, "finish_reason": "length"},) for i in range(3)]
+    prompts, completions = split_usage((6, 48, 54, False), requests, choices, of_first=True)
+    assert prompts == [6, 6, 6]
+    assert completions == [48, 48, 48]
+
+
 def test_the_chat_batch_route_answers_conversation_i_with_choice_i() -> None:
     requests = [make(), make()]
     body = {

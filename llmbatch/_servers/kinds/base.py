@@ -81,6 +81,7 @@ class Dialect:
         "priority_refused",
         "step_tokens",
         "too_long",
+        "usage_of_first",
     )
 
     def __init__(
@@ -93,6 +94,7 @@ class Dialect:
         priority_refused: re.Pattern[str] | None = None,
         metrics: Mapping[str, str] | None = None,
         step_tokens: int | None = None,
+        usage_of_first: bool = False,
     ) -> None:
         self.kind = kind
         self.owners = owners
@@ -112,6 +114,9 @@ class Dialect:
         """The prompt tokens one engine step takes by default (vLLM's
         ``max_num_batched_tokens``): a batch's prompts are kept within it, so a batch
         is not one long prefill (None: not known, no such cap)."""
+        self.usage_of_first = usage_of_first
+        """Its ``usage`` for a list of prompts counts the first prompt alone (True), not
+        the whole list: the others' counts are then estimated from the first's."""
 
     def __repr__(self) -> str:
         return f"<Dialect {self.kind}>"

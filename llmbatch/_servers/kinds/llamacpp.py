@@ -8,7 +8,8 @@ constrains an answer with a ``json_schema`` field (both endpoints; a list of
 prompts included), and ignores ``response_format`` on ``/v1/completions``; a GBNF
 ``grammar`` field constrains it to a grammar. vLLM's ``guided_json``,
 ``guided_grammar`` and ``guided_choice`` are sent as those (a choice as a grammar
-of its strings); it has no regex constraint, so ``guided_regex`` is refused.
+of its strings); it has no regex constraint, so ``guided_regex`` is refused. Its
+``usage`` for a list of prompts counts the first prompt alone.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ DIALECT = _LlamaCpp(
     ),
     # Its logical batch (-b), 2,048 by default: the prompt tokens one decode call takes.
     step_tokens=2048,
+    # A list of prompts is answered with the first prompt's response object, the
+    # other choices appended to it: its usage is the first prompt's alone.
+    usage_of_first=True,
     metrics={
         "llamacpp:requests_deferred": "waiting",
         "llamacpp:requests_processing": "running",
