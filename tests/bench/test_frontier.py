@@ -14,8 +14,10 @@ from llmbatch_bench.closedloop.frontier import (
     CAPS,
     CONTESTED,
     FASTEST,
+    P99_SLACK,
     RESERVE,
     Point,
+    by_chance,
     contested,
     from_runs,
     frontier,
@@ -257,3 +259,67 @@ def test_confirming_rounds_are_counted_apart_and_unreachable_is_a_majority() -> 
                       "controller, SLO")  # fmt: skip
     assert found is not None
     assert found.unreachable is True  # three of six
+
+
+def test_settings_alike_make_their_best_low_by_chance() -> None:
+    # Seven settings whose rounds spread alike (1.0 to 1.6 of some bound): the best
+    # of their medians of four is below what one of them measures, and a setting
+    # like them misses 1.1x of that best in a share of draws that is no skill's.
+    spread = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]
+    rounds = {f"s{i}": [spread[(i + k) % 7] for k in range(4)] for i in range(7)}
+    chance = by_chance(rounds, 4)
+    assert chance is not None
+    assert (chance.settings, chance.rounds, chance.pooled) == (7, 28, 1.3)
+    assert chance.best_low <= chance.best < chance.pooled
+    assert chance.best <= chance.best_high
+    assert 0.2 < chance.within < 0.9
+    assert by_chance(rounds, 4) == chance  # seeded: the same rounds read the same
+    assert "7 settings" in chance.describe(1.0)
+    # Rounds that do not spread leave nothing to chance.
+    steady = by_chance({"a": [1.0, 1.0], "b": [1.0, 1.0, 1.0]}, 2)
+    assert steady is not None
+    assert (steady.best, steady.within) == (1.0, 1.0)
+
+
+def test_chance_needs_several_settings_and_finite_rounds() -> None:
+    assert by_chance({"a": [1.0, 2.0]}, 4) is None
+    assert by_chance({"a": [1.0], "b": [float("inf")]}, 4) is None
+    assert by_chance({"a": [1.0], "b": []}, 4) is None
+    assert by_chance({"a": [1.0], "b": [2.0]}, 0) is None
+    with pytest.raises(ValueError, match="draws"):
+        by_chance({"a": [1.0], "b": [2.0]}, 1, draws=0)
+
+
+@given(
+    st.lists(st.lists(st.floats(0.01, 10.0), min_size=1, max_size=6), min_size=2, max_size=8),
+    st.integers(1, 6),
+)
+def test_the_best_by_chance_is_within_the_rounds(rounds: list[list[float]], n: int) -> None:
+    chance = by_chance({f"s{i}": r for i, r in enumerate(rounds)}, n, draws=200)
+    assert chance is not None
+    pool = [x for r in rounds for x in r]
+    assert min(pool) <= chance.best_low <= chance.best <= chance.best_high <= max(pool)
+    assert 0.0 <= chance.within <= 1.0
+    if chance.best_low * P99_SLACK >= max(pool):
+        assert chance.within == 1.0  # any setting drawn from them is within
+
+
+def test_the_sweep_reads_chance_only_where_no_static_setting_met_the_bound() -> None:
+    slow = [
+        _run("static cap 1, batch 8", 0.12, 10.0),
+        _run("static cap 8, batch 8", 0.13, 50.0),
+        _run("controller, SLO", 0.14, 40.0, unreachable=True),
+        _run("static cap 8, batch 8", 0.12, 50.0),
+        _run("static cap 1, batch 8", 0.13, 10.0),
+        _run("controller, SLO", 0.12, 40.0, unreachable=True),
+    ]
+    found = from_runs(slow, "controller, SLO")
+    assert found is not None
+    assert found.p99s["static cap 1, batch 8"] == [0.12, 0.13]
+    chance = found.chance()
+    assert chance is not None
+    assert (chance.settings, chance.rounds) == (2, 4)
+    fast = [_run("static cap 1, batch 8", 0.05, 10.0)] * 2
+    met = from_runs([*slow, *fast], "controller, SLO")
+    assert met is not None
+    assert met.chance() is None  # cap 1's median is within the bound now

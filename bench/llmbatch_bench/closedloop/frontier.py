@@ -20,19 +20,22 @@ so their medians rest on more calls than the rest of the grid's.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
     "BATCH_SIZES",
     "CAPS",
     "RESERVE",
+    "Chance",
     "Point",
     "Setting",
     "Sweep",
     "Verdict",
+    "by_chance",
     "contested",
     "from_runs",
     "frontier",
@@ -63,6 +66,9 @@ CONTESTED = 1.5
 #: Where no static setting is that near, the confirming rounds run this many of the
 #: fastest (the controller is then judged against the fastest's p99).
 FASTEST = 3
+#: Draws of :func:`by_chance`, and its seed (the same rounds read the same twice).
+CHANCE_DRAWS = 10_000
+CHANCE_SEED = 46
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +112,81 @@ class Verdict:
     bulk_share: float | None
     """The controller's bulk over the oracle's (None without an oracle)."""
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Chance:
+    """What chance alone makes of "within 1.1x of the best static p99", read from the
+    rounds of the settings near the bound (:func:`by_chance`)."""
+
+    settings: int
+    rounds: int
+    """Their rounds, pooled."""
+    best: float
+    """The median, over the draws, of the best of their medians (p99s, seconds)..."""
+    best_low: float
+    best_high: float
+    """... and its 10th and 90th percentiles."""
+    pooled: float
+    """The median of the pooled rounds: what a setting like them measures."""
+    within: float
+    """The share of draws in which one more setting like them, with the controller's
+    rounds, is within :data:`P99_SLACK` of the best of them."""
+
+    def describe(self, bound: float) -> str:
+        """In words, against the bound."""
+        return (
+            f"were the {self.settings} settings near the bound one setting (their "
+            f"{self.rounds} rounds pooled, median {self.pooled / bound:.2f}x the bound), "
+            f"the best of their medians would be {self.best / bound:.2f}x "
+            f"({self.best_low / bound:.2f}-{self.best_high / bound:.2f}x, 10th-90th "
+            f"percentile) and a setting like them within {P99_SLACK}x of it in "
+            f"{self.within:.0%} of draws"
+        )
+
+
+def by_chance(
+    rounds: Mapping[str, Sequence[float]],
+    controller_rounds: int,
+    *,
+    draws: int = CHANCE_DRAWS,
+    seed: int = CHANCE_SEED,
+) -> Chance | None:
+    """Were the settings of ``rounds`` (each setting's p99 per round) one setting, whose
+    rounds spread as all of theirs do: the best of their medians, and how often a
+    setting like them (``controller_rounds`` rounds) is within :data:`P99_SLACK` of
+    it. Where no static setting meets the bound the controller is held to the best
+    one's p99, and that best is the lowest of several medians of a few rounds each:
+    on an engine whose settings sit within each other's spread it is low by chance,
+    and a setting exactly like the rest misses the 1.1x line more often than not.
+    Bootstrap (draws with replacement), seeded: pure. None with fewer than two
+    settings, a round that is not finite, or no round for the controller."""
+    if draws < 1:
+        raise ValueError("draws must be >= 1")
+    sizes = [len(v) for v in rounds.values()]
+    pool = [float(x) for v in rounds.values() for x in v]
+    if len(sizes) < 2 or min(sizes) < 1 or controller_rounds < 1:
+        return None
+    if not all(math.isfinite(x) for x in pool):
+        return None
+    rng = random.Random(seed)
+    bests: list[float] = []
+    within = 0
+    for _ in range(draws):
+        best = min(statistics.median(rng.choices(pool, k=n)) for n in sizes)
+        like = statistics.median(rng.choices(pool, k=controller_rounds))
+        bests.append(best)
+        within += like <= P99_SLACK * best
+    bests.sort()
+    return Chance(
+        settings=len(sizes),
+        rounds=len(pool),
+        best=statistics.median(bests),
+        best_low=bests[int(0.1 * (draws - 1))],
+        best_high=bests[int(0.9 * (draws - 1))],
+        pooled=statistics.median(pool),
+        within=within / draws,
+    )
 
 
 def point(label: str, p99: float | None, bulk: float) -> Point:
@@ -260,6 +341,8 @@ class Sweep:
     confirmed: int
     """The controller's rounds: more than :attr:`rounds` where confirming rounds ran
     (it and the static settings near the bound, :func:`contested`)."""
+    p99s: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    """Each setting's realtime p99 round by round, seconds."""
 
     @property
     def medians_of(self) -> str:
@@ -274,6 +357,17 @@ class Sweep:
         if self.controller is None or not self.statics:
             return None
         return judge(self.controller, self.statics, self.bound, unreachable=self.unreachable)
+
+    def chance(self) -> Chance | None:
+        """Where no static setting met the bound (the controller is then held to the
+        best one's p99): :func:`by_chance` over the settings near the bound. None
+        where one met it, or without the rounds."""
+        controller = self.controller
+        if controller is None or oracle(self.statics, self.bound) is not None:
+            return None
+        near = contested(self.statics, self.bound)
+        rounds = {label: self.p99s[label] for label in near if label in self.p99s}
+        return by_chance(rounds, len(self.p99s.get(controller.label, ())))
 
 
 def from_runs(runs: Iterable[Mapping[str, Any]], controller_label: str) -> Sweep | None:
@@ -299,6 +393,15 @@ def from_runs(runs: Iterable[Mapping[str, Any]], controller_label: str) -> Sweep
     counts = {m.label: sum(p.label == m.label for p in points) for m in medians}
     unreachable = said > 0 and 2 * said >= counts.get(controller_label, 0)
     fewest = min(counts[p.label] for p in [*statics, *([controller] if controller else [])])
+    p99s: dict[str, list[float]] = {}
+    for p in points:
+        p99s.setdefault(p.label, []).append(p.realtime_p99)
     return Sweep(
-        bound, statics, controller, unreachable, fewest, counts.get(controller_label, fewest)
+        bound,
+        statics,
+        controller,
+        unreachable,
+        fewest,
+        counts.get(controller_label, fewest),
+        p99s,
     )

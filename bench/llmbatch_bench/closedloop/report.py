@@ -287,6 +287,10 @@ def _frontier(runs: Sequence[Run]) -> str:
         "tier's max_batch_size. "
         + (f"Verdict: {'met' if verdict.met else 'missed'}: {verdict.reason}." if verdict else "")
     )
+    chance = found.chance()
+    if chance is not None:
+        # Held to the best of several noisy medians, a miss by a little may be no miss.
+        note += f" By chance alone: {chance.describe(bound)}."
     out = section(
         "Frontier: static settings and the controller under one SLO", table(headers, rows), note
     )

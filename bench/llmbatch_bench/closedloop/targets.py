@@ -279,6 +279,10 @@ def frontier_target(runs: Sequence[Run]) -> Target:
         detail = "needs the frontier scenario (the idle server, the grid and the controller)"
         return Target("frontier_controller", description, None, "<=", sweep.P99_SLACK, "x",
                       None, detail)  # fmt: skip
+    detail = f"{verdict.reason}; {found.medians_of}"
+    chance = found.chance()
+    if chance is not None:
+        detail += f"; by chance alone: {chance.describe(found.bound)}"
     return Target(
         "frontier_controller",
         description,
@@ -287,5 +291,5 @@ def frontier_target(runs: Sequence[Run]) -> Target:
         sweep.P99_SLACK,
         "x bound",
         verdict.met,
-        f"{verdict.reason}; {found.medians_of}",
+        detail,
     )
