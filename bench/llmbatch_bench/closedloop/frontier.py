@@ -390,12 +390,12 @@ def from_runs(runs: Iterable[Mapping[str, Any]], controller_label: str) -> Sweep
     medians = median_points([[p] for p in points])
     statics = [p for p in medians if p.label.startswith("static ")]
     controller = next((p for p in medians if p.label == controller_label), None)
-    counts = {m.label: sum(p.label == m.label for p in points) for m in medians}
-    unreachable = said > 0 and 2 * said >= counts.get(controller_label, 0)
-    fewest = min(counts[p.label] for p in [*statics, *([controller] if controller else [])])
     p99s: dict[str, list[float]] = {}
     for p in points:
         p99s.setdefault(p.label, []).append(p.realtime_p99)
+    counts = {label: len(rounds) for label, rounds in p99s.items()}
+    unreachable = said > 0 and 2 * said >= counts.get(controller_label, 0)
+    fewest = min(counts[p.label] for p in [*statics, *([controller] if controller else [])])
     return Sweep(
         bound,
         statics,
